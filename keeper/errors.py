@@ -1,0 +1,52 @@
+"""The one error hierarchy of keeper.
+
+Every message names the item, what was expected, and the fix. Input checks raise these, never ``assert``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KeeperError",
+    "InvalidModelError",
+    "AdmissionError",
+    "StoreError",
+    "CorruptModelError",
+    "ModelNotFoundError",
+    "TransformError",
+    "ServiceError",
+]
+
+
+class KeeperError(Exception):
+    """Base of every error keeper raises on purpose."""
+
+
+class InvalidModelError(KeeperError, ValueError):
+    """A model (ONNX bytes, path or ModelProto) cannot be read safely or is not a model keeper can use."""
+
+
+class AdmissionError(KeeperError, ValueError):
+    """A model offered to the zoo was refused (bad name, bad accuracy, outlier); nothing was stored."""
+
+
+class StoreError(KeeperError):
+    """The durable store could not complete an operation; what was already stored is intact."""
+
+
+class CorruptModelError(StoreError):
+    """A stored blob does not match its recorded checksum."""
+
+
+class ModelNotFoundError(KeeperError, KeyError):
+    """No model of that name is in the zoo."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep messages readable
+        return str(self.args[0]) if self.args else "model not found"
+
+
+class TransformError(KeeperError):
+    """A parent tensor could not be transformed onto the child's tensor."""
+
+
+class ServiceError(KeeperError):
+    """The keeper Ray service failed to answer within its bounds."""

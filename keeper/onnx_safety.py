@@ -1,0 +1,156 @@
+"""Safe reading of untrusted ONNX input.
+
+Invariant: a ModelProto returned by :func:`load_model` has a graph, no tensor anywhere (initializers, sparse
+initializers, Constant and other tensor attributes, subgraphs, functions) that refers to external data, no
+negative or absurd dimension, and a node count under the cap. Nothing is ever read from a path the model names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator, Union
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from keeper.errors import InvalidModelError
+
+__all__ = ["ModelInput", "load_model", "MAX_MODEL_BYTES", "MAX_NODES", "MAX_TENSOR_ELEMENTS"]
+
+ModelInput = Union[bytes, bytearray, memoryview, str, os.PathLike, onnx.ModelProto]
+
+#: Larger inputs are refused before parsing (protobuf itself cannot go past 2 GiB).
+MAX_MODEL_BYTES = int(os.environ.get("KEEPER_MAX_MODEL_BYTES", 2**31 - 1))
+#: Nodes summed over the graph, its subgraphs and its functions.
+MAX_NODES = int(os.environ.get("KEEPER_MAX_NODES", 1_000_000))
+#: One tensor may not claim more elements than this (16 G elements is beyond any model keeper serves).
+MAX_TENSOR_ELEMENTS = 2**34
+
+
+def load_model(model: ModelInput, *, what: str = "model") -> onnx.ModelProto:
+    """Parse ``model`` (ONNX bytes, a path to an .onnx file, or a ModelProto) and check it is safe to use.
+
+    Raises:
+        InvalidModelError: naming what is wrong (empty, too large, not ONNX, external data, absurd dims...).
+
+    Example:
+        >>> proto = load_model(open("net.onnx", "rb").read())  # doctest: +SKIP
+    """
+    if isinstance(model, onnx.ModelProto):
+        size = model.ByteSize()
+        if size > MAX_MODEL_BYTES:
+            raise InvalidModelError(f"{what}: {size} bytes exceeds the cap of {MAX_MODEL_BYTES}; "
+                                    "raise KEEPER_MAX_MODEL_BYTES if this is intended")
+        proto = model
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        proto = _parse(bytes(model), what)
+    elif isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.is_file():
+            raise InvalidModelError(f"{what}: no file at {str(path)!r}; pass ONNX bytes, a path to an .onnx "
+                                    "file, or an onnx.ModelProto")
+        size = path.stat().st_size
+        if size > MAX_MODEL_BYTES:
+            raise InvalidModelError(f"{what}: file {str(path)!r} is {size} bytes, over the cap of "
+                                    f"{MAX_MODEL_BYTES}; raise KEEPER_MAX_MODEL_BYTES if this is intended")
+        proto = _parse(path.read_bytes(), f"{what} ({path.name})")
+    else:
+        raise InvalidModelError(f"{what}: got {type(model).__name__}; expected ONNX bytes, a path to an "
+                                ".onnx file, or an onnx.ModelProto")
+    check_model(proto, what)
+    return proto
+
+
+def _parse(data: bytes, what: str) -> onnx.ModelProto:
+    if not data:
+        raise InvalidModelError(f"{what}: empty input; expected the bytes of an ONNX model")
+    if len(data) > MAX_MODEL_BYTES:
+        raise InvalidModelError(f"{what}: {len(data)} bytes exceeds the cap of {MAX_MODEL_BYTES}; "
+                                "raise KEEPER_MAX_MODEL_BYTES if this is intended")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InvalidModelError(f"{what}: not a readable ONNX model ({exc}); the bytes are truncated, "
+                                "corrupt or not ONNX: re-export the model") from None
+    return proto
+
+
+def check_model(proto: onnx.ModelProto, what: str = "model") -> None:
+    """Raise InvalidModelError unless ``proto`` is structurally safe (see the module invariant)."""
+    if not proto.HasField("graph") or len(proto.graph.node) == 0:
+        raise InvalidModelError(f"{what}: has no graph nodes; expected an ONNX model with a computation "
+                                "graph (garbage bytes can parse as an empty protobuf)")
+    nodes = 0
+    for kind, tensor in _all_tensors(proto):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.external_data) > 0:
+            raise InvalidModelError(f"{what}: {kind} {tensor.name!r} refers to external data; keeper never "
+                                    "reads files a model names: save the model with all tensors inline")
+        _check_dims(tensor, kind, what)
+    for graph in _all_graphs(proto):
+        nodes += len(graph.node)
+        if nodes > MAX_NODES:
+            raise InvalidModelError(f"{what}: more than {MAX_NODES} nodes; this is not a model keeper can "
+                                    "match (raise KEEPER_MAX_NODES if it really is)")
+    for fn in proto.functions:
+        nodes += len(fn.node)
+    if nodes > MAX_NODES:
+        raise InvalidModelError(f"{what}: more than {MAX_NODES} nodes including functions")
+
+
+def _check_dims(tensor: onnx.TensorProto, kind: str, what: str) -> None:
+    count = 1
+    for d in tensor.dims:
+        if d < 0:
+            raise InvalidModelError(f"{what}: {kind} {tensor.name!r} has negative dimension {d}")
+        count *= d
+        if count > MAX_TENSOR_ELEMENTS:
+            raise InvalidModelError(f"{what}: {kind} {tensor.name!r} claims dims {list(tensor.dims)}, "
+                                    f"over {MAX_TENSOR_ELEMENTS} elements; the model is corrupt")
+
+
+def _subgraphs(nodes) -> Iterator[onnx.GraphProto]:
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield attr.g
+            yield from attr.graphs
+
+
+def _all_graphs(proto: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
+    """The main graph and every subgraph, including those inside functions."""
+    stack = [proto.graph]
+    for fn in proto.functions:
+        stack.extend(_subgraphs(fn.node))
+    while stack:
+        graph = stack.pop()
+        yield graph
+        stack.extend(_subgraphs(graph.node))
+
+
+def _node_tensors(nodes, where: str) -> Iterator[tuple[str, onnx.TensorProto]]:
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield f"attribute {attr.name} of {where} node {node.name or node.op_type}", attr.t
+            for t in attr.tensors:
+                yield f"attribute {attr.name} of {where} node {node.name or node.op_type}", t
+            if attr.HasField("sparse_tensor"):
+                yield "sparse attribute values", attr.sparse_tensor.values
+                yield "sparse attribute indices", attr.sparse_tensor.indices
+            for st in attr.sparse_tensors:
+                yield "sparse attribute values", st.values
+                yield "sparse attribute indices", st.indices
+
+
+def _all_tensors(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    for graph in _all_graphs(proto):
+        for t in graph.initializer:
+            yield "initializer", t
+        for st in graph.sparse_initializer:
+            yield "sparse initializer values", st.values
+            yield "sparse initializer indices", st.indices
+        yield from _node_tensors(graph.node, "graph")
+    for fn in proto.functions:
+        yield from _node_tensors(fn.node, f"function {fn.name}")
