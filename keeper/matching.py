@@ -142,6 +142,28 @@ def _dp_value(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row):
     return row[n]
 
 
+# The alignment maximises inherited elements first and, among alignments inheriting equally many, the number
+# of dimensions that agree exactly (a stem conv (16,3,3,3) inherits as much from any (16,16,3,3) conv as from
+# its true counterpart; only the tie-break tells them apart). Lexicographic order in one int64: K > any bonus sum.
+_TIE_K = 1 << 16
+
+
+@numba.njit(cache=True, inline="always")
+def _bonus(shp_c, i, shp_p, j):
+    b = 1
+    if shp_c[i, 0] == shp_p[j, 0]:
+        b += 1
+    if shp_c[i, 1] == shp_p[j, 1]:
+        b += 1
+    same = True
+    for d in range(2, 5):
+        if shp_c[i, d] != shp_p[j, d]:
+            same = False
+    if same:
+        b += 1
+    return b
+
+
 @numba.njit(cache=True)
 def _dp_pairs(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p):
     m = cls_c.shape[0]
@@ -154,24 +176,26 @@ def _dp_pairs(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p):
             left = f[i + 1, j]
             best = up if up > left else left
             if cls_p[j] == ci:
-                cand = f[i, j] + _gain(shp_c, vec_c, i, shp_p, vec_p, j)
+                cand = f[i, j] + _gain(shp_c, vec_c, i, shp_p, vec_p, j) * _TIE_K + _bonus(shp_c, i, shp_p, j)
                 if cand > best:
                     best = cand
             f[i + 1, j + 1] = best
     pairs = np.full(m, -1, dtype=np.int64)
+    inherited = 0
     i, j = m, n
     while i > 0 and j > 0:
         v = f[i, j]
-        if cls_p[j - 1] == cls_c[i - 1] and v == f[i - 1, j - 1] + _gain(shp_c, vec_c, i - 1, shp_p, vec_p, j - 1) \
-                and v > f[i - 1, j - 1]:
+        if v == f[i - 1, j]:
+            i -= 1
+        elif v == f[i, j - 1]:
+            j -= 1
+        else:  # only a diagonal step explains v
+            g = _gain(shp_c, vec_c, i - 1, shp_p, vec_p, j - 1)
             pairs[i - 1] = j - 1
+            inherited += g
             i -= 1
             j -= 1
-        elif v == f[i - 1, j]:
-            i -= 1
-        else:
-            j -= 1
-    return f[m, n], pairs
+    return inherited, pairs
 
 
 @numba.njit(cache=True)

@@ -1,0 +1,200 @@
+"""Apply the width, kernel and depth operators to a whole child graph, given its alignment to a parent.
+
+Invariant: with ``noise=0``, when the child only widens, deepens by identity-able blocks, or enlarges kernels
+relative to the parent, the child computes the parent's function. Width maps are chosen per channel group, never
+per layer, so every tensor sharing a channel dimension (residual streams, concatenations, norms and their running
+statistics, depthwise convs) agrees on which parent unit each child unit copies.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from keeper.graph import Kind, LayerGraph
+from keeper.matching import Alignment
+from keeper.onnx_weights import layer_arrays, to_source
+from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
+from keeper.transforms.kernel import fit_kernel
+from keeper.transforms.width import take_inputs, take_units, unit_map
+
+__all__ = ["Transfer", "transfer"]
+
+_IN_AXIS_KINDS = (Kind.CONV, Kind.CONVT, Kind.LINEAR)
+
+
+@dataclass
+class Transfer:
+    """Child tensors (key -> array as stored in the child model) and, per key, (parent key or None, operator)."""
+
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    provenance: dict[str, tuple[str | None, str]] = field(default_factory=dict)
+
+
+class _GroupMaps:
+    """Child channel group -> parent unit index per child unit, chosen once per group."""
+
+    def __init__(self, parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, parent_layers: list, seed: int):
+        self.parent, self.child, self.seed = parent, child, seed
+        self.parent_layers = parent_layers
+        votes: dict[int, Counter] = defaultdict(Counter)
+        for c, p in enumerate(pairs.tolist()):
+            if p < 0:
+                continue
+            for cg, pg in ((child.in_group[c], parent.in_group[p]), (child.out_group[c], parent.out_group[p])):
+                if cg >= 0 and pg >= 0:
+                    votes[int(cg)][int(pg)] += int(child.params[c])
+        # ties go to the lower parent group id so the choice is deterministic
+        self.corr = {cg: min(v.items(), key=lambda kv: (-kv[1], kv[0]))[0] for cg, v in votes.items()}
+        self._maps: dict[int, np.ndarray | None] = {}
+        self._importance: dict[int, np.ndarray | None] = {}
+
+    def parent_size(self, cg: int) -> int:
+        pg = self.corr.get(cg)
+        return int(self.parent.group_size[pg]) if pg is not None else -1
+
+    def map(self, cg: int) -> np.ndarray | None:
+        if cg < 0:
+            return None
+        if cg not in self._maps:
+            self._maps[cg] = self._build(cg)
+        return self._maps[cg]
+
+    def _build(self, cg: int) -> np.ndarray | None:
+        pg = self.corr.get(cg)
+        if pg is None:
+            return None
+        cparts, pparts = self.child.group_of_parts(cg), self.parent.group_of_parts(pg)
+        if len(cparts) and len(cparts) == len(pparts):
+            maps, offset = [], 0
+            for cp, pp in zip(cparts.tolist(), pparts.tolist()):
+                cs, ps = int(self.child.group_size[cp]), int(self.parent.group_size[pp])
+                if cs <= 0 or ps <= 0:
+                    return None
+                maps.append(unit_map(ps, cs, self.importance(pp), seed=self.seed, key=pp) + offset)
+                offset += ps
+            return np.concatenate(maps)
+        cs, ps = int(self.child.group_size[cg]), int(self.parent.group_size[pg])
+        if cs <= 0 or ps <= 0 or len(cparts) or len(pparts):
+            return None
+        return unit_map(ps, cs, self.importance(pg), seed=self.seed, key=pg)
+
+    def importance(self, pg: int) -> np.ndarray | None:
+        """L2 norm of each unit's outgoing weights over the parent layers producing the group."""
+        if pg not in self._importance:
+            total = None
+            for p in np.flatnonzero(self.parent.out_group == pg).tolist():
+                w = self.parent_layers[p].get("weight", self.parent_layers[p].get("scale"))
+                if w is None or w.shape[0] != self.parent.group_size[pg]:
+                    continue
+                sq = np.square(w.astype(np.float64)).reshape(w.shape[0], -1).sum(axis=1)
+                total = sq if total is None else total + sq
+            self._importance[pg] = None if total is None else np.sqrt(total)
+        return self._importance[pg]
+
+
+def _fit(parent_t: np.ndarray, child_t: np.ndarray) -> np.ndarray:
+    """Parent values on the overlapping leading block, the child's own values elsewhere."""
+    out = np.array(child_t, copy=True)
+    sl = tuple(slice(0, min(a, b)) for a, b in zip(parent_t.shape, child_t.shape))
+    out[sl] = parent_t[sl]
+    return out
+
+
+def _map_fits(m: np.ndarray | None, child_len: int, parent_len: int) -> bool:
+    return m is not None and len(m) == child_len and int(m.max(initial=-1)) < parent_len
+
+
+def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_map, parent_in: int) -> tuple[np.ndarray, list[str]]:
+    """Turn parent tensor ``pt`` into the child's shape ``ct.shape``; returns the array and the operators used."""
+    ops: list[str] = []
+    t = pt
+    if t.ndim >= 1 and _map_fits(out_map, ct.shape[0], t.shape[0]):
+        if len(out_map) != t.shape[0] or np.any(out_map != np.arange(len(out_map))):
+            ops.append("widen" if len(out_map) > t.shape[0] else "shrink")
+            t = take_units(t, out_map, 0)
+    if role == "weight" and kind in _IN_AXIS_KINDS and t.ndim >= 2 and _map_fits(in_map, ct.shape[1], t.shape[1]):
+        if len(in_map) != t.shape[1] or np.any(in_map != np.arange(len(in_map))):
+            ops.append("widen-in" if len(in_map) > t.shape[1] else "shrink-in")
+            t = take_inputs(t, in_map, parent_in, 1) if len(in_map) > t.shape[1] else take_units(t, in_map, 1)
+    if role == "weight" and kind in (Kind.CONV, Kind.DWCONV, Kind.CONVT) and t.ndim > 2 and t.shape[2:] != ct.shape[2:]:
+        ops.append("kernel-pad" if np.prod(ct.shape[2:]) > np.prod(t.shape[2:]) else "kernel-crop")
+        t = fit_kernel(t, ct.shape[2:])
+    if t.shape != ct.shape:
+        ops.append("slice")
+        t = _fit(t, ct)
+    return np.asarray(t, dtype=ct.dtype), ops or ["copy"]
+
+
+def transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: LayerGraph,
+             child_inits: dict[str, np.ndarray], alignment: Alignment, *, noise: float = 0.0,
+             seed: int = 0) -> Transfer:
+    """Child weights warmed from the parent along ``alignment``.
+
+    Args:
+        parent_inits / child_inits: initializer name -> array, as read from each model.
+        noise: relative std of Gaussian noise added to each warmed weight tensor (0 keeps the function).
+        seed: seeds the unit maps and the noise.
+
+    Returns a :class:`Transfer` covering every tensor of every child layer; inputs are not modified.
+    """
+    P, C = layer_arrays(parent, parent_inits), layer_arrays(child, child_inits)
+    pairs = np.asarray(alignment.pairs)
+    maps = _GroupMaps(parent, child, pairs, P, seed)
+    rng = np.random.default_rng(seed)
+    tails = new_branch_tails(child, pairs < 0)
+    out = Transfer()
+    for c in range(child.num_layers):
+        kind, refs, cvals = int(child.layer_kind[c]), child.tensors[c], C[c]
+        p = int(pairs[c])
+        values: dict[str, np.ndarray] = {}
+        if p >= 0:
+            out_map = maps.map(int(child.out_group[c]))
+            in_map = maps.map(int(child.in_group[c]))
+            pkeys = {r.role: r.key for r in parent.tensors[p]}
+            for role, ct in cvals.items():
+                if role not in P[p]:
+                    values[role], op, src = np.array(ct, copy=True), "init", None
+                else:
+                    values[role], ops = _inherit(kind, role, P[p][role], ct, out_map, in_map,
+                                                 maps.parent_size(int(child.in_group[c])))
+                    op, src = "+".join(ops), pkeys[role]
+                    if noise > 0 and role == "weight":
+                        values[role] = values[role] + rng.normal(0.0, noise * float(values[role].std() or 1.0),
+                                                                 values[role].shape).astype(ct.dtype)
+                out.provenance[_key(refs, role)] = (src, op)
+        else:
+            attrs = child.attrs[c] if c < len(child.attrs) else {}
+            filled, op = None, "init"
+            if c in tails:
+                filled, op = zero_fill(kind, cvals), "zero"
+            elif _same_map(maps, child, c):
+                filled = identity_fill(kind, cvals, epsilon=attrs.get("epsilon", 1e-5), strides=attrs.get("strides"))
+                op = "identity" if filled is not None else "init"
+            for role, ct in cvals.items():
+                v = filled[role] if filled is not None and role in filled else np.array(ct, copy=True)
+                if noise > 0 and role == "weight" and filled is not None:
+                    v = v + rng.normal(0.0, noise * float(np.std(ct) or 1.0), v.shape).astype(ct.dtype)
+                values[role] = v
+                out.provenance[_key(refs, role)] = (None, op if filled is not None and role in filled else "init")
+        for ref in refs:
+            if ref.key not in out.weights:  # tied tensors: the first layer in canonical order writes
+                out.weights[ref.key] = to_source(ref, values[ref.role])
+    return out
+
+
+def _key(refs, role: str) -> str:
+    return next(r.key for r in refs if r.role == role)
+
+
+def _same_map(maps: _GroupMaps, child: LayerGraph, c: int) -> bool:
+    """An identity layer keeps the function only if its input and output units copy the same parent units."""
+    gi, go = int(child.in_group[c]), int(child.out_group[c])
+    if gi == go:
+        return True
+    mi, mo = maps.map(gi), maps.map(go)
+    if mi is None or mo is None:
+        return mi is None and mo is None and child.group_size[gi] == child.group_size[go] if gi >= 0 and go >= 0 else False
+    return len(mi) == len(mo) and bool(np.all(mi == mo))
