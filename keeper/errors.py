@@ -14,6 +14,7 @@ __all__ = [
     "ModelNotFoundError",
     "TransformError",
     "ServiceError",
+    "ConfigError",
 ]
 
 
@@ -50,3 +51,7 @@ class TransformError(KeeperError):
 
 class ServiceError(KeeperError):
     """The keeper Ray service failed to answer within its bounds."""
+
+
+class ConfigError(KeeperError, ValueError):
+    """A configuration file or value is invalid; the message names the key, what was expected and the fix."""

@@ -280,7 +280,7 @@ class _Extractor:
         light.opset_import.extend(proto.opset_import)
         light.functions.extend(proto.functions)
         g = light.graph
-        g.node.extend(proto.graph.node)
+        g.node.extend(self.nodes)  # sorted: inference reads nodes in order, a shuffled file would lose shapes
         g.input.extend(proto.graph.input)
         g.output.extend(proto.graph.output)
         g.value_info.extend(proto.graph.value_info)
@@ -309,7 +309,7 @@ class _Extractor:
         const = set(self.init_shapes)
         meta: set[str] = set()
         for n in self.nodes:
-            ins = [x for x in n.input if x]
+            ins = _value_inputs(n)
             if n.op_type == "Constant" or (ins and all(x in const for x in ins)):
                 const.update(o for o in n.output if o)
             elif n.op_type in ("Shape", "Size") or (ins and all(x in const or x in meta for x in ins)):
@@ -386,6 +386,13 @@ def graph_from_proto(proto: onnx.ModelProto) -> LayerGraph:
                                 "check it with onnx.checker.check_model and re-export") from None
 
 
+def _value_inputs(node: onnx.NodeProto) -> list[str]:
+    """The inputs whose values the output depends on (CastLike's second input lends only its dtype: the dynamo
+    exporter builds the zero bias of a bias-free conv as CastLike(0, x), which is a constant, not data)."""
+    ins = [x for x in node.input if x]
+    return ins[:1] if node.op_type == "CastLike" else ins
+
+
 def _attr(node: onnx.NodeProto, name: str, default=None):
     for a in node.attribute:
         if a.name == name:
@@ -396,8 +403,10 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
 def _extract(proto: onnx.ModelProto) -> LayerGraph:
     ex = _Extractor(proto)
     const, meta = ex.classify()
+    # nodes that read activations and produce more than shape information
     data_nodes = [n for n in ex.nodes if n.op_type != "Constant"
-                  and any(x and x not in const and x not in meta for x in n.input)]
+                  and any(x not in const and x not in meta for x in _value_inputs(n))
+                  and not all(o in meta for o in n.output if o)]
     # A MatMul with a weight followed by an Add of a constant vector is one linear layer with a bias.
     users: dict[str, list[onnx.NodeProto]] = {}
     for n in data_nodes:
@@ -407,7 +416,10 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
     absorbed: dict[int, int] = {}  # id(Add node) -> index into data_nodes of the MatMul that owns it
     info: list[dict[str, Any]] = []
     for i, n in enumerate(data_nodes):
-        info.append(_layer_info(ex, n, const, users, absorbed, i))
+        d = _layer_info(ex, n, const, users, absorbed, i)
+        if d["kind"] < Kind.WEIGHTED_END and len(d["shape"]) > _MAX_RANK:  # e.g. a rank-6 learned tensor
+            d = {"kind": Kind.OTHER, "refs": []}
+        info.append(d)
     keep = [i for i, n in enumerate(data_nodes) if id(n) not in absorbed]
     # tensor -> data node index (absorbed bias adds answer for their MatMul)
     out_of: dict[str, int] = {}
@@ -544,10 +556,14 @@ def _layer_info(ex: _Extractor, n: onnx.NodeProto, const: set, users: dict, abso
         p = ref(cname, "weight")
         if p is not None and int(np.prod(ex.ref_shape(p))) > 1:
             s = ex.ref_shape(p)
-            # canonical: channel (last) axis first, leading singleton axes dropped
-            perm = (len(s) - 1,) + tuple(range(len(s) - 1))
-            squeezed = [d for d in (s[perm[0]],) + tuple(s[q] for q in perm[1:])]
-            return {"kind": Kind.PARAM, "shape": tuple(squeezed), "vectors": 0, "refs": [_with_canon(p, perm)]}
+            # canonical: the channel axis first, the others in order. The channel axis is the only non-singleton
+            # one when there is one (a per-channel scale (1, C, 1, 1) of a conv net), else the last one (a
+            # positional embedding (1, T, D) of a transformer).
+            wide = [a for a, d in enumerate(s) if d != 1]
+            ax = wide[0] if len(wide) == 1 else len(s) - 1
+            perm = (ax,) + tuple(a for a in range(len(s)) if a != ax)
+            return {"kind": Kind.PARAM, "shape": tuple(s[q] for q in perm), "vectors": 0,
+                    "refs": [_with_canon(p, perm)]}
     return {"kind": _STRUCT_KINDS.get(op, Kind.OTHER), "refs": []}
 
 
@@ -563,9 +579,11 @@ def _canonical_order(keep: list[int], preds: dict[int, list[int]], info: list[di
                      nodes: list[onnx.NodeProto]) -> list[int]:
     """Topological order independent of file order.
 
-    Ready nodes are taken by (longest-path level, structural hash, kind, input slot signature); the hash is a
-    two-round Weisfeiler-Lehman label over kinds and input slots without shapes, so widening a model does not
-    reorder it, and only structurally identical nodes fall back to file order.
+    Ready nodes are taken by (longest-path level, the input slot their branch takes at the merge it ends in,
+    structural hash, kind, output name); the hash is a two-round Weisfeiler-Lehman label over kinds and input
+    slots without shapes, so widening a model does not reorder it, and only structurally identical nodes fall
+    back to their output names (unique in a valid model, so the order never depends on where a node sits in the
+    file).
     """
     succs: dict[int, list[tuple[int, int]]] = {i: [] for i in keep}
     for i in keep:
@@ -590,8 +608,21 @@ def _canonical_order(keep: list[int], preds: dict[int, list[int]], info: list[di
         label = {i: hash((label[i], tuple(label[j] for j in preds[i]),
                           tuple(sorted((label[s], slot) for s, slot in succs[i])))) & 0xFFFFFFFF
                  for i in keep}
+    # Where a node's branch ends: following single-successor links down to the first merge, the input slot the
+    # branch takes there (-1 when it forks or ends first). Parallel branches of one concatenation or residual
+    # add are ordered by that slot, which editing the model above or below the merge does not change (the
+    # hashed labels of siblings all change together there, and their order with them).
+    exit_slot: dict[int, int] = {}
+    for i in reversed(topo):
+        if len(succs[i]) != 1:
+            exit_slot[i] = -1
+        else:
+            j, slot = succs[i][0]
+            exit_slot[i] = exit_slot[j] if len(preds[j]) == 1 else slot
     indeg = {i: len(preds[i]) for i in keep}
-    heap = [(level[i], label[i], info[i]["kind"], i) for i in keep if indeg[i] == 0]
+    # last tie-break: the node's first output name (unique in a valid model), never the position in the file
+    name = {i: nodes[i].output[0] if nodes[i].output else "" for i in keep}
+    heap = [(level[i], exit_slot[i], label[i], info[i]["kind"], name[i], i) for i in keep if indeg[i] == 0]
     heapq.heapify(heap)
     order = []
     while heap:
@@ -600,7 +631,7 @@ def _canonical_order(keep: list[int], preds: dict[int, list[int]], info: list[di
         for j, _ in succs[i]:
             indeg[j] -= 1
             if indeg[j] == 0:
-                heapq.heappush(heap, (level[j], label[j], info[j]["kind"], j))
+                heapq.heappush(heap, (level[j], exit_slot[j], label[j], info[j]["kind"], name[j], j))
     return order
 
 

@@ -19,12 +19,12 @@ per-class signature bound filters parents before the exact alignment.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
+from typing import Callable, NamedTuple, Sequence, Union
 
 import numba
 import numpy as np
 
-from keeper.graph import LayerGraph, as_graph
+from keeper.graph import Kind, LayerGraph, as_graph
 from keeper.onnx_safety import ModelInput
 
 __all__ = [
@@ -69,6 +69,8 @@ class MatchArrays:
     shape: np.ndarray    # int64 (n, 5)
     vectors: np.ndarray  # int64 (n,)
     total: int           # trainable elements of the whole graph
+    skip: np.ndarray     # int64 (n,): tie-break cost of leaving the layer unmatched (see _dp_pairs)
+    edge: np.ndarray     # int64 (n,): tie-break cost of a run of unmatched layers starting or ending here
 
     @property
     def n(self) -> int:
@@ -78,7 +80,73 @@ class MatchArrays:
 def match_arrays(graph: LayerGraph, rules: MatchRules = DEFAULT_RULES) -> MatchArrays:
     return MatchArrays(np.ascontiguousarray(rules.node_class(graph), dtype=np.int32),
                        np.ascontiguousarray(graph.shape, dtype=np.int64),
-                       np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.total_params))
+                       np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.total_params),
+                       _skip_costs(graph), _edge_costs(graph))
+
+
+def _skip_costs(graph: LayerGraph) -> np.ndarray:
+    """A new layer costs nothing to leave unmatched when it can start as an identity (square conv/linear,
+    depthwise conv, BatchNorm) or sits inside a residual branch (whose last layer is zeroed, so the branch adds
+    nothing); any other new layer breaks the function, so it should rather be matched when inheritance is equal."""
+    k, s = graph.layer_kind, graph.shape
+    square = s[:, 0] == s[:, 1]
+    free = (((k == Kind.CONV) | (k == Kind.LINEAR)) & square) | (k == Kind.DWCONV) | (k == Kind.BATCHNORM)
+    succs: list[list[int]] = [[] for _ in range(graph.num_nodes)]
+    for node in range(graph.num_nodes):
+        for p in graph.predecessors(node).tolist():
+            succs[p].append(node)
+    for li, node in enumerate(graph.layer_node.tolist()):
+        if not free[li]:
+            free[li] = _inside_residual_branch(node, succs, graph.kind)
+    return np.where(free, 0, _SKIP_NOT_IDENTITY).astype(np.int64)
+
+
+def _inside_residual_branch(node: int, succs: list[list[int]], kind: np.ndarray, limit: int = 256) -> bool:
+    """Every forward path from ``node`` reaches one and the same Add before anything else ends it: the layer
+    belongs to the branch that Add merges (attention forks into q, k, v and joins again before its Add)."""
+    seen, stack, adds = {node}, [node], set()
+    while stack:
+        cur = stack.pop()
+        if not succs[cur]:
+            return False  # reached a graph output without merging
+        for nxt in succs[cur]:
+            if kind[nxt] == Kind.ADD:
+                adds.add(nxt)
+            elif nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+                if len(seen) > limit:
+                    return False
+    return len(adds) == 1
+
+
+_MERGE_KINDS = (Kind.ADD, Kind.CONCAT)
+_NONLINEAR_KINDS = (Kind.ACTIVATION, Kind.POOL)
+
+
+def _edge_costs(graph: LayerGraph) -> np.ndarray:
+    """How badly a run of new layers would sit next to each layer: 0 where the layer's input comes through a
+    merge (a residual add, a concatenation) or from the graph input, the block boundaries of residual nets and
+    transformers; ``_EDGE_NONLINEAR`` through a nonlinearity or pool only (a VGG block boundary, or the middle
+    of a residual branch); ``_EDGE_INSIDE`` when another layer feeds it directly (a norm after its conv)."""
+    is_layer = np.zeros(graph.num_nodes, dtype=bool)
+    is_layer[graph.layer_node] = True
+    out = np.zeros(graph.num_layers, dtype=np.int64)
+    for li, node in enumerate(graph.layer_node.tolist()):
+        preds = graph.predecessors(node)
+        cost = 0 if len(preds) != 1 else _EDGE_INSIDE
+        cur = int(preds[0]) if len(preds) == 1 else -1
+        while cost and not is_layer[cur]:
+            if graph.kind[cur] in _MERGE_KINDS or len(graph.predecessors(cur)) == 0:
+                cost = 0
+            elif len(graph.predecessors(cur)) > 1:  # attention's products, gating: inside a block
+                break
+            else:
+                if graph.kind[cur] in _NONLINEAR_KINDS:
+                    cost = _EDGE_NONLINEAR
+                cur = int(graph.predecessors(cur)[0])
+        out[li] = cost
+    return out
 
 
 @dataclass(frozen=True)
@@ -121,31 +189,67 @@ def _gain(shp_c, vec_c, i, shp_p, vec_p, j):
 
 @numba.njit(cache=True)
 def _dp_value(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row):
+    """Most child elements any order-preserving one-to-one matching of equal classes inherits (``row``: n + 1
+    int64 scratch)."""
+    n = cls_p.shape[0]
+    return _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, np.empty((6, n)), np.empty(n))
+
+
+@numba.njit(cache=True)
+def _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, cols, gains):
+    """The DP of :func:`_dp_value`, one child row at a time in two passes (scratch: ``cols`` 6 x >= n and
+    ``gains`` >= n float64).
+
+    Pass 1 computes what matching child layer i to each parent layer would inherit (``_gain``, or 0 across
+    classes). It has no dependency between columns and reads the parent as float64 columns, so it vectorises
+    (AVX has float64 min and multiply, not int64 ones); a gain is an element count far below 2**53, so the float
+    arithmetic is exact. Pass 2 is the recurrence itself, a chain of integer maxima. A zero gain never wins
+    (``diag <= up``: rows are non-decreasing), so it stands in for "classes differ" without a branch. About 5x
+    the throughput of the one-pass loop with ``_gain`` inline; the result is identical.
+    """
     m = cls_c.shape[0]
     n = cls_p.shape[0]
+    for j in range(n):
+        for d in range(5):
+            cols[d, j] = shp_p[j, d]
+        cols[5, j] = vec_p[j]
+    p0, p1, p2, p3, p4, pv = cols[0], cols[1], cols[2], cols[3], cols[4], cols[5]
     for j in range(n + 1):
         row[j] = 0
     for i in range(m):
+        ci = cls_c[i]
+        c0, c1, c2, c3, c4 = float(shp_c[i, 0]), float(shp_c[i, 1]), float(shp_c[i, 2]), float(shp_c[i, 3]), \
+            float(shp_c[i, 4])
+        cv = float(vec_c[i])
+        for j in range(n):
+            a0 = min(c0, p0[j])
+            g = a0 * min(c1, p1[j]) * min(c2, p2[j]) * min(c3, p3[j]) * min(c4, p4[j]) + min(cv, pv[j]) * a0
+            gains[j] = g if cls_p[j] == ci else 0.0
         diag = 0
         left = 0
-        ci = cls_c[i]
         for j in range(n):
             up = row[j + 1]
+            cand = diag + np.int64(gains[j])
             best = up if up > left else left
-            if cls_p[j] == ci:
-                cand = diag + _gain(shp_c, vec_c, i, shp_p, vec_p, j)
-                if cand > best:
-                    best = cand
+            best = cand if cand > best else best
             diag = up
             row[j + 1] = best
             left = best
     return row[n]
 
 
-# The alignment maximises inherited elements first and, among alignments inheriting equally many, the number
-# of dimensions that agree exactly (a stem conv (16,3,3,3) inherits as much from any (16,16,3,3) conv as from
-# its true counterpart; only the tie-break tells them apart). Lexicographic order in one int64: K > any bonus sum.
-_TIE_K = 1 << 16
+# The alignment maximises inherited elements first. Among alignments inheriting equally many it prefers, second,
+# the one with the fewest runs of unmatched layers (an affine gap cost, as in Gotoh's alignment) plus the most
+# dimensions agreeing exactly: a stem conv (16,3,3,3) inherits as much from any (16,16,3,3) conv as from its true
+# counterpart, and a final LayerNorm as much from the first block's; only structure tells them apart, and new
+# blocks then come as whole contiguous runs, which is what lets them start as identities. Both orders live in one
+# int64 (value = inherited * K + secondary) with K above any secondary sum for graphs of up to ~50,000 layers.
+_TIE_K = 1 << 20
+_GAP_OPEN = 4
+_EDGE_INSIDE = 8
+_EDGE_NONLINEAR = 4
+_SKIP_NOT_IDENTITY = 16  # skipping a layer that cannot be an identity outweighs gaps and dims
+_NEG = -(1 << 62)
 
 
 @numba.njit(cache=True, inline="always")
@@ -164,37 +268,58 @@ def _bonus(shp_c, i, shp_p, j):
     return b
 
 
+@numba.njit(cache=True, inline="always")
+def _max3(a, b, c):
+    m = a if a > b else b
+    return m if m > c else c
+
+
 @numba.njit(cache=True)
-def _dp_pairs(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p):
+def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, cls_p, shp_p, vec_p):
     m = cls_c.shape[0]
     n = cls_p.shape[0]
-    f = np.zeros((m + 1, n + 1), dtype=np.int64)
-    for i in range(m):
-        ci = cls_c[i]
-        for j in range(n):
-            up = f[i, j + 1]
-            left = f[i + 1, j]
-            best = up if up > left else left
-            if cls_p[j] == ci:
-                cand = f[i, j] + _gain(shp_c, vec_c, i, shp_p, vec_p, j) * _TIE_K + _bonus(shp_c, i, shp_p, j)
-                if cand > best:
-                    best = cand
-            f[i + 1, j + 1] = best
+    # M: last step matched; X: last step skipped a child layer; Y: last step skipped a parent layer.
+    # Skipping child layer i also costs skip_c[i] (a layer that cannot start as an identity should rather match);
+    # a run of skipped child layers costs edge_c[i] more where it starts or ends at a layer i that is not on a
+    # block boundary (new blocks belong between nonlinearities or merges, not between a conv and its norm).
+    M = np.full((m + 1, n + 1), _NEG, dtype=np.int64)
+    X = np.full((m + 1, n + 1), _NEG, dtype=np.int64)
+    Y = np.full((m + 1, n + 1), _NEG, dtype=np.int64)
+    M[0, 0] = 0
+    for i in range(m + 1):
+        for j in range(n + 1):
+            if i > 0 and j > 0 and cls_p[j - 1] == cls_c[i - 1]:
+                g = _gain(shp_c, vec_c, i - 1, shp_p, vec_p, j - 1)
+                if g > 0:
+                    M[i, j] = _max3(M[i - 1, j - 1], X[i - 1, j - 1] - edge_c[i - 1], Y[i - 1, j - 1]) \
+                        + g * _TIE_K + _bonus(shp_c, i - 1, shp_p, j - 1)
+            if i > 0:
+                X[i, j] = _max3(M[i - 1, j] - _GAP_OPEN - edge_c[i - 1], X[i - 1, j],
+                                Y[i - 1, j] - _GAP_OPEN - edge_c[i - 1]) - skip_c[i - 1]
+            if j > 0:
+                Y[i, j] = _max3(M[i, j - 1] - _GAP_OPEN, X[i, j - 1] - _GAP_OPEN, Y[i, j - 1])
     pairs = np.full(m, -1, dtype=np.int64)
     inherited = 0
     i, j = m, n
-    while i > 0 and j > 0:
-        v = f[i, j]
-        if v == f[i - 1, j]:
-            i -= 1
-        elif v == f[i, j - 1]:
-            j -= 1
-        else:  # only a diagonal step explains v
+    v = _max3(M[i, j], X[i, j], Y[i, j])
+    state = 0 if M[i, j] == v else (1 if X[i, j] == v else 2)
+    while i > 0 or j > 0:
+        if state == 0:
             g = _gain(shp_c, vec_c, i - 1, shp_p, vec_p, j - 1)
             pairs[i - 1] = j - 1
             inherited += g
+            v = M[i, j] - g * _TIE_K - _bonus(shp_c, i - 1, shp_p, j - 1)
             i -= 1
             j -= 1
+            state = 0 if M[i, j] == v else (1 if i > 0 and X[i, j] - edge_c[i] == v else 2)
+        elif state == 1:
+            v = X[i, j] + skip_c[i - 1]
+            i -= 1
+            state = 1 if X[i, j] == v else (0 if M[i, j] - _GAP_OPEN - edge_c[i] == v else 2)
+        else:
+            v = Y[i, j]
+            j -= 1
+            state = 2 if Y[i, j] == v else (0 if M[i, j] - _GAP_OPEN == v else 1)
     return inherited, pairs
 
 
@@ -206,16 +331,41 @@ def _dp_batch(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, offsets, out):
         if offsets[k + 1] - offsets[k] > maxn:
             maxn = offsets[k + 1] - offsets[k]
     row = np.zeros(maxn + 1, dtype=np.int64)
+    cols = np.empty((6, maxn))
+    gains = np.empty(maxn)
     for k in range(offsets.shape[0] - 1):
         a = offsets[k]
         b = offsets[k + 1]
-        out[k] = _dp_value(cls_c, shp_c, vec_c, cls_p[a:b], shp_p[a:b], vec_p[a:b], row)
+        out[k] = _dp_rows(cls_c, shp_c, vec_c, cls_p[a:b], shp_p[a:b], vec_p[a:b], row, cols, gains)
 
 
 # ---------------------------------------------------------------------------------------------- public API
 
 def _arrays(g: GraphLike | MatchArrays, rules: MatchRules) -> MatchArrays:
     return g if isinstance(g, MatchArrays) else match_arrays(as_graph(g), rules)
+
+
+class _Scored(NamedTuple):
+    """What scoring reads of a graph: a MatchArrays without the alignment's tie-break costs, whose pass over the
+    graph's nodes in Python costs more than the compiled score itself."""
+
+    cls: np.ndarray
+    shape: np.ndarray
+    vectors: np.ndarray
+    total: int
+
+    @property
+    def n(self) -> int:
+        return int(self.cls.shape[0])
+
+
+def _scored(g: GraphLike | MatchArrays, rules: MatchRules) -> MatchArrays | _Scored:
+    if isinstance(g, MatchArrays):
+        return g
+    graph = as_graph(g)
+    return _Scored(np.ascontiguousarray(rules.node_class(graph), dtype=np.int32),
+                   np.ascontiguousarray(graph.shape, dtype=np.int64),
+                   np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.total_params))
 
 
 def similarity(parent: GraphLike, child: GraphLike, rules: MatchRules = DEFAULT_RULES) -> float:
@@ -225,7 +375,7 @@ def similarity(parent: GraphLike, child: GraphLike, rules: MatchRules = DEFAULT_
         >>> keeper.similarity(resnet18_onnx, resnet10_onnx)  # doctest: +SKIP
         1.0
     """
-    p, c = _arrays(parent, rules), _arrays(child, rules)
+    p, c = _scored(parent, rules), _scored(child, rules)
     if c.total <= 0:
         return 0.0
     row = np.zeros(p.n + 1, dtype=np.int64)
@@ -241,7 +391,7 @@ def align(parent: GraphLike, child: GraphLike, rules: MatchRules = DEFAULT_RULES
         >>> a.score, a.pairs[:4]                          # doctest: +SKIP
     """
     p, c = _arrays(parent, rules), _arrays(child, rules)
-    v, pairs = _dp_pairs(c.cls, c.shape, c.vectors, p.cls, p.shape, p.vectors)
+    v, pairs = _dp_pairs(c.cls, c.shape, c.vectors, c.skip, c.edge, p.cls, p.shape, p.vectors)
     score = min(1.0, int(v) / c.total) if c.total > 0 else 0.0
     return Alignment(score, int(v), c.total, pairs)
 
@@ -268,8 +418,8 @@ class PackedParents:
 def score_many(parents: Sequence[GraphLike | MatchArrays] | PackedParents, child: GraphLike | MatchArrays,
                rules: MatchRules = DEFAULT_RULES) -> np.ndarray:
     """Similarity of ``child`` to each parent, in one compiled call (float64 array)."""
-    c = _arrays(child, rules)
-    packed = parents if isinstance(parents, PackedParents) else PackedParents.pack([_arrays(p, rules) for p in parents])
+    c = _scored(child, rules)
+    packed = parents if isinstance(parents, PackedParents) else PackedParents.pack([_scored(p, rules) for p in parents])
     out = np.zeros(packed.offsets.shape[0] - 1, dtype=np.int64)
     if c.total <= 0 or out.shape[0] == 0:
         return out.astype(np.float64)
@@ -279,7 +429,7 @@ def score_many(parents: Sequence[GraphLike | MatchArrays] | PackedParents, child
 
 def signature(g: GraphLike | MatchArrays, rules: MatchRules = DEFAULT_RULES) -> np.ndarray:
     """Trainable elements per layer class, folded into ``SIGNATURE_SIZE`` bins (int64)."""
-    a = _arrays(g, rules)
+    a = _scored(g, rules)
     per_layer = np.prod(a.shape, axis=1) + a.vectors * a.shape[:, 0]
     return np.bincount(a.cls % SIGNATURE_SIZE, weights=per_layer, minlength=SIGNATURE_SIZE).astype(np.int64)
 
@@ -290,7 +440,7 @@ def upper_bounds(parent_signatures: np.ndarray, child: GraphLike | MatchArrays,
 
     A bound below a threshold means the parent definitely scores below it; a bound above promises nothing.
     """
-    a = _arrays(child, rules)
+    a = _scored(child, rules)
     sc = signature(a)
     if a.total <= 0:
         return np.zeros(parent_signatures.shape[0])

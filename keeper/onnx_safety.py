@@ -1,8 +1,9 @@
 """Safe reading of untrusted ONNX input.
 
 Invariant: a ModelProto returned by :func:`load_model` has a graph, no tensor anywhere (initializers, sparse
-initializers, Constant and other tensor attributes, subgraphs, functions) that refers to external data, no
-negative or absurd dimension, and a node count under the cap. Nothing is ever read from a path the model names.
+initializers, Constant and other tensor attributes, subgraphs, functions, training graphs) that refers to external
+data, no negative or absurd dimension, no tensor whose stored data is not exactly what its dims claim, and a node
+count under the cap; it imports the default ONNX operator set. Nothing is ever read from a path the model names.
 """
 
 from __future__ import annotations
@@ -82,12 +83,15 @@ def check_model(proto: onnx.ModelProto, what: str = "model") -> None:
     if not proto.HasField("graph") or len(proto.graph.node) == 0:
         raise InvalidModelError(f"{what}: has no graph nodes; expected an ONNX model with a computation "
                                 "graph (garbage bytes can parse as an empty protobuf)")
+    if not any(o.domain in ("", "ai.onnx") for o in proto.opset_import):
+        raise InvalidModelError(f"{what}: imports no ONNX operator set (opset_import is empty or lacks the default "
+                                "domain); the file is truncated or not a complete ONNX model: re-export it")
     nodes = 0
     for kind, tensor in _all_tensors(proto):
         if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.external_data) > 0:
             raise InvalidModelError(f"{what}: {kind} {tensor.name!r} refers to external data; keeper never "
                                     "reads files a model names: save the model with all tensors inline")
-        _check_dims(tensor, kind, what)
+        _check_data_size(tensor, kind, what, _check_dims(tensor, kind, what))
     for graph in _all_graphs(proto):
         nodes += len(graph.node)
         if nodes > MAX_NODES:
@@ -99,7 +103,8 @@ def check_model(proto: onnx.ModelProto, what: str = "model") -> None:
         raise InvalidModelError(f"{what}: more than {MAX_NODES} nodes including functions")
 
 
-def _check_dims(tensor: onnx.TensorProto, kind: str, what: str) -> None:
+def _check_dims(tensor: onnx.TensorProto, kind: str, what: str) -> int:
+    """The element count the dims claim, after checking it is sane."""
     count = 1
     for d in tensor.dims:
         if d < 0:
@@ -108,6 +113,37 @@ def _check_dims(tensor: onnx.TensorProto, kind: str, what: str) -> None:
         if count > MAX_TENSOR_ELEMENTS:
             raise InvalidModelError(f"{what}: {kind} {tensor.name!r} claims dims {list(tensor.dims)}, "
                                     f"over {MAX_TENSOR_ELEMENTS} elements; the model is corrupt")
+    return count
+
+
+# Bits per element of the types whose storage is unambiguous; others (strings, 2- and 6-bit types) go unchecked.
+_BITS = {getattr(onnx.TensorProto, name): bits for name, bits in (
+    ("FLOAT", 32), ("DOUBLE", 64), ("FLOAT16", 16), ("BFLOAT16", 16), ("INT8", 8), ("UINT8", 8), ("INT16", 16),
+    ("UINT16", 16), ("INT32", 32), ("UINT32", 32), ("INT64", 64), ("UINT64", 64), ("BOOL", 8), ("COMPLEX64", 64),
+    ("COMPLEX128", 128), ("FLOAT8E4M3FN", 8), ("FLOAT8E4M3FNUZ", 8), ("FLOAT8E5M2", 8), ("FLOAT8E5M2FNUZ", 8),
+    ("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4)) if hasattr(onnx.TensorProto, name)}
+_COMPLEX = {onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128}
+
+
+def _check_data_size(tensor: onnx.TensorProto, kind: str, what: str, count: int) -> None:
+    """The data a tensor holds must be exactly what its dims claim: a small file cannot claim a huge tensor, and
+    truncated data is refused here rather than misread later. Only lengths are read, never the values."""
+    bits = _BITS.get(tensor.data_type)
+    if bits is None or tensor.HasField("segment"):
+        return
+    if tensor.HasField("raw_data"):
+        have, need, unit = len(tensor.raw_data), (count * bits + 7) // 8, "bytes"
+    else:
+        try:
+            field = onnx.helper.tensor_dtype_to_field(tensor.data_type)
+        except (KeyError, ValueError):
+            return
+        have = len(getattr(tensor, field))
+        need = (count + 1) // 2 if bits < 8 else count * (2 if tensor.data_type in _COMPLEX else 1)
+        unit = f"{field} entries"
+    if have != need:
+        raise InvalidModelError(f"{what}: {kind} {tensor.name!r} holds {have} {unit} but its dims "
+                                f"{list(tensor.dims)} need {need}; the model is truncated or corrupt: re-export it")
 
 
 def _subgraphs(nodes) -> Iterator[onnx.GraphProto]:
@@ -121,6 +157,8 @@ def _subgraphs(nodes) -> Iterator[onnx.GraphProto]:
 def _all_graphs(proto: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
     """The main graph and every subgraph, including those inside functions."""
     stack = [proto.graph]
+    for info in proto.training_info:  # training graphs hold initializers too
+        stack.extend((info.initialization, info.algorithm))
     for fn in proto.functions:
         stack.extend(_subgraphs(fn.node))
     while stack:

@@ -48,8 +48,22 @@ class _GroupMaps:
                     votes[int(cg)][int(pg)] += int(child.params[c])
         # ties go to the lower parent group id so the choice is deterministic
         self.corr = {cg: min(v.items(), key=lambda kv: (-kv[1], kv[0]))[0] for cg, v in votes.items()}
+        self._through_new_layers(pairs)
         self._maps: dict[int, np.ndarray | None] = {}
         self._importance: dict[int, np.ndarray | None] = {}
+
+    def _through_new_layers(self, pairs: np.ndarray) -> None:
+        """A new square layer that can be an identity passes its units through: its other side copies the same
+        parent units (so VGG blocks inserted back to back all line up). Forward, then backward."""
+        c = self.child
+        square = [i for i in range(c.num_layers) if pairs[i] < 0 and c.layer_kind[i] in (Kind.CONV, Kind.LINEAR)
+                  and c.shape[i, 0] == c.shape[i, 1] and c.in_group[i] >= 0 and c.out_group[i] >= 0]
+        for seq, (a, b) in ((square, (0, 1)), (square[::-1], (1, 0))):
+            for i in seq:
+                ends = (int(c.in_group[i]), int(c.out_group[i]))
+                src, dst = ends[a], ends[b]
+                if src in self.corr and dst not in self.corr:
+                    self.corr[dst] = self.corr[src]
 
     def parent_size(self, cg: int) -> int:
         pg = self.corr.get(cg)

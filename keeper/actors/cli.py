@@ -1,0 +1,128 @@
+"""``keeper serve | scale | stats``: operating the Ray service from a shell (added to ``keeper`` by keeper/cli.py).
+
+Examples:
+    keeper serve --config configs/default.yaml              # local Ray; serves until Ctrl-C
+    keeper serve --config configs/default.yaml --address auto   # on a running cluster; returns, actors stay
+    keeper scale 8 --address auto
+    keeper stats --address auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+__all__ = ["add_commands"]
+
+
+def _connect(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+
+    from keeper.actors.config import load_config
+
+    overrides: dict[str, Any] = {}
+    if getattr(args, "zoo", None):
+        overrides["zoo"] = args.zoo
+    if getattr(args, "matchers", None) is not None:
+        overrides["matchers"] = args.matchers
+    if args.namespace:
+        overrides["namespace"] = args.namespace
+    cfg = load_config(args.config, **overrides)
+    if not ray.is_initialized():
+        ray.init(address=args.address, namespace=cfg.namespace, include_dashboard=False,
+                 log_to_driver=False)
+    return {"config": cfg}
+
+
+def _handle(args: argparse.Namespace):
+    from keeper.actors.launcher import get_handle
+    from keeper.errors import ServiceError
+
+    ctx = _connect(args)
+    handle = get_handle(ctx["config"])
+    if handle is None:
+        raise ServiceError(f"keeper: no service named {ctx['config'].name!r} in namespace "
+                           f"{ctx['config'].namespace!r}; start it with `keeper serve --address auto`")
+    return handle, ctx["config"]
+
+
+def _get(ref, timeout_s: float):
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    from keeper.errors import ServiceError
+
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except GetTimeoutError:
+        raise ServiceError(f"keeper: the service did not answer within {timeout_s:.0f} s") from None
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from keeper.actors.launcher import start
+
+    ctx = _connect(args)
+    cfg = ctx["config"]
+    handle = start(cfg)
+    stats = _get(handle.stats.remote(), cfg.timeouts.control_s)
+    print(f"keeper serving {stats['models']} models from {stats['uri']} with {stats['matchers']} matchers "
+          f"(actor {cfg.name!r}, namespace {cfg.namespace!r})", flush=True)
+    block = args.block if args.block is not None else args.address is None
+    if not block:
+        return 0
+    try:
+        while True:  # a local Ray ends with this process: stay, and report now and then
+            time.sleep(args.interval)
+            s = _get(handle.stats.remote(), cfg.timeouts.control_s)
+            print(json.dumps({k: s[k] for k in ("models", "matchers", "clusters", "queries", "p50", "p99")}),
+                  flush=True)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _cmd_scale(args: argparse.Namespace) -> int:
+    handle, cfg = _handle(args)
+    out = _get(handle.scale.remote(matchers=args.n), cfg.timeouts.control_s)
+    print(f"matchers: {out['matchers']}")
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    handle, cfg = _handle(args)
+    print(json.dumps(_get(handle.stats.remote(), cfg.timeouts.control_s), indent=1, sort_keys=True, default=str))
+    return 0
+
+
+def _common(p: argparse.ArgumentParser, address: str | None) -> None:
+    p.add_argument("--config", help="service YAML (default: built-in defaults, the same as configs/default.yaml)")
+    p.add_argument("--address", default=address,
+                   help="Ray address to join, e.g. 'auto' on a cluster node"
+                        + (" (default: start a local Ray)" if address is None else f" (default: {address})"))
+    p.add_argument("--namespace", help="Ray namespace of the service actors (default: from the config)")
+
+
+def add_commands(subparsers: Any) -> None:
+    """Add ``serve``, ``scale`` and ``stats`` to the ``keeper`` command's subparsers."""
+    s = subparsers.add_parser("serve", help="start the keeper Ray service (or find the running one)",
+                              description="Start the ZooManager, the Matcher pool and the Keeper front door as "
+                                          "named detached Ray actors. Without --address a local Ray is started "
+                                          "and the command stays until Ctrl-C; with --address it returns once "
+                                          "the service answers.")
+    _common(s, None)
+    s.add_argument("--zoo", help="zoo location (directory or pyarrow.fs URI); overrides the config")
+    s.add_argument("--matchers", type=int, help="matcher count; overrides the config")
+    s.add_argument("--block", dest="block", action="store_true", default=None, help="stay in the foreground")
+    s.add_argument("--detach", dest="block", action="store_false", help="return once the service answers")
+    s.add_argument("--interval", type=float, default=30.0, help="seconds between stats lines while blocking")
+    s.set_defaults(fn=_cmd_serve)
+
+    sc = subparsers.add_parser("scale", help="grow or shrink the running service's matcher pool")
+    sc.add_argument("n", type=int, help="matchers to keep")
+    _common(sc, "auto")
+    sc.set_defaults(fn=_cmd_scale)
+
+    st = subparsers.add_parser("stats", help="print the running service's figures as JSON")
+    _common(st, "auto")
+    st.set_defaults(fn=_cmd_stats)

@@ -1,0 +1,377 @@
+"""Keeper: the front door of the service. Every job talks to it: ``ray.get(keeper.warm.remote(onnx_bytes))``.
+
+A query parses the child once, refreshes the zoo View from the ZooManager (one small call; a manager that is
+restarting is not waited for: the last view keeps serving), plans the two-stage search (medoids first, then the
+members of the closest clusters, early stop), scores each stage in parallel on the Matcher pool (one batch per
+matcher), picks the parent with the selection policy, and hands the weight transfer to a Ray task that reads the
+parent straight from the store.
+
+Data path and sizes: parents' weights never pass through this actor. ``warm`` waits for the transfer task and
+returns its WarmResult, so the *child's* warmed weights pass through this actor once (the size of the child's
+initializers); ``warm_ref`` returns the task's ObjectRef instead, so the result goes from the task to the caller
+only; ``choose`` returns the parent choice alone, for callers that run
+:func:`keeper.actors.transfer.warm_from_store` themselves.
+
+Plain class: the launcher makes it a detached, named Ray actor.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from keeper.actors.config import ServiceConfig
+from keeper.actors.matcher import Matcher
+from keeper.actors.metrics import ServiceMetrics
+from keeper.actors.pool import MatcherPool
+from keeper.actors.snapshot import View
+from keeper.errors import ModelNotFoundError, ServiceError
+from keeper.matching import MatchArrays, match_arrays
+from keeper.onnx_safety import ModelInput
+from keeper.warm import WarmResult
+
+__all__ = ["Keeper"]
+
+#: A view refresh that cannot reach the manager within this many seconds serves the last view instead.
+_VIEW_WAIT_S = 5.0
+#: After a failed refresh, queries use the last view without asking for this many seconds.
+_VIEW_BACKOFF_S = 2.0
+
+
+class Keeper:
+    """The service's front door. Construct through :func:`keeper.actors.start`.
+
+    Example:
+        >>> keeper = keeper.actors.start(zoo="s3://bucket/zoo?endpoint_override=...")  # doctest: +SKIP
+        >>> result = ray.get(keeper.warm.remote(onnx_bytes), timeout=120)              # doctest: +SKIP
+        >>> result.parent, result.score                                                # doctest: +SKIP
+    """
+
+    def __init__(self, config: ServiceConfig, manager: Any = None):
+        import ray
+
+        from keeper.actors import launcher
+        from keeper.selection import SelectionPolicy
+
+        self.config = config
+        self.policy = SelectionPolicy(**config.selection)
+        self.manager = manager if manager is not None else ray.get_actor(config.manager_name,
+                                                                          namespace=config.namespace)
+        self._transfer = launcher.transfer_task(config)
+        self._local = Matcher(fetch_timeout_s=config.timeouts.batch_s)
+        self.pool = MatcherPool(lambda: launcher.launch_matcher(config), config.matchers,
+                                config.timeouts.batch_s, self._local.score)
+        self.metrics = ServiceMetrics(config.name)
+        self.metrics.matchers(config.matchers)
+        self._state = _State(View.empty(), None, frozenset(), {})
+        self._view_lock = threading.Lock()
+        self._view_backoff_until = 0.0
+        self._stats_lock = threading.Lock()
+        self._latencies: collections.deque[float] = collections.deque(maxlen=config.latency_window)
+        self._search_latencies: collections.deque[float] = collections.deque(maxlen=config.latency_window)
+        self.queries = 0
+        self.registers = 0
+        self.errors = 0
+
+    # ------------------------------------------------------------------------------------------- public API
+    def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> WarmResult:
+        """Warm-start ``model`` from the best parent in the zoo (its own weights when none clears the floor).
+
+        The transfer runs in a Ray task; this call waits for it (bounded) and returns its WarmResult.
+
+        Raises:
+            ServiceError: a bound passed (search, transfer); InvalidModelError: ``model`` is not usable ONNX.
+        """
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        t0 = time.perf_counter()
+        try:
+            for attempt in (0, 1):
+                ref, choice = self._start_warm(model, noise, seed)
+                try:
+                    result = ray.get(ref, timeout=self.config.timeouts.transfer_s)
+                    break
+                except GetTimeoutError:
+                    raise ServiceError(f"keeper: the weight transfer from {choice['parent']!r} took over "
+                                       f"{self.config.timeouts.transfer_s:.0f} s; raise timeouts.transfer_s") from None
+                except ModelNotFoundError:
+                    if attempt:
+                        raise
+                    # the parent was evicted or removed after it was chosen: choose again on a fresh view
+                    self._refresh(force=True)
+        except Exception:
+            self._count(time.perf_counter() - t0, ok=False)
+            raise
+        if result.parent is not None:
+            self.manager.hit.remote(result.parent)  # fire and forget: a lost hit only ages a model sooner
+        self._count(time.perf_counter() - t0, ok=True)
+        return result
+
+    def warm_ref(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> Any:
+        """Like :meth:`warm`, but returns the transfer task's ObjectRef at once: the WarmResult then goes from
+        the task to the caller without passing through this actor (``ray.get(ray.get(h.warm_ref.remote(b)))``).
+        """
+        t0 = time.perf_counter()
+        try:
+            ref, choice = self._start_warm(model, noise, seed)
+        except Exception:
+            self._count(time.perf_counter() - t0, ok=False)
+            raise
+        if choice["parent"] is not None:
+            self.manager.hit.remote(choice["parent"])
+        self._count(time.perf_counter() - t0, ok=True, timed=False)  # p50 / p99 are of whole warms only
+        return ref
+
+    def choose(self, model: ModelInput) -> dict[str, Any]:
+        """The parent a warm start would use, without transferring weights.
+
+        Returns:
+            ``{"parent", "score", "uri", "candidates": [[name, score, accuracy], ...] (best five)}``; run
+            ``keeper.actors.transfer.warm_from_store(uri, parent, model)`` to warm in the caller's process.
+        """
+        from keeper.graph import graph_from_proto
+        from keeper.onnx_safety import load_model
+
+        child = match_arrays(graph_from_proto(load_model(model, what="child model")))
+        return self._choose(child)
+
+    def search(self, child: MatchArrays | ModelInput, two_stage: bool = True) -> dict[str, Any]:
+        """Scoring only: the two-stage (or, with ``two_stage=False``, whole-zoo) search for ``child``.
+
+        Returns ``{"names", "scores", "scored", "seconds"}`` with names best first.
+        """
+        if not isinstance(child, MatchArrays):
+            from keeper.graph import as_graph
+
+            child = match_arrays(as_graph(child))
+        t0 = time.perf_counter()
+        _, (names, scores, scored) = self._search_fresh(child, two_stage)
+        order = np.argsort(-scores, kind="stable")
+        return {"names": [names[i] for i in order], "scores": scores[order].tolist(), "scored": scored,
+                "seconds": time.perf_counter() - t0}
+
+    def register(self, model: ModelInput, accuracy: float, name: str | None = None) -> dict[str, Any]:
+        """Admit a trained model through the ZooManager; returns its catalog record as a dict.
+
+        Identical content is stored once, whatever name it comes with, so retries are safe.
+        """
+        rec = self._manager_call("register", self.config.timeouts.register_s, bytes(_as_bytes(model)),
+                                 accuracy, name)
+        with self._stats_lock:
+            self.registers += 1
+        self._view_backoff_until = 0.0
+        return rec
+
+    def remove(self, name: str) -> None:
+        self._manager_call("remove", self.config.timeouts.register_s, name)
+
+    def scale(self, matchers: int) -> dict[str, Any]:
+        """Grow or shrink the matcher pool live; batches in flight finish (or are redone elsewhere)."""
+        self.pool.resize(matchers)
+        self.metrics.matchers(matchers)
+        return {"matchers": self.pool.size, "target": self.pool.target}
+
+    def stats(self) -> dict[str, Any]:
+        """Service figures: models, matchers, clusters, queries, latency percentiles, and more.
+
+        ``p50`` / ``p99``: seconds per ``warm``, end to end (over the last ``latency_window`` warms);
+        ``search_p50`` / ``search_p99``: the parent search alone (``warm``, ``warm_ref``, ``choose``).
+        """
+        view = self._refresh().view
+        try:
+            manager = self._manager_call("stats", self.config.timeouts.control_s)
+        except ServiceError as exc:
+            manager = {"error": str(exc)}
+        with self._stats_lock:
+            lat = np.array(self._latencies, dtype=np.float64)
+            slat = np.array(self._search_latencies, dtype=np.float64)
+            out = {"models": view.n, "matchers": self.pool.size, "matchers_target": self.pool.target,
+                   "clusters": int(manager.get("clusters", view.clusters) or 0), "queries": self.queries,
+                   "registers": self.registers, "errors": self.errors,
+                   "p50": float(np.percentile(lat, 50)) if lat.size else None,
+                   "p99": float(np.percentile(lat, 99)) if lat.size else None,
+                   "search_p50": float(np.percentile(slat, 50)) if slat.size else None,
+                   "search_p99": float(np.percentile(slat, 99)) if slat.size else None,
+                   "matcher_deaths": self.pool.deaths, "batches_redone": self.pool.redone,
+                   "local_batches": self.pool.local_batches, "view": view.key, "uri": view.uri,
+                   "manager": manager}
+        return out
+
+    def placement(self) -> list[dict[str, Any]]:
+        """``ping()`` of every matcher (pid, node id): where the pool runs."""
+        return self.pool.ping_all(self.config.timeouts.control_s)
+
+    def ping(self) -> str:
+        return "ok"
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def manager_pid(self) -> int:
+        return int(self._manager_call("pid", self.config.timeouts.control_s))
+
+    # ------------------------------------------------------------------------------------------- internals
+    def _manager_call(self, method: str, timeout_s: float, *args: Any) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            return ray.get(getattr(self.manager, method).remote(*args), timeout=timeout_s)
+        except GetTimeoutError:
+            raise ServiceError(f"keeper: the zoo manager did not answer {method} within {timeout_s:.0f} s; "
+                               "check `keeper stats` and the manager's log") from None
+        except RayActorError as exc:
+            raise ServiceError(f"keeper: the zoo manager is gone ({type(exc).__name__}); restart the service "
+                               "with keeper.actors.start()") from None
+
+    def _count(self, seconds: float, ok: bool, timed: bool = True) -> None:
+        with self._stats_lock:
+            self.queries += 1
+            if not ok:
+                self.errors += 1
+            elif timed:
+                self._latencies.append(seconds)
+        self.metrics.query(seconds, "ok" if ok and timed else ("error" if not ok else "started"))
+
+    def _start_warm(self, model: ModelInput, noise: float | None, seed: int | None) -> tuple[Any, dict]:
+        from keeper.graph import graph_from_proto
+        from keeper.onnx_safety import load_model
+
+        proto = load_model(model, what="child model")
+        child = match_arrays(graph_from_proto(proto))
+        choice = self._choose(child)
+        blob = proto.SerializeToString() if not isinstance(model, (bytes, bytearray)) else bytes(model)
+        ref = self._transfer.remote(choice["uri"], choice["parent"], blob,
+                                    self.config.noise if noise is None else float(noise),
+                                    self.config.seed if seed is None else int(seed))
+        return ref, choice
+
+    def _choose(self, child: MatchArrays) -> dict[str, Any]:
+        from keeper.selection import Candidate, choose_parent
+
+        t0 = time.perf_counter()
+        state, (names, scores, _) = self._search_fresh(child, True)
+        view = state.view
+        with self._stats_lock:
+            self._search_latencies.append(time.perf_counter() - t0)
+        pos = view.positions(names) if names else np.zeros(0, np.int64)
+        cands = [Candidate(n, float(s), float(view.accuracy[p]))
+                 for n, s, p in zip(names, scores, pos) if view.weighted[p]]
+        best = choose_parent(cands, self.policy)
+        top = sorted(cands, key=lambda c: -c.score)[:5]
+        # the URI as configured (with any credentials it carries), not the store's redacted form
+        return {"parent": best.name if best is not None else None,
+                "score": float(best.score) if best is not None else 0.0, "uri": self.config.zoo_uri,
+                "candidates": [[c.name, c.score, c.accuracy] for c in top]}
+
+    def _refresh(self, force: bool = False) -> "_State":
+        """The newest view the manager can give within a short bound, else the last one."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        if not force and time.monotonic() < self._view_backoff_until:
+            return self._state
+        with self._view_lock:
+            old = self._state
+            try:
+                v = ray.get(self.manager.view.remote(None if force else old.view.key),
+                            timeout=min(_VIEW_WAIT_S, self.config.timeouts.control_s))
+            except (GetTimeoutError, RayActorError):
+                self._view_backoff_until = time.monotonic() + _VIEW_BACKOFF_S
+                return old
+            if v is None:
+                return old
+            from keeper.clustering import ClusterIndex
+
+            # shard objects are fetched once, by reference: this actor owns them and never reads them
+            refs = {sid: (old.refs[sid] if sid in old.refs and not force else self.manager.shard.remote(sid))
+                    for sid in v.shards}
+            index = ClusterIndex.from_arrays(v.index) if v.index else None
+            medoids = frozenset(index.medoid_names) if index is not None else frozenset()
+            self._state = _State(v, index, medoids, refs)
+            self.metrics.zoo_size(v.n)
+            return self._state
+
+    def _search_fresh(self, child: MatchArrays, two_stage: bool) -> tuple["_State", tuple]:
+        """Search on the newest view; once more on a forced refresh when a shard could not be read."""
+        from ray.exceptions import RayError
+
+        state = self._refresh()
+        try:
+            return state, self._search(child, state, two_stage)
+        except RayError:
+            # a matcher could not read a shard (its object lost, or compacted away): fetch them all again
+            state = self._refresh(force=True)
+            return state, self._search(child, state, two_stage)
+
+    def _search(self, child: MatchArrays, state: "_State", two_stage: bool) -> tuple[list[str], np.ndarray, int]:
+        """(names, scores, how many were scored) of the candidates the plan visited."""
+        view = state.view
+        if view.n == 0:
+            return [], np.zeros(0), 0
+        deadline = time.monotonic() + self.config.timeouts.query_s
+        scored = [0]
+
+        def score(names: list[str]) -> np.ndarray:
+            names = list(names)
+            scored[0] += len(names)
+            # medoid-only calls rank clusters and need exact scores; other calls only feed the choice, so
+            # parents below the selection floor need no alignment
+            exact = bool(names) and state.medoids.issuperset(names)
+            return self._score(child, view, state.refs, names, deadline, None if exact else self.policy.floor)
+
+        c = self.config.clustering
+        if not two_stage or state.index is None or view.n < c.brute_force_below:
+            names = view.names.tolist()
+            return names, score(names), scored[0]
+        from keeper.clustering import two_stage_search
+
+        names, scores = two_stage_search(state.index, score, clusters_to_probe=c.clusters_to_probe,
+                                         early_stop=c.early_stop, brute_force_below=c.brute_force_below)
+        return list(names), np.asarray(scores, dtype=np.float64), scored[0]
+
+    def _score(self, child: MatchArrays, view: View, refs: dict[str, Any], names: list[str], deadline: float,
+               floor: float | None) -> np.ndarray:
+        """Scores of ``names`` (all in ``view``), split into one batch per matcher."""
+        if not names:
+            return np.zeros(0)
+        pos = view.positions(names)
+        batches = max(1, min(self.pool.size, len(names)))
+        # contiguous chunks of equal parent counts; within a chunk one part per shard
+        requests, order = [], []
+        for chunk in np.array_split(np.arange(len(names)), batches):
+            p = pos[chunk]
+            parts = []
+            for s in np.unique(view.shard[p]):
+                sel = chunk[view.shard[p] == s]
+                sid = view.shards[int(s)]
+                parts.append((sid, refs[sid], view.row[pos[sel]]))
+                order.append(sel)
+            requests.append((child, parts, floor, view.shards))
+        results = self.pool.map(requests, deadline)
+        out = np.zeros(len(names), dtype=np.float64)
+        out[np.concatenate(order)] = np.concatenate([np.asarray(r, dtype=np.float64) for r in results])
+        return out
+
+
+class _State(NamedTuple):
+    """What one query reads, swapped as a whole: the view, its index, its medoids, its shard references."""
+
+    view: View
+    index: Any
+    medoids: frozenset
+    refs: dict
+
+
+def _as_bytes(model: ModelInput) -> bytes:
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return bytes(model)
+    from keeper.onnx_safety import load_model
+
+    return load_model(model).SerializeToString()

@@ -1,0 +1,366 @@
+"""ZooManager: the single writer of the zoo. It owns the embedded :class:`~keeper.zoo.Zoo` (a local path or an
+object-store URI), admission, eviction and the two-stage search index, and publishes what queries read as
+immutable Shards and Views.
+
+Invariants:
+    * every change to the zoo goes through this class, under one lock; reads (``view``, ``shard``) never wait
+      long for a write: while a write holds the lock they answer with the last published view;
+    * ``register`` is idempotent by content (the Zoo returns the stored record for identical bytes), so a call
+      that Ray retries after a restart never stores twice;
+    * a new instance over the same URI (a restart) serves every stored model: the Zoo reloads the catalog and
+      graphs from the store, and the index is fitted again in the background (queries search the zoo whole
+      meanwhile);
+    * the index is re-fitted in a background thread, never on a caller's path, once the additions and removals
+      since the last fit exceed ``clustering.recluster_stale`` x N; models that arrive meanwhile join their
+      nearest medoid at once.
+
+Graph-only entries (:meth:`add_graph_only`) are an operations and benchmarking hook: match arrays without
+weights, held in memory only (never stored, gone after a restart), scored and clustered like any model but never
+chosen as a parent (``View.weighted`` is False for them).
+
+Plain class: the launcher makes it a Ray actor; unit tests use it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from typing import Any, Sequence
+
+import numpy as np
+
+from keeper.actors.config import ServiceConfig
+from keeper.actors.indexing import fit_index, symmetric_distance
+from keeper.actors.snapshot import Shard, View
+from keeper.errors import AdmissionError, ModelNotFoundError, ServiceError, StoreError
+from keeper.matching import MatchArrays, match_arrays
+from keeper.onnx_safety import ModelInput
+
+__all__ = ["ZooManager"]
+
+log = logging.getLogger(__name__)
+
+#: Compaction: at most this many shards, and at most this share of their rows dead, before re-packing.
+_MAX_SHARDS = 16
+_MAX_DEAD_SHARE = 0.25
+#: Models per shard when re-packing.
+_SHARD_MODELS = 4096
+
+
+class ZooManager:
+    """Owns the zoo; see the module docstring.
+
+    Example:
+        >>> mgr = ZooManager(load_config(zoo="/tmp/zoo"))          # doctest: +SKIP
+        >>> mgr.register(onnx_bytes, 0.91, "resnet-a")["name"]     # doctest: +SKIP
+        'resnet-a'
+    """
+
+    def __init__(self, config: ServiceConfig | None = None, zoo: Any = None):
+        from keeper.zoo import Zoo
+
+        self.config = config or ServiceConfig()
+        self._lock = threading.RLock()
+        self.zoo = zoo if zoo is not None else Zoo(self.config.zoo_uri, self.config.zoo_config())
+        self._token = uuid.uuid4().hex[:8]
+        self._seq = 0
+        self._arrays: dict[str, MatchArrays] = {}
+        self._graph_only: dict[str, float] = {}      # name -> accuracy
+        self._accuracy: dict[str, float] = {}
+        self._loc: dict[str, tuple[str, int]] = {}   # name -> (shard id, row)
+        self._shards: dict[str, Shard] = {}
+        self._retired: dict[str, Shard] = {}         # the generation before the last compaction
+        self._pending: list[str] = []                # added, not yet in a shard
+        self._index = None
+        self._changes = 0                            # adds + removes since the index snapshot was taken
+        self._fitting: threading.Thread | None = None
+        self._fits = 0
+        self._fit_error: str | None = None
+        self._view: View = View.empty(f"{self._token}-0", self.zoo.uri)
+        self._dirty = True
+        self._load_all()
+
+    # -- loading and bookkeeping (callers hold the lock)
+    def _load_all(self) -> None:
+        with self._lock:
+            self._arrays.clear(), self._accuracy.clear(), self._loc.clear(), self._shards.clear()
+            self._pending = []
+            self._index = None
+            for rec in self.zoo:
+                self._arrays[rec.name] = match_arrays(self.zoo.graph(rec.name))
+                self._accuracy[rec.name] = float(rec.accuracy)
+                self._pending.append(rec.name)
+            self._dirty = True
+            self._publish()
+            self._maybe_refit(force=True)
+
+    def _added(self, name: str, arrays: MatchArrays, accuracy: float) -> None:
+        self._arrays[name] = arrays
+        self._accuracy[name] = accuracy
+        self._pending.append(name)
+        self._changes += 1
+        if self._index is not None:
+            medoids = list(self._index.medoid_names)
+            d = symmetric_distance([arrays], [self._arrays[m] for m in medoids])[0]
+            self._index.add(name, d)
+        self._dirty = True
+
+    def _removed(self, name: str) -> None:
+        self._arrays.pop(name, None)
+        self._accuracy.pop(name, None)
+        self._graph_only.pop(name, None)
+        self._loc.pop(name, None)
+        if name in self._pending:
+            self._pending.remove(name)
+        self._changes += 1
+        if self._index is not None and name in self._index:
+            self._index.remove(name)
+            if not len(self._index.medoid_names):
+                self._index = None
+        self._dirty = True
+
+    def _sync(self, before: set[str]) -> None:
+        """Bring the caches in line with the zoo after a write (registrations can evict other models)."""
+        after = set(self.zoo.names())
+        for name in sorted(before - after):
+            self._removed(name)
+        for name in sorted(after - before):
+            self._graph_only.pop(name, None)
+            self._added(name, match_arrays(self.zoo.graph(name)), float(self.zoo.record(name).accuracy))
+
+    def _live(self) -> list[str]:
+        return sorted(self._arrays)
+
+    # -- writes
+    def register(self, model: ModelInput, accuracy: float, name: str | None = None) -> dict[str, Any]:
+        """Admit a trained model; returns its catalog record as a dict (the stored one for identical content).
+
+        Raises:
+            AdmissionError, InvalidModelError: refused; nothing was stored.
+            StoreError: the store failed; what was stored before is intact.
+        """
+        with self._lock:
+            if name is not None and name in self._graph_only:
+                raise AdmissionError(f"model {name!r}: the name is held by a graph-only entry; remove it first "
+                                     "or pick another name")
+            before = set(self.zoo.names())
+            rec = self.zoo.register(model, accuracy, name)
+            self._sync(before)
+        self._maybe_refit()
+        return rec.to_json()
+
+    def remove(self, name: str) -> None:
+        """Delete a model (or a graph-only entry)."""
+        with self._lock:
+            if name in self._graph_only:
+                self._removed(name)
+                return
+            before = set(self.zoo.names())
+            self.zoo.remove(name)
+            self._sync(before)
+        self._maybe_refit()
+
+    def hit(self, name: str) -> None:
+        """Count one use of ``name`` as a parent; a model removed meanwhile is ignored."""
+        with self._lock:
+            if name in self._graph_only:
+                return
+            try:
+                self.zoo.hit(name)
+            except ModelNotFoundError:
+                pass
+            except StoreError as exc:  # a hit only ages a model slower; never worth failing over
+                log.warning("zoo manager: could not count a hit of %r (%s)", name, exc)
+
+    def add_graph_only(self, names: Sequence[str], arrays: Sequence[MatchArrays],
+                       accuracies: Sequence[float] | None = None) -> int:
+        """Add match-only entries (no weights, memory only; see the module docstring). Returns how many.
+
+        Raises:
+            AdmissionError: a name is already in use, or the lists differ in length.
+        """
+        accuracies = list(accuracies) if accuracies is not None else [0.0] * len(names)
+        if not len(names) == len(arrays) == len(accuracies):
+            raise AdmissionError(f"add_graph_only: {len(names)} names, {len(arrays)} arrays and {len(accuracies)} "
+                                 "accuracies; give one of each per entry")
+        with self._lock:
+            taken = [n for n in names if n in self._arrays]
+            if taken or len(set(names)) != len(names):
+                raise AdmissionError(f"add_graph_only: names already in use or repeated: {sorted(taken)[:5]}; "
+                                     "graph-only names must be new and unique")
+            bulk = self._index is None or len(names) > len(self._arrays)
+            for n, a, acc in zip(names, arrays, accuracies):
+                self._graph_only[n] = float(acc)
+                if bulk:  # the re-fit below places them; skip k alignments each
+                    self._arrays[n], self._accuracy[n] = a, float(acc)
+                    self._pending.append(n)
+                    self._changes += 1
+                    self._dirty = True
+                else:
+                    self._added(n, a, float(acc))
+            if bulk:
+                self._index = None
+        self._maybe_refit(force=bulk)
+        return len(names)
+
+    def remove_graph_only(self, names: Sequence[str] | None = None) -> int:
+        """Drop graph-only entries (all of them when ``names`` is None); returns how many went."""
+        with self._lock:
+            gone = [n for n in (list(self._graph_only) if names is None else names) if n in self._graph_only]
+            for n in gone:
+                self._removed(n)
+        self._maybe_refit()
+        return len(gone)
+
+    def reload(self) -> int:
+        """Re-read the whole zoo from the store (graph-only entries are dropped); returns the model count."""
+        with self._lock:
+            self.zoo.reload()
+            self._graph_only.clear()
+            self._load_all()
+            return len(self._arrays)
+
+    # -- index maintenance
+    def _maybe_refit(self, force: bool = False) -> None:
+        c = self.config.clustering
+        with self._lock:
+            n = len(self._arrays)
+            if self._fitting is not None and self._fitting.is_alive():
+                return
+            if n < max(c.brute_force_below, 2):
+                self._index = None
+                self._dirty = True
+                return
+            due = force or self._index is None or self._changes > c.recluster_stale * n
+            if not due:
+                return
+            names = self._live()
+            arrays = {k: self._arrays[k] for k in names}
+            self._changes = 0
+            self._fitting = threading.Thread(target=self._refit, args=(names, arrays), daemon=True,
+                                             name="keeper-recluster")
+            self._fitting.start()
+
+    def _refit(self, names: list[str], arrays: dict[str, MatchArrays]) -> None:
+        c = self.config.clustering
+        try:
+            index = fit_index(names, arrays, k=c.k, fit_sample=c.fit_sample, seed=c.seed + self._fits)
+        except Exception as exc:  # the old index (or a whole-zoo search) keeps serving; stats() shows why
+            self._fit_error = f"{type(exc).__name__}: {exc}"
+            return
+        with self._lock:
+            live = set(self._arrays)
+            fitted = set(names)
+            for name in sorted(fitted - live):
+                if name in index:
+                    index.remove(name)
+            medoids = list(index.medoid_names)
+            late = sorted(live - fitted)
+            if late and medoids:
+                d = symmetric_distance([self._arrays[n] for n in late], [self._arrays[m] for m in medoids])
+                for name, row in zip(late, d):
+                    index.add(name, row)
+            self._index = index if len(index.medoid_names) else None
+            self._fits += 1
+            self._fit_error = None
+            self._dirty = True
+        self._maybe_refit()
+
+    def wait_index(self, timeout_s: float = 60.0) -> bool:
+        """Wait (bounded) for a background fit to finish; True when none is running."""
+        t = self._fitting
+        if t is not None:
+            t.join(timeout=timeout_s)
+            return not t.is_alive()
+        return True
+
+    # -- reads
+    def _publish(self) -> None:
+        """Pack pending models into a new shard, compact when needed, and build the view (lock held)."""
+        if self._pending:
+            sid = self._new_sid()
+            self._shards[sid] = Shard.build(sid, [self._arrays[n] for n in self._pending])
+            for row, n in enumerate(self._pending):
+                self._loc[n] = (sid, row)
+            self._pending = []
+        rows = sum(s.n for s in self._shards.values())
+        if len(self._shards) > _MAX_SHARDS or (rows and 1 - len(self._loc) / rows > _MAX_DEAD_SHARE):
+            self._compact()
+        names = self._live()
+        shard_ids = tuple(sorted({self._loc[n][0] for n in names}))
+        pos = {sid: i for i, sid in enumerate(shard_ids)}
+        self._seq += 1
+        self._view = View(
+            key=f"{self._token}-{self._seq}",
+            names=np.array(names, dtype=str),
+            accuracy=np.array([self._accuracy[n] for n in names], dtype=np.float64),
+            weighted=np.array([n not in self._graph_only for n in names], dtype=bool),
+            shard=np.array([pos[self._loc[n][0]] for n in names], dtype=np.int32),
+            row=np.array([self._loc[n][1] for n in names], dtype=np.int64),
+            shards=shard_ids,
+            index=self._index.to_arrays() if self._index is not None else {},
+            uri=self.zoo.uri)
+        self._dirty = False
+
+    def _new_sid(self) -> str:
+        self._seq += 1
+        return f"{self._token}-s{self._seq}"
+
+    def _compact(self) -> None:
+        names = self._live()
+        self._retired = dict(self._shards)
+        self._shards = {}
+        for start in range(0, len(names), _SHARD_MODELS):
+            chunk = names[start:start + _SHARD_MODELS]
+            sid = self._new_sid()
+            self._shards[sid] = Shard.build(sid, [self._arrays[n] for n in chunk])
+            for row, n in enumerate(chunk):
+                self._loc[n] = (sid, row)
+
+    def view(self, known: str | None = None) -> View | None:
+        """The current View, or None when it is still ``known``. Never waits long for a write in progress."""
+        if self._lock.acquire(timeout=0.05):
+            try:
+                if self._dirty:
+                    self._publish()
+            finally:
+                self._lock.release()
+        v = self._view
+        return None if known == v.key else v
+
+    def shard(self, sid: str) -> Shard:
+        """One shard by id (the front door keeps the returned object's reference and hands it to matchers)."""
+        s = self._shards.get(sid) or self._retired.get(sid)
+        if s is None:
+            raise ServiceError(f"zoo manager: shard {sid!r} is gone (compacted or from before a restart); "
+                               "refresh the view")
+        return s
+
+    def records(self) -> list[dict[str, Any]]:
+        """Catalog records of the stored models."""
+        return [r.to_json() for r in self.zoo]
+
+    def stats(self) -> dict[str, Any]:
+        index = self._index
+        return {
+            "models": len(self._arrays),
+            "stored": len(self._arrays) - len(self._graph_only),
+            "graph_only": len(self._graph_only),
+            "clusters": len(index.medoid_names) if index is not None else 0,
+            "shards": len(self._shards),
+            "fitting": bool(self._fitting is not None and self._fitting.is_alive()),
+            "fits": self._fits,
+            "fit_error": self._fit_error,
+            "changes_since_fit": self._changes,
+            "view": self._view.key,
+            "uri": self.zoo.uri,
+            "pid": os.getpid(),
+        }
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def ping(self) -> str:
+        return "ok"

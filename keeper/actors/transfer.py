@@ -1,0 +1,58 @@
+"""The weight transfer of one warm start, run where the caller wants it: a Ray task (the service's way) or the
+caller's own process.
+
+It reads the parent's ONNX and stored graph straight from the durable store, so a parent's weights never pass
+through the front door or the ZooManager; only the child's warmed weights travel, from this task to the caller.
+
+Invariant: ``warm_from_store(uri, parent, child)`` equals ``Zoo(uri).warm_from(parent, child)`` except that it
+counts no parent hit (the service counts hits in the ZooManager, its single writer).
+
+Example:
+    >>> choice = ray.get(keeper.choose.remote(child_bytes), timeout=60)                 # doctest: +SKIP
+    >>> result = warm_from_store(choice["uri"], choice["parent"], child_bytes, noise=0)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import threading
+
+from keeper.errors import ModelNotFoundError
+from keeper.onnx_safety import ModelInput
+from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
+
+__all__ = ["warm_from_store"]
+
+_stores: dict[str, object] = {}
+_stores_lock = threading.Lock()
+
+
+def _store(uri: str, fresh: bool = False):
+    """One ModelStore per URI and process (opening one reads its catalog)."""
+    from keeper.store import ModelStore
+
+    with _stores_lock:
+        if fresh or uri not in _stores:
+            _stores[uri] = ModelStore(uri)
+        return _stores[uri]
+
+
+def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
+                    seed: int = 0) -> WarmResult:
+    """Warm ``child`` from the zoo model ``parent`` stored at ``uri`` (the child's own weights when None).
+
+    Raises:
+        ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
+    """
+    if parent is None:
+        return cold_result(child)
+    from keeper.zoo import GRAPH_EXTRA, graph_from_blob
+
+    store = _store(uri)
+    try:
+        blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
+    except ModelNotFoundError:
+        # registered after this process opened the catalog: read it again once
+        store = _store(uri, fresh=True)
+        blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
+    return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph_from_blob(graph_blob),
+                            noise=noise, seed=seed)

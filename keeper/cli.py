@@ -1,0 +1,170 @@
+"""The ``keeper`` command line.
+
+Exit codes: 0 success, 1 a keeper error (the message says what and how to fix it), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from keeper.actors.cli import add_commands as service_commands
+from keeper.errors import KeeperError
+
+__all__ = ["main"]
+
+_ZOO_HELP = "zoo location: a directory or any pyarrow.fs URI such as s3://bucket/zoo (default: $KEEPER_ZOO or ~/.keeper/zoo)"
+
+_EPILOG = """examples:
+  keeper register trained.onnx --accuracy 0.91 --name resnet-a
+  keeper register runs/ --accuracy-file accuracies.json      # a directory: every *.onnx in it
+  keeper warm new.onnx -o new-warm.onnx --noise 0            # function-preserving where the architecture allows
+  keeper zoo ls ; keeper zoo info resnet-a ; keeper zoo rm resnet-a
+  keeper serve --config configs/default.yaml ; keeper scale 4 ; keeper stats
+  keeper demo                                                # small NAS on MNIST-1D, cold vs warm
+"""
+
+
+def _zoo(args):
+    from keeper.zoo import Zoo
+
+    return Zoo(args.zoo or os.environ.get("KEEPER_ZOO"))
+
+
+def _cmd_register(args) -> int:
+    from tqdm import tqdm
+
+    zoo = _zoo(args)
+    path = Path(args.model)
+    if path.is_dir():
+        files = sorted(path.glob("*.onnx"))
+        if not files:
+            raise KeeperError(f"register: no *.onnx files in directory {str(path)!r}")
+        accs = {}
+        if args.accuracy_file:
+            accs = json.loads(Path(args.accuracy_file).read_text())
+        failed = 0
+        for f in tqdm(files, desc="registering", unit="model", disable=args.quiet):
+            acc = accs.get(f.name, accs.get(f.stem, args.accuracy))
+            if acc is None:
+                print(f"skipped {f.name}: no accuracy (give --accuracy or an entry in --accuracy-file)", file=sys.stderr)
+                failed += 1
+                continue
+            try:
+                rec = zoo.register(f, acc, name=f.stem)
+                tqdm.write(f"registered {rec.name} (accuracy {rec.accuracy:.4f}, {rec.num_params} params)") if not args.quiet else None
+            except KeeperError as exc:
+                print(f"refused {f.name}: {exc}", file=sys.stderr)
+                failed += 1
+        print(f"{len(files) - failed} of {len(files)} registered into {zoo.uri}")
+        return 1 if failed else 0
+    if args.accuracy is None:
+        raise KeeperError("register: --accuracy is required for a single model (a fraction in [0, 1])")
+    rec = zoo.register(path, args.accuracy, name=args.name)
+    print(f"registered {rec.name} (accuracy {rec.accuracy:.4f}, {rec.num_params} params, {rec.nbytes} bytes) "
+          f"into {zoo.uri}")
+    return 0
+
+
+def _cmd_warm(args) -> int:
+    import onnx
+
+    zoo = _zoo(args)
+    result = zoo.warm(Path(args.model), noise=args.noise)
+    if result.parent is None:
+        print(f"no parent above the similarity floor ({zoo.config.selection.floor}); the model keeps its own weights")
+    else:
+        print(f"parent {result.parent}  similarity {result.score:.4f}")
+    s = result.summary()
+    print(f"tensors {s['tensors']}, from parent {s['from_parent']}; operators: "
+          + ", ".join(f"{k} {v}" for k, v in s["operators"].items()))
+    if args.verbose:
+        for key, (src, op) in result.mapping.items():
+            print(f"  {key:50s} <- {src or '-':50s} {op}")
+    onnx.save_model(result.to_onnx(), args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_zoo(args) -> int:
+    zoo = _zoo(args)
+    if args.zoo_cmd == "ls":
+        recs = list(zoo)
+        if args.json:
+            print(json.dumps([r.to_json() for r in recs], indent=1))
+            return 0
+        print(f"{len(recs)} models in {zoo.uri}")
+        print(f"{'name':32s} {'accuracy':>8s} {'params':>12s} {'bytes':>12s} {'hits':>6s}")
+        for r in recs:
+            print(f"{r.name:32s} {r.accuracy:8.4f} {r.num_params:12d} {r.nbytes:12d} {r.hits:6.1f}")
+    elif args.zoo_cmd == "info":
+        print(json.dumps(zoo.record(args.name).to_json(), indent=1, sort_keys=True))
+    elif args.zoo_cmd == "rm":
+        zoo.remove(args.name)
+        print(f"removed {args.name}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="keeper", description="Warm-start training from a zoo of trained models.",
+                                epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("register", help="add trained ONNX model(s) with their accuracy to the zoo",
+                       description="Add a trained model (ONNX with weights) to the zoo. Identical content is "
+                                   "stored once; accuracy outliers and bad names are refused.")
+    r.add_argument("model", help="an .onnx file, or a directory of them")
+    r.add_argument("--accuracy", type=float, help="final accuracy as a fraction in [0, 1]")
+    r.add_argument("--accuracy-file", help="directory mode: JSON mapping file name (or stem) to accuracy")
+    r.add_argument("--name", help="name in the zoo (default: file stem for directories, content hash otherwise)")
+    r.add_argument("--zoo", help=_ZOO_HELP)
+    r.add_argument("-q", "--quiet", action="store_true")
+    r.set_defaults(fn=_cmd_register)
+
+    w = sub.add_parser("warm", help="write a warm-started copy of a model, weights taken from the best zoo parent",
+                       description="Find the zoo model that best covers MODEL (similarity x accuracy), transform its "
+                                   "weights onto MODEL's architecture and write the result.")
+    w.add_argument("model", help="the new model's .onnx (its own initial weights are kept where nothing is inherited)")
+    w.add_argument("-o", "--output", required=True, help="where to write the warmed .onnx")
+    w.add_argument("--noise", type=float, default=None,
+                   help="relative std of symmetry-breaking noise (0 keeps the parent's function exactly)")
+    w.add_argument("-v", "--verbose", action="store_true", help="print the provenance of every tensor")
+    w.add_argument("--zoo", help=_ZOO_HELP)
+    w.set_defaults(fn=_cmd_warm)
+
+    z = sub.add_parser("zoo", help="list, inspect or remove zoo models")
+    zs = z.add_subparsers(dest="zoo_cmd", required=True, metavar="ACTION")
+    ls = zs.add_parser("ls", help="list models")
+    ls.add_argument("--json", action="store_true")
+    info = zs.add_parser("info", help="show one model's catalog record")
+    info.add_argument("name")
+    rm = zs.add_parser("rm", help="remove a model")
+    rm.add_argument("name")
+    for q in (ls, info, rm):
+        q.add_argument("--zoo", help=_ZOO_HELP)
+    z.set_defaults(fn=_cmd_zoo)
+
+    service_commands(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except KeeperError as exc:
+        print(f"keeper: error: {exc}", file=sys.stderr)
+        return 1
+    except FileNotFoundError as exc:
+        print(f"keeper: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

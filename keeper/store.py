@@ -1,0 +1,515 @@
+"""The durable zoo store: model blobs plus a catalog, behind ``pyarrow.fs``.
+
+One code path serves a laptop directory, HDFS and object stores (S3, GCS, Azure). Layout under the base path::
+
+    blobs/<sha256>.onnx           a model blob, content-addressed
+    blobs/<sha256>.<extra name>   an extra blob (e.g. ``graph.npz``), addressed by its own content
+    catalog/<name>.json           one record per model, written last: its presence is the commit
+    tmp/<uuid>.<file name>        in-flight writes on filesystems that rename (local, HDFS)
+
+Invariants:
+    * a model is listed only when its catalog entry is complete, and an entry is written only after every blob
+      it names; a process killed at any point leaves each model complete or absent (orphan blobs at worst,
+      which are never listed and which :meth:`ModelStore.gc` removes);
+    * every key is written atomically: temp name + rename where the filesystem renames, one PUT per key on
+      object stores (atomic per key there). HDFS does not rename onto an existing file, so there an update of a
+      catalog entry deletes the old entry just before the rename;
+    * blobs are verified against their sha256 on every read; nothing is ever pickled;
+    * reopening a store restores every model from the files alone; the in-memory records are only a cache.
+
+Durability here means surviving the death of the writing process. Concurrent writers to one name are not
+serialized across processes (last catalog write wins); keeper's Ray service funnels writes through one actor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError
+
+__all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_ZOO_DIR = os.path.join("~", ".keeper", "zoo")
+FORMAT_VERSION = 1
+MUTABLE_FIELDS = ("accuracy", "hits", "summary")
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+_NAME_RULE = "1 to 128 characters of A-Z a-z 0-9 . _ -, not starting with '.'"
+# Object stores replace one key atomically but have no cheap rename; everything else gets temp + rename.
+_OBJECT_STORES = frozenset({"s3", "gcs", "abfs"})
+
+
+def check_name(name: object, what: str = "model name") -> str:
+    """Return ``name`` if it is a valid model (or extra) name, else raise :class:`AdmissionError`."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise AdmissionError(f"{what} {name!r} is not allowed: use {_NAME_RULE} (e.g. 'resnet18-cifar10_v2')")
+    return name
+
+
+def sha256(data: bytes | bytearray | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _finite(value: object, what: str) -> float:
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise AdmissionError(f"{what} {value!r} is not a number; pass a finite float") from None
+    if not math.isfinite(out):
+        raise AdmissionError(f"{what} {value!r} is not finite; pass a finite float")
+    return out
+
+
+def _json_dict(value: object, what: str) -> dict:
+    """A JSON-able dict, copied through JSON so the record never aliases the caller's object."""
+    if not isinstance(value, Mapping):
+        raise AdmissionError(f"{what} must be a dict of JSON values, got {type(value).__name__}")
+    try:
+        return json.loads(json.dumps(dict(value), sort_keys=True, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise AdmissionError(f"{what} is not JSON-serializable ({exc}); keep to str, numbers, lists, dicts") from None
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One catalog entry. ``summary`` is a plain dict: treat it as read-only (copy before changing it)."""
+
+    name: str
+    accuracy: float
+    checksum: str
+    nbytes: int
+    num_params: int
+    summary: dict
+    created: float
+    hits: float = 0.0
+    extras: tuple[str, ...] = ()
+    extra_checksums: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT_VERSION,
+            "name": self.name,
+            "accuracy": self.accuracy,
+            "checksum": self.checksum,
+            "nbytes": self.nbytes,
+            "num_params": self.num_params,
+            "summary": self.summary,
+            "created": self.created,
+            "hits": self.hits,
+            "extras": list(self.extras),
+            "extra_checksums": dict(self.extra_checksums),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ModelRecord":
+        """Parse and check a catalog entry; :class:`StoreError` when it is malformed."""
+        try:
+            if int(d.get("format", FORMAT_VERSION)) > FORMAT_VERSION:
+                raise ValueError(f"format {d['format']} is newer than this keeper reads ({FORMAT_VERSION}); "
+                                 "upgrade keeper")
+            extras = tuple(str(e) for e in d.get("extras", ()))
+            sums = {str(k): str(v) for k, v in dict(d.get("extra_checksums", {})).items()}
+            rec = cls(name=check_name(d["name"]), accuracy=float(d["accuracy"]), checksum=str(d["checksum"]),
+                      nbytes=int(d["nbytes"]), num_params=int(d["num_params"]), summary=dict(d["summary"]),
+                      created=float(d["created"]), hits=float(d.get("hits", 0.0)), extras=extras,
+                      extra_checksums=sums)
+            if not _SHA_RE.fullmatch(rec.checksum) or set(extras) != set(sums) or \
+                    not all(_SHA_RE.fullmatch(s) for s in sums.values()):
+                raise ValueError("checksums are missing or not sha256 hex")
+            for e in extras:
+                check_name(e, "extra name")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            label = d.get("name", "?") if isinstance(d, Mapping) else "?"
+            raise StoreError(f"catalog entry {label!r} is malformed ({exc!s}); remove its "
+                             "catalog file and register the model again") from None
+        return rec
+
+
+class ModelStore:
+    """Durable storage of model blobs and their catalog on any ``pyarrow.fs`` filesystem.
+
+    Args:
+        uri: ``None`` for ``~/.keeper/zoo``; a local path or ``file://`` URI; or any URI
+            ``pyarrow.fs.FileSystem.from_uri`` opens (``s3://bucket/prefix?region=...``, ``gs://``, ``hdfs://``).
+        retries: extra attempts of each filesystem call after the first one fails (0: no retry).
+        retry_wait_s: wait before the first retry; it doubles on each further retry.
+
+    Example:
+        >>> store = ModelStore("/tmp/zoo")                                               # doctest: +SKIP
+        >>> rec, created = store.put("r18", onnx_bytes, accuracy=0.91, num_params=11_000_000,
+        ...                          summary={"nodes": 40})                              # doctest: +SKIP
+        >>> store.get("r18") == onnx_bytes                                               # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, uri: str | None = None, *, retries: int = 3, retry_wait_s: float = 0.2):
+        raw = DEFAULT_ZOO_DIR if uri is None else os.fspath(uri)
+        if "://" not in raw:
+            fs, base, shown = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(raw)), None
+        else:
+            try:
+                fs, base = pafs.FileSystem.from_uri(raw)
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                reason = _redact(str(exc))
+                raise StoreError(f"cannot open the store URI {_redact(raw)!r} ({reason}); use a local path, file://, "
+                                 "s3://bucket/prefix, gs://bucket/prefix or hdfs://host:port/path") from None
+            shown = _redact(raw)
+        self._setup(fs, base, shown, retries, retry_wait_s)
+
+    @classmethod
+    def from_filesystem(cls, fs: pafs.FileSystem, base_path: str, *, retries: int = 3,
+                        retry_wait_s: float = 0.2) -> "ModelStore":
+        """Open a store on an already-built filesystem (e.g. an ``S3FileSystem`` with ``endpoint_override``)."""
+        self = cls.__new__(cls)
+        self._setup(fs, base_path, None, retries, retry_wait_s)
+        return self
+
+    def _setup(self, fs: pafs.FileSystem, base: str, shown: str | None, retries: int, retry_wait_s: float) -> None:
+        if not isinstance(retries, int) or retries < 0:
+            raise StoreError(f"retries={retries!r} is invalid; pass an integer >= 0")
+        if not isinstance(retry_wait_s, (int, float)) or not retry_wait_s >= 0:
+            raise StoreError(f"retry_wait_s={retry_wait_s!r} is invalid; pass a number of seconds >= 0")
+        self._fs = fs
+        self._base = base.rstrip("/") or "/"
+        kind = fs.type_name if fs.type_name != "subtree" else getattr(fs, "base_fs", fs).type_name
+        self._renames = kind not in _OBJECT_STORES
+        self._uri = shown or (self._base if kind == "local" else f"{kind}://{self._base.lstrip('/')}")
+        self._retries = retries
+        self._retry_wait_s = float(retry_wait_s)
+        self._records: dict[str, ModelRecord] = {}
+        self._cache_lock = threading.Lock()
+        self._write_lock = threading.RLock()  # put / update / remove / gc of this instance run one at a time
+        if self._renames:  # object stores have no directories to make
+            for sub in ("blobs", "catalog", "tmp"):
+                self._call("create directory", sub, lambda p=self._path(sub): fs.create_dir(p, recursive=True))
+        self.reload()
+
+    # -- plumbing
+    @property
+    def uri(self) -> str:
+        """Where the store lives (credentials in a URI are masked)."""
+        return self._uri
+
+    def _path(self, key: str) -> str:
+        return f"{self._base}/{key}" if self._base != "/" else f"/{key}"
+
+    def _call(self, op: str, key: str, fn: Callable[[], T], *, missing_ok: bool = False) -> T:
+        """Run one filesystem call with bounded retries; :class:`StoreError` once they are spent.
+
+        ``FileNotFoundError`` is an answer, not a fault: never retried, re-raised as is when ``missing_ok``.
+        """
+        wait = self._retry_wait_s
+        attempts = self._retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return fn()
+            except FileNotFoundError as exc:
+                if missing_ok:
+                    raise
+                err, attempts = exc, attempt
+                break
+            except (OSError, pa.ArrowException) as exc:
+                err = exc
+                if attempt < attempts:
+                    log.debug("store %s: %s of %r failed (%s); retry %d/%d in %.2fs", self._uri, op, key, exc,
+                              attempt, self._retries, wait)
+                    time.sleep(wait)
+                    wait *= 2
+        raise StoreError(f"{op} of {key!r} in the zoo store at {self._uri} failed after {attempts} attempt(s): "
+                         f"{err}. Check that the store is reachable, that the bucket or directory exists and that "
+                         f"the credentials allow it; models stored before are intact") from err
+
+    def _read(self, key: str, *, missing_ok: bool = False) -> bytes:
+        def read() -> bytes:
+            with self._fs.open_input_stream(self._path(key)) as f:
+                return f.read()
+        return self._call("read", key, read, missing_ok=missing_ok)
+
+    def _write(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Replace ``key`` atomically: one PUT on object stores, temp file + rename elsewhere."""
+        def put(path: str) -> Callable[[], None]:
+            def write() -> None:
+                with self._fs.open_output_stream(path) as f:
+                    f.write(data)
+            return write
+
+        if not self._renames:
+            self._call("write", key, put(self._path(key)))
+            return
+        tmp = f"tmp/{uuid.uuid4().hex}.{key.rsplit('/', 1)[-1]}"
+        try:
+            self._call("write", tmp, put(self._path(tmp)))
+            self._call("rename", key, lambda: self._move(self._path(tmp), self._path(key)))
+        except StoreError:
+            try:
+                self._fs.delete_file(self._path(tmp))
+            except (OSError, pa.ArrowException):
+                pass  # gc() removes leftover temp files
+            raise
+
+    def _move(self, src: str, dst: str) -> None:
+        try:
+            self._fs.move(src, dst)  # POSIX rename: atomic replace
+        except FileNotFoundError:
+            raise
+        except OSError:
+            # HDFS refuses to rename onto an existing file; the catalog entry is then briefly absent.
+            if self._fs.get_file_info(dst).type == pafs.FileType.NotFound:
+                raise
+            self._fs.delete_file(dst)
+            self._fs.move(src, dst)
+
+    def _list(self, sub: str) -> list[pafs.FileInfo]:
+        sel = pafs.FileSelector(self._path(sub), allow_not_found=True)
+        infos = self._call("list", sub + "/", lambda: self._fs.get_file_info(sel))
+        return [i for i in infos if i.type == pafs.FileType.File]
+
+    def _delete(self, key: str) -> bool:
+        try:
+            self._call("delete", key, lambda: self._fs.delete_file(self._path(key)), missing_ok=True)
+        except FileNotFoundError:
+            return False
+        return True
+
+    @staticmethod
+    def _keys(rec: ModelRecord) -> list[str]:
+        return [f"blobs/{rec.checksum}.onnx"] + [f"blobs/{rec.extra_checksums[e]}.{e}" for e in rec.extras]
+
+    # -- catalog
+    def _read_record(self, name: str) -> ModelRecord | None:
+        """The record as the files say now; None when absent, or unreadable (logged)."""
+        key = f"catalog/{name}.json"
+        try:
+            raw = self._read(key, missing_ok=True)
+        except FileNotFoundError:
+            return None
+        try:
+            rec = ModelRecord.from_json(json.loads(raw))
+        except (ValueError, StoreError) as exc:  # json errors are ValueErrors
+            log.warning("zoo store %s: skipping unreadable catalog entry %s (%s); remove it or register the "
+                        "model again", self._uri, key, exc)
+            return None
+        if rec.name != name:
+            log.warning("zoo store %s: skipping catalog entry %s, which names model %r", self._uri, key, rec.name)
+            return None
+        return rec
+
+    def _write_record(self, rec: ModelRecord) -> None:
+        text = json.dumps(rec.to_json(), sort_keys=True, indent=1, allow_nan=False)
+        self._write(f"catalog/{rec.name}.json", text.encode())
+        with self._cache_lock:
+            self._records[rec.name] = rec
+
+    def _forget(self, name: str) -> None:
+        with self._cache_lock:
+            self._records.pop(name, None)
+
+    def reload(self) -> None:
+        """Re-read every catalog entry from the files (entries that do not parse are skipped, with a warning)."""
+        found: dict[str, ModelRecord] = {}
+        for info in self._list("catalog"):
+            if not info.base_name.endswith(".json"):
+                continue
+            name = info.base_name[: -len(".json")]
+            if not _NAME_RE.fullmatch(name):
+                log.warning("zoo store %s: skipping catalog file %s (not a valid model name)", self._uri, info.path)
+                continue
+            rec = self._read_record(name)
+            if rec is not None:
+                found[name] = rec
+        with self._cache_lock:
+            self._records = found
+
+    # -- public API
+    def put(self, name: str, blob: bytes, *, accuracy: float, num_params: int, summary: dict,
+            extras: Mapping[str, bytes] | None = None) -> tuple[ModelRecord, bool]:
+        """Store a model under ``name``: blobs first, the catalog entry last.
+
+        Returns:
+            ``(record, created)``; ``created`` is False when ``name`` already holds this exact content
+            (then nothing is written).
+
+        Raises:
+            AdmissionError: bad name or fields, or ``name`` holds different content.
+            StoreError: the store failed; the catalog is unchanged (orphan blobs may remain for :meth:`gc`).
+        """
+        check_name(name)
+        if not isinstance(blob, (bytes, bytearray, memoryview)) or memoryview(blob).nbytes == 0:
+            raise AdmissionError(f"model {name!r}: the blob must be non-empty bytes, got {type(blob).__name__}"
+                                 f"{' (empty)' if isinstance(blob, (bytes, bytearray, memoryview)) else ''}")
+        acc = _finite(accuracy, f"model {name!r}: accuracy")
+        if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params < 0:
+            raise AdmissionError(f"model {name!r}: num_params {num_params!r} must be an integer >= 0")
+        summ = _json_dict(summary, f"model {name!r}: summary")
+        extras = dict(extras or {})
+        for e, data in extras.items():
+            check_name(e, f"model {name!r}: extra name")
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise AdmissionError(f"model {name!r}: extra {e!r} must be bytes, got {type(data).__name__}")
+        checksum = sha256(blob)
+        with self._write_lock:
+            existing = self._read_record(name)
+            if existing is not None:
+                with self._cache_lock:
+                    self._records[name] = existing
+                if existing.checksum == checksum:
+                    return existing, False
+                raise AdmissionError(f"model name {name!r} is taken by different content (sha256 "
+                                     f"{existing.checksum[:12]}..., this one {checksum[:12]}...) in the zoo at "
+                                     f"{self._uri}; pick another name or remove {name!r} first")
+            sums = {e: sha256(data) for e, data in extras.items()}
+            rec = ModelRecord(name=name, accuracy=acc, checksum=checksum, nbytes=memoryview(blob).nbytes,
+                              num_params=num_params, summary=summ, created=time.time(), hits=0.0,
+                              extras=tuple(sorted(extras)), extra_checksums=sums)
+            keys = self._keys(rec)
+            self._write(keys[0], blob)
+            for e, key in zip(rec.extras, keys[1:]):
+                self._write(key, extras[e])
+            self._write_record(rec)  # the commit point
+        return rec, True
+
+    def record(self, name: str) -> ModelRecord:
+        """The catalog record of ``name`` (cached; a miss looks at the files). :class:`ModelNotFoundError` if absent."""
+        with self._cache_lock:
+            rec = self._records.get(name) if isinstance(name, str) else None
+        if rec is None and isinstance(name, str) and _NAME_RE.fullmatch(name):
+            rec = self._read_record(name)
+            if rec is not None:
+                with self._cache_lock:
+                    self._records[name] = rec
+        if rec is None:
+            raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self._uri}; records() lists the "
+                                     "models (reload() first if another process registered it)")
+        return rec
+
+    def _verified(self, rec: ModelRecord, key: str, checksum: str, what: str) -> bytes:
+        try:
+            data = self._read(key, missing_ok=True)
+        except FileNotFoundError:
+            if self._read_record(rec.name) is None:  # removed meanwhile, by another process
+                self._forget(rec.name)
+                raise ModelNotFoundError(f"model {rec.name!r} was removed from the zoo at {self._uri}") from None
+            raise CorruptModelError(f"model {rec.name!r}: {what} {key!r} is missing from the zoo at {self._uri}; "
+                                    f"remove the model and register it again") from None
+        if sha256(data) != checksum:
+            raise CorruptModelError(f"model {rec.name!r}: {what} {key!r} does not match its sha256 {checksum[:12]}..."
+                                    f" (the stored bytes are damaged); remove the model and register it again")
+        return data
+
+    def get(self, name: str) -> bytes:
+        """The model blob of ``name``, verified against its checksum (:class:`CorruptModelError` if damaged)."""
+        rec = self.record(name)
+        return self._verified(rec, self._keys(rec)[0], rec.checksum, "blob")
+
+    def get_extra(self, name: str, extra: str) -> bytes:
+        """An extra blob stored with ``name`` (e.g. ``"graph.npz"``), verified against its checksum."""
+        rec = self.record(name)
+        if extra not in rec.extra_checksums:
+            raise ModelNotFoundError(f"model {name!r} has no extra {extra!r} (it has {list(rec.extras)}); "
+                                     "register it again with that extra")
+        sum_ = rec.extra_checksums[extra]
+        return self._verified(rec, f"blobs/{sum_}.{extra}", sum_, f"extra {extra!r}")
+
+    def records(self) -> list[ModelRecord]:
+        """Every complete model, sorted by name (from the cache; :meth:`reload` re-reads the files)."""
+        with self._cache_lock:
+            return [self._records[n] for n in sorted(self._records)]
+
+    def update(self, name: str, **fields: Any) -> ModelRecord:
+        """Atomically rewrite the mutable fields (``accuracy``, ``hits``, ``summary``) of ``name``'s record."""
+        bad = sorted(set(fields) - set(MUTABLE_FIELDS))
+        if bad:
+            raise AdmissionError(f"model {name!r}: fields {bad} cannot be updated, only {list(MUTABLE_FIELDS)}; "
+                                 "register changed content under a new name")
+        new: dict[str, Any] = {}
+        for k in ("accuracy", "hits"):
+            if k in fields:
+                new[k] = _finite(fields[k], f"model {name!r}: {k}")
+        if "summary" in fields:
+            new["summary"] = _json_dict(fields["summary"], f"model {name!r}: summary")
+        with self._write_lock:
+            rec = self._read_record(name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
+            if rec is None:
+                self._forget(name)
+                raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self._uri}; nothing to update")
+            rec = replace(rec, **new)
+            self._write_record(rec)
+        return rec
+
+    def remove(self, name: str) -> None:
+        """Delete ``name``: its catalog entry first, then its blobs that no other record references."""
+        with self._write_lock:
+            rec = self._read_record(name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
+            if rec is None:
+                self._forget(name)
+                raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self._uri}; nothing to remove")
+            self._delete(f"catalog/{name}.json")
+            self._forget(name)
+            try:
+                self.reload()  # references as the files say, so another process's models keep their blobs
+                used = {k for r in self.records() for k in self._keys(r)}
+                for key in self._keys(rec):
+                    if key not in used:
+                        self._delete(key)
+            except StoreError as exc:
+                log.warning("zoo store %s: model %r is removed but some of its blobs remain (%s); gc() removes "
+                            "them", self._uri, name, exc)
+
+    def gc(self, min_age_s: float = 0.0) -> int:
+        """Delete blobs no record references and leftover temp files; returns how many were deleted.
+
+        Args:
+            min_age_s: spare files younger than this, so a put in flight in another process keeps its blobs.
+        """
+        with self._write_lock:
+            self.reload()
+            used = {k for r in self.records() for k in self._keys(r)}
+            cutoff_ns = (time.time() - min_age_s) * 1e9
+            count = 0
+            for sub in ("blobs", "tmp"):
+                for info in self._list(sub):
+                    key = f"{sub}/{info.base_name}"
+                    young = min_age_s > 0 and info.mtime_ns is not None and info.mtime_ns > cutoff_ns
+                    if key not in used and not young and self._delete(key):
+                        count += 1
+        return count
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        with self._cache_lock:
+            return name in self._records
+
+    def __len__(self) -> int:
+        with self._cache_lock:
+            return len(self._records)
+
+    def __iter__(self) -> Iterator[ModelRecord]:
+        return iter(self.records())
+
+    def __repr__(self) -> str:
+        return f"ModelStore({self._uri!r}, models={len(self)})"
+
+
+def _redact(uri: str) -> str:
+    """Mask credentials a URI may carry (``s3://KEY:SECRET@bucket``, ``?secret_key=...``)."""
+    uri = re.sub(r"(://)[^/@]*@", r"\1***@", uri)
+    return re.sub(r"((?:access_key|secret_key|session_token)=)[^&]*", r"\1***", uri)

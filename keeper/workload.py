@@ -1,0 +1,192 @@
+"""The MNIST-1D training workload that the demo and the training benchmark share.
+
+MNIST-1D (Greydanus, 2020) is generated offline here with the ``mnist1d`` package's generator, never downloaded:
+10 classes of 40-sample signals, 80% train / 20% test. Inputs are ``(N, 1, 40)`` float32, so one dataset serves
+every family of :mod:`keeper.families` (the transformer and the MLP accept that shape too).
+
+:func:`train` runs Adam with a cosine-decayed learning rate over a fixed number of steps and evaluates test
+accuracy every ``eval_every`` steps; steps-to-target is what a warm start should shorten. It does not touch
+``torch.set_num_threads``: that is the caller's choice.
+
+Example:
+    >>> from keeper.families import build, default_spec
+    >>> data = mnist1d_dataset()
+    >>> history = train(build(default_spec("mlp")), data, steps=100)  # doctest: +SKIP
+    >>> history.final_accuracy > 0.2                                   # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["Dataset", "TrainHistory", "mnist1d_dataset", "train", "evaluate"]
+
+
+@dataclass
+class Dataset:
+    """Train and test split: ``x_*`` float32 ``(N, 1, L)``, ``y_*`` int64 ``(N,)``."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def num_classes(self) -> int:
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+
+@dataclass
+class TrainHistory:
+    """What :func:`train` observed.
+
+    Attributes:
+        steps: the optimizer step after which each evaluation ran.
+        accuracies: test accuracy at each of those steps.
+        losses: mean training loss over the steps since the previous evaluation.
+        final_accuracy: test accuracy after the last step run.
+        steps_to_target: the first evaluated step whose accuracy reached ``target``; None if none did.
+        seconds: wall time of the whole run, evaluations included.
+    """
+
+    steps: list[int] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    final_accuracy: float = 0.0
+    steps_to_target: int | None = None
+    seconds: float = 0.0
+
+
+@functools.lru_cache(maxsize=8)
+def _generate(seed: int, num_samples: int) -> tuple[np.ndarray, ...]:
+    from mnist1d.data import get_dataset_args, make_dataset  # imports matplotlib: pay only when used
+
+    args = get_dataset_args()
+    args.seed, args.num_samples = seed, num_samples
+    # the generator reseeds the global random and numpy RNGs; give the caller theirs back
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        d = make_dataset(args)
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    return (d["x"].astype(np.float32)[:, None, :], d["y"].astype(np.int64),
+            d["x_test"].astype(np.float32)[:, None, :], d["y_test"].astype(np.int64))
+
+
+def mnist1d_dataset(seed: int = 0, num_samples: int = 5000) -> Dataset:
+    """MNIST-1D generated offline (deterministic in ``seed``), cached in-process; each call returns fresh tensors.
+
+    Args:
+        seed: the generator's seed (the published dataset used 42).
+        num_samples: total samples, 80% of them for training; at least 10 (one per class).
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 10:
+        raise ValueError(f"mnist1d_dataset: num_samples must be an integer >= 10, got {num_samples!r}; "
+                         "the generator makes num_samples // 10 signals per class")
+    return Dataset(*(torch.from_numpy(a.copy()) for a in _generate(int(seed), num_samples)))
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Dataset, device: torch.device | str | None = None,
+             batch_size: int = 1024) -> float:
+    """Test accuracy of ``model`` on ``data`` in eval mode; the model's training mode is restored."""
+    device = torch.device(device) if device is not None else _device_of(model)
+    was_training = model.training
+    model.eval()
+    try:
+        correct = 0
+        for i in range(0, len(data.y_test), batch_size):
+            x = data.x_test[i:i + batch_size].to(device)
+            y = data.y_test[i:i + batch_size].to(device)
+            correct += int((model(x).argmax(dim=1) == y).sum())
+    finally:
+        model.train(was_training)
+    return correct / max(1, len(data.y_test))
+
+
+def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128, lr: float = 3e-3,
+          eval_every: int = 50, target: float | None = None, stop_at_target: bool = False, seed: int = 0,
+          device: torch.device | str | None = None,
+          report: Callable[[dict], None] | None = None) -> TrainHistory:
+    """Train ``model`` in place with Adam (cosine decay to zero over ``steps``) and cross-entropy.
+
+    Batches are drawn without replacement, epoch by epoch, from a generator seeded by ``seed`` (the global
+    torch RNG is not touched). Test accuracy is measured every ``eval_every`` steps and after the last one.
+
+    Args:
+        steps: optimizer steps to run (fewer when ``stop_at_target`` stops early).
+        lr: Adam's peak learning rate; 3e-3 trains every family in :mod:`keeper.families` well.
+        target: the test accuracy that ``steps_to_target`` records reaching.
+        stop_at_target: stop at the first evaluation that reaches ``target``.
+        device: where to train; None keeps the model where it is. The model is moved there.
+        report: called after each evaluation with ``{"step", "accuracy", "loss", "seconds"}`` (a Tune
+            ``report`` fits).
+
+    Example:
+        >>> history = train(model, mnist1d_dataset(), steps=1500, target=0.8)  # doctest: +SKIP
+        >>> history.steps_to_target                                             # doctest: +SKIP
+        650
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"train: steps must be a positive integer, got {steps!r}")
+    if eval_every < 1 or batch_size < 1:
+        raise ValueError(f"train: eval_every and batch_size must be >= 1, got {eval_every!r} and {batch_size!r}")
+    if stop_at_target and target is None:
+        raise ValueError("train: stop_at_target=True needs a target accuracy; pass target=0.8 for instance")
+    device = torch.device(device) if device is not None else _device_of(model)
+    model.to(device)
+    x_train, y_train = data.x_train.to(device), data.y_train.to(device)
+    n = len(y_train)
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, steps) / steps)))
+    loss_fn = nn.CrossEntropyLoss()
+    history = TrainHistory()
+    start = time.perf_counter()
+    order, cursor, running, count = torch.randperm(n, generator=gen), 0, 0.0, 0
+    model.train()
+    for step in range(1, steps + 1):
+        if cursor + batch_size > n:
+            order, cursor = torch.randperm(n, generator=gen), 0
+        idx = order[cursor:cursor + batch_size].to(device)
+        cursor += batch_size
+        loss = loss_fn(model(x_train[idx]), y_train[idx])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        running, count = running + loss.item(), count + 1
+        if step % eval_every and step != steps:
+            continue
+        acc = evaluate(model, data, device)
+        history.steps.append(step)
+        history.accuracies.append(acc)
+        history.losses.append(running / count)
+        running, count = 0.0, 0
+        if target is not None and history.steps_to_target is None and acc >= target:
+            history.steps_to_target = step
+        if report is not None:
+            report({"step": step, "accuracy": acc, "loss": history.losses[-1],
+                    "seconds": time.perf_counter() - start})
+        if stop_at_target and history.steps_to_target is not None:
+            break
+    history.final_accuracy = history.accuracies[-1]
+    history.seconds = time.perf_counter() - start
+    return history

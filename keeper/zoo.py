@@ -1,0 +1,262 @@
+"""Zoo: the embedded, Ray-free facade over the durable store (register / warm / remove / list).
+
+Invariants:
+    * a refused registration (bad name, bad or outlying accuracy, unreadable model, too large) stores nothing;
+    * registering identical content again returns the stored record and stores nothing twice;
+    * after every successful registration the zoo's blobs fit the byte budget; eviction removes the models of
+      least value per byte (value = accuracy plus decayed parent hits), losers of near-duplicate pairs first;
+    * reopening the same URI restores every model (graphs come back from their stored arrays, not re-parsed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from keeper.errors import AdmissionError, ModelNotFoundError
+from keeper.graph import LayerGraph, as_graph, graph_from_proto
+from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
+from keeper.onnx_safety import ModelInput, load_model
+from keeper.selection import Candidate, SelectionPolicy, choose_parent
+from keeper.store import ModelRecord, ModelStore
+from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
+
+__all__ = ["Zoo", "ZooConfig", "graph_blob", "graph_from_blob"]
+
+GRAPH_EXTRA = "graph.npz"
+
+
+@dataclass
+class ZooConfig:
+    """Every tunable of the embedded zoo (the Ray service reads the same fields from its YAML config)."""
+
+    capacity_bytes: int | None = None     # None: unbounded
+    outlier_z: float | None = 3.0          # refuse accuracies more than z std below the zoo mean; None disables
+    outlier_min_models: int = 5            # the filter starts once the zoo holds this many models
+    hit_half_life_s: float = 7 * 24 * 3600.0
+    near_duplicate: float = 0.1            # distance under which two architectures are near-duplicates
+    selection: SelectionPolicy = field(default_factory=SelectionPolicy)
+    noise: float = DEFAULT_NOISE
+    seed: int = 0
+
+
+def graph_blob(graph: LayerGraph) -> bytes:
+    """A LayerGraph as ``.npz`` bytes (no pickle)."""
+    buf = io.BytesIO()
+    np.savez(buf, **graph.to_arrays())
+    return buf.getvalue()
+
+
+def graph_from_blob(blob: bytes) -> LayerGraph:
+    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        return LayerGraph.from_arrays({k: z[k] for k in z.files})
+
+
+def check_accuracy(accuracy: float, name: str) -> float:
+    """Accuracy must be a finite number in [0, 1]."""
+    try:
+        a = float(accuracy)
+    except (TypeError, ValueError):
+        raise AdmissionError(f"model {name!r}: accuracy {accuracy!r} is not a number; pass a float in [0, 1]") from None
+    if not math.isfinite(a) or not 0.0 <= a <= 1.0:
+        raise AdmissionError(f"model {name!r}: accuracy {accuracy!r} is outside [0, 1]; pass a fraction "
+                             "(e.g. 0.93, not 93 or NaN)")
+    return a
+
+
+class Zoo:
+    """A durable zoo of trained models, usable without Ray.
+
+    Example:
+        >>> zoo = keeper.Zoo("/tmp/zoo")                          # doctest: +SKIP
+        >>> zoo.register(trained_onnx, accuracy=0.91, name="r18")  # doctest: +SKIP
+        >>> result = zoo.warm(new_onnx)                            # doctest: +SKIP
+        >>> result.parent, result.score                           # doctest: +SKIP
+    """
+
+    def __init__(self, uri: str | ModelStore | None = None, config: ZooConfig | None = None):
+        self.store = uri if isinstance(uri, ModelStore) else ModelStore(uri)
+        self.config = config or ZooConfig()
+        self._graphs: dict[str, LayerGraph] = {}
+        self._arrays: dict[str, MatchArrays] = {}
+        self._sigs: dict[str, np.ndarray] = {}
+        self.reload()
+
+    # -- catalog
+    def reload(self) -> None:
+        """Re-read the catalog and every model's graph from the store."""
+        self.store.reload()
+        self._graphs.clear(), self._arrays.clear(), self._sigs.clear()
+        for rec in self.store.records():
+            self._cache(rec.name, graph_from_blob(self.store.get_extra(rec.name, GRAPH_EXTRA)))
+
+    def _cache(self, name: str, graph: LayerGraph) -> None:
+        self._graphs[name] = graph
+        self._arrays[name] = match_arrays(graph)
+        self._sigs[name] = signature(self._arrays[name])
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __iter__(self) -> Iterator[ModelRecord]:
+        return iter(self.store.records())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.store
+
+    @property
+    def uri(self) -> str:
+        return self.store.uri
+
+    def record(self, name: str) -> ModelRecord:
+        return self.store.record(name)
+
+    def graph(self, name: str) -> LayerGraph:
+        if name not in self._graphs:
+            raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self.uri}; `keeper zoo ls` lists them")
+        return self._graphs[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._graphs)
+
+    # -- register / remove
+    def register(self, model: ModelInput, accuracy: float, name: str | None = None) -> ModelRecord:
+        """Admit a trained model (ONNX with weights) with its accuracy in [0, 1].
+
+        Raises:
+            AdmissionError: bad name or accuracy, an accuracy outlier, a name taken by other content, or a model
+                larger than the whole capacity. Nothing is stored then.
+            InvalidModelError: the model is not a safe, readable ONNX model.
+        """
+        proto = load_model(model, what=f"model {name!r}" if name else "model")
+        blob = proto.SerializeToString()
+        graph = graph_from_proto(proto)
+        checksum = hashlib.sha256(blob).hexdigest()
+        name = name or f"model-{checksum[:12]}"
+        acc = check_accuracy(accuracy, name)
+        for rec in self.store.records():
+            if rec.checksum == checksum:  # identical content: idempotent, whatever name it came with
+                return rec
+        self._check_outlier(acc, name)
+        cap = self.config.capacity_bytes
+        if cap is not None and len(blob) > cap:
+            raise AdmissionError(f"model {name!r}: {len(blob)} bytes exceeds the zoo capacity of {cap} bytes; "
+                                 "raise capacity_bytes")
+        rec, created = self.store.put(name, blob, accuracy=acc, num_params=graph.total_params,
+                                      summary=graph.summary(), extras={GRAPH_EXTRA: graph_blob(graph)})
+        if created:
+            self._cache(name, graph)
+            self._evict(protect=name)
+        return rec
+
+    def _check_outlier(self, acc: float, name: str) -> None:
+        z = self.config.outlier_z
+        accs = np.array([r.accuracy for r in self.store.records()])
+        if z is None or len(accs) < self.config.outlier_min_models:
+            return
+        mean, std = float(accs.mean()), float(accs.std())
+        if std > 0 and (acc - mean) / std < -z:
+            raise AdmissionError(f"model {name!r}: accuracy {acc:.4f} is more than {z} std below the zoo mean "
+                                 f"{mean:.4f} (std {std:.4f}); it would not be a useful parent. Set outlier_z=None "
+                                 "to admit it anyway")
+
+    def remove(self, name: str) -> None:
+        """Delete a model and its blobs."""
+        if name not in self.store:
+            raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self.uri}; `keeper zoo ls` lists them")
+        self.store.remove(name)
+        for d in (self._graphs, self._arrays, self._sigs):
+            d.pop(name, None)
+
+    def value(self, rec: ModelRecord, now: float | None = None) -> float:
+        """Eviction value: accuracy plus parent hits decayed with the configured half-life."""
+        now = time.time() if now is None else now
+        age = max(0.0, now - float(rec.summary.get("hit_time", rec.created)))
+        return rec.accuracy + rec.hits * 0.5 ** (age / self.config.hit_half_life_s)
+
+    def _evict(self, protect: str) -> list[str]:
+        cap = self.config.capacity_bytes
+        if cap is None:
+            return []
+        recs = {r.name: r for r in self.store.records()}
+        total = sum(r.nbytes for r in recs.values())
+        if total <= cap:
+            return []
+        losers = self._near_duplicate_losers(protect, recs)
+        now = time.time()
+        order = sorted((n for n in recs if n != protect),
+                       key=lambda n: (n not in losers, self.value(recs[n], now) / max(recs[n].nbytes, 1), n))
+        evicted = []
+        for n in order:
+            if total <= cap:
+                break
+            self.remove(n)
+            total -= recs[n].nbytes
+            evicted.append(n)
+        return evicted
+
+    def _near_duplicate_losers(self, name: str, recs: dict[str, ModelRecord]) -> set[str]:
+        """Models within ``near_duplicate`` distance of ``name`` both ways, less accurate than their twin."""
+        others = [n for n in recs if n != name]
+        if not others:
+            return set()
+        me = self._arrays[name]
+        fwd = score_many([self._arrays[n] for n in others], me)
+        back = np.array([score_many([me], self._arrays[n])[0] for n in others])
+        limit = 1.0 - self.config.near_duplicate
+        out = set()
+        for n, a, b in zip(others, fwd, back):
+            if a >= limit and b >= limit:
+                out.add(n if recs[n].accuracy <= recs[name].accuracy else name)
+        out.discard(name)  # the newcomer is protected; it can still lose later
+        return out
+
+    # -- warm
+    def candidates(self, child: LayerGraph | ModelInput, names: list[str] | None = None) -> list[Candidate]:
+        """Every zoo model that may clear the similarity floor, with its exact score."""
+        g = as_graph(child)
+        pool = names if names is not None else self.names()
+        if not pool:
+            return []
+        ca = match_arrays(g)
+        bounds = upper_bounds(np.stack([self._sigs[n] for n in pool]), ca)
+        keep = [n for n, b in zip(pool, bounds) if b >= self.config.selection.floor]
+        if not keep:
+            return []
+        scores = score_many(PackedParents.pack([self._arrays[n] for n in keep]), ca)
+        recs = {r.name: r for r in self.store.records()}
+        return [Candidate(n, float(s), recs[n].accuracy) for n, s in zip(keep, scores) if n in recs]
+
+    def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> WarmResult:
+        """Warm-start ``model`` from the best parent in the zoo (its own weights when none clears the floor)."""
+        proto = load_model(model, what="child model")
+        graph = graph_from_proto(proto)
+        best = choose_parent(self.candidates(graph), self.config.selection)
+        if best is None:
+            return cold_result(proto)
+        return self.warm_from(best.name, proto, graph, noise=noise, seed=seed)
+
+    def warm_from(self, parent: str, child: ModelInput, child_graph: LayerGraph | None = None, *,
+                  noise: float | None = None, seed: int | None = None) -> WarmResult:
+        """Warm ``child`` from the named zoo model, and count the hit."""
+        blob = self.store.get(parent)
+        result = warm_from_parent(blob, child, parent_name=parent, parent_graph=self.graph(parent),
+                                  child_graph=child_graph,
+                                  noise=self.config.noise if noise is None else noise,
+                                  seed=self.config.seed if seed is None else seed)
+        self.hit(parent)
+        return result
+
+    def hit(self, name: str) -> None:
+        """Count one use of ``name`` as a parent (decayed value for eviction)."""
+        rec = self.store.record(name)
+        now = time.time()
+        summary = dict(rec.summary)
+        summary["hit_time"] = now
+        self.store.update(name, hits=self.value(rec, now) - rec.accuracy + 1.0, summary=summary)

@@ -1,0 +1,112 @@
+"""Parent choice: floor, buckets, accuracy-awareness, determinism."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keeper.errors import KeeperError
+from keeper.selection import Candidate, SelectionPolicy, choose_parent
+
+unit = st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 0.3, 0.5, 0.95, 1.0]))
+candidates = st.lists(st.builds(Candidate, st.sampled_from("abcdefgh"), unit, unit), max_size=12)
+policies = st.builds(SelectionPolicy, unit, st.integers(1, 20), st.booleans())
+aware_policies = st.builds(SelectionPolicy, unit, st.integers(1, 20), st.just(True))
+
+
+@settings(max_examples=100, deadline=None)
+@given(candidates, policies)
+def test_none_iff_nothing_clears_the_floor(cands, policy):
+    best = choose_parent(cands, policy)
+    assert (best is None) == (not any(c.score >= policy.floor for c in cands))
+    if best is not None:
+        assert best in cands and best.score >= policy.floor
+
+
+@settings(max_examples=100, deadline=None)
+@given(candidates, aware_policies)
+def test_accuracy_aware_picks_the_most_accurate_of_the_best_bucket(cands, policy):
+    best = choose_parent(cands, policy)
+    eligible = [c for c in cands if c.score >= policy.floor]
+    if best is None:
+        return
+    top = max(policy.bucket(c.score) for c in eligible)
+    assert policy.bucket(best.score) == top
+    same = [c for c in eligible if policy.bucket(c.score) == top]
+    assert best.accuracy == max(c.accuracy for c in same)
+    # independent of bucket(): nobody eligible is a full bucket width more similar
+    width = (1.0 - policy.floor) / policy.buckets
+    assert max(c.score for c in eligible) - best.score <= width + 1e-12
+
+
+@settings(max_examples=100, deadline=None)
+@given(candidates, policies)
+def test_plain_mode_gives_the_max_score(cands, policy):
+    plain = SelectionPolicy(policy.floor, policy.buckets, accuracy_aware=False)
+    best = choose_parent(cands, plain)
+    eligible = [c for c in cands if c.score >= plain.floor]
+    if best is None:
+        return
+    top = max(c.score for c in eligible)
+    assert best.score == top
+    assert best.accuracy == max(c.accuracy for c in eligible if c.score == top)
+
+
+@settings(max_examples=100, deadline=None)
+@given(candidates, policies, st.randoms(use_true_random=False))
+def test_deterministic_and_order_free(cands, policy, rnd):
+    first = choose_parent(cands, policy)
+    shuffled = list(cands)
+    rnd.shuffle(shuffled)
+    assert choose_parent(shuffled, policy) == first
+    assert choose_parent(iter(cands), policy) == first  # any iterable, read once
+
+
+@settings(max_examples=100, deadline=None)
+@given(policies, unit, unit)
+def test_bucket_is_monotone_and_in_range(policy, a, b):
+    lo, hi = sorted([max(a, policy.floor), max(b, policy.floor)])
+    assert 0 <= policy.bucket(lo) <= policy.bucket(hi) <= policy.buckets - 1
+    assert policy.bucket(1.0) == policy.buckets - 1
+    if policy.floor < 1.0:
+        assert policy.bucket(policy.floor) == 0
+
+
+def test_example_from_the_docstring():
+    cands = [Candidate("a", 0.99, 0.70), Candidate("b", 0.95, 0.90), Candidate("c", 0.50, 0.99)]
+    assert choose_parent(cands).name == "b"
+    assert choose_parent(cands, SelectionPolicy(accuracy_aware=False)).name == "a"
+    assert choose_parent(cands, SelectionPolicy(buckets=1)).name == "c"
+    assert choose_parent(cands, SelectionPolicy(floor=1.0)) is None
+    assert choose_parent([], SelectionPolicy()) is None
+
+
+def test_ties_break_on_score_then_name():
+    cands = [Candidate("z", 0.96, 0.9), Candidate("y", 0.97, 0.9), Candidate("x", 0.97, 0.9)]
+    assert choose_parent(cands).name == "x"
+    plain = SelectionPolicy(accuracy_aware=False)
+    assert choose_parent([Candidate("b", 0.9, 0.5), Candidate("a", 0.9, 0.5), Candidate("c", 0.9, 0.6)],
+                         plain).name == "c"
+
+
+def test_numpy_scalars_are_accepted():
+    best = choose_parent([Candidate("a", np.float32(0.8), np.float64(0.5))])
+    assert best is not None and best.name == "a"
+
+
+@pytest.mark.parametrize("kwargs", [{"floor": -0.1}, {"floor": 1.1}, {"floor": math.nan}, {"floor": "0.3"},
+                                    {"buckets": 0}, {"buckets": -2}, {"buckets": 2.5}, {"buckets": True},
+                                    {"accuracy_aware": "yes"}])
+def test_bad_policy_raises(kwargs):
+    with pytest.raises(KeeperError, match="selection"):
+        SelectionPolicy(**kwargs)
+
+
+@pytest.mark.parametrize("args", [("a", math.nan, 0.5), ("a", 0.5, math.nan), (3, 0.5, 0.5), ("a", None, 0.5)])
+def test_bad_candidate_raises(args):
+    with pytest.raises(KeeperError, match="candidate"):
+        Candidate(*args)

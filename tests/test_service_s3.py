@@ -1,0 +1,186 @@
+"""The keeper service on an S3-compatible object store: a moto server on loopback, reached through the pyarrow
+URI form. Register, restart, reload, and a server that stops in the middle of a commit (bounded retry, then a
+clear error, the catalog intact). Ray starts once for the module."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+pytest.importorskip("moto.server")
+boto3 = pytest.importorskip("boto3")
+
+BUCKET = "keeper-service"
+NAMESPACE = "keeper-s3-test"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull,
+               "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+
+
+def mlp_onnx(widths: list[int], seed: int = 0, in_dim: int = 16) -> bytes:
+    rng = np.random.default_rng(seed)
+    nodes, inits, x, d = [], [], "x", in_dim
+    for i, w in enumerate(widths):
+        inits += [numpy_helper.from_array((rng.standard_normal((w, d)) * 0.1).astype(np.float32), f"fc{i}.weight"),
+                  numpy_helper.from_array(np.zeros(w, np.float32), f"fc{i}.bias")]
+        nodes.append(helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [f"h{i}"], transB=1, name=f"fc{i}"))
+        x, d = f"h{i}", w
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, in_dim])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, d])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Moto:
+    """A moto S3 server on 127.0.0.1 that can be told to stop when a PUT's path contains ``trip``.
+
+    The stop happens inside that request (it is answered 503, then the server goes away), so the writer sees the
+    server vanish in the middle of its commit. moto keeps its buckets in this process, so a restart on the same
+    port serves what was stored before.
+    """
+
+    def __init__(self):
+        self.port = free_port()
+        self.trip: str | None = None
+        self.server = None
+
+    def start(self):
+        from moto.server import ThreadedMotoServer
+
+        moto = self
+
+        class Server(ThreadedMotoServer):
+            def _server_entry(self) -> None:
+                from moto.server import DomainDispatcherApplication, create_backend_app
+                from werkzeug.serving import make_server
+
+                app = DomainDispatcherApplication(create_backend_app)
+
+                def tripwire(environ, start_response):
+                    if moto.trip and environ["REQUEST_METHOD"] == "PUT" and moto.trip in environ.get("PATH_INFO", ""):
+                        moto.trip = None
+                        threading.Thread(target=moto.stop, daemon=True).start()
+                        start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                        return [b""]
+                    return app(environ, start_response)
+
+                self._server = make_server(self._ip_address, self._port, tripwire, True)
+                self._server_ready_event.set()
+                self._server.serve_forever()
+
+        self.server = Server(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self):
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
+
+    @property
+    def uri(self) -> str:
+        # allow_delayed_open: small writes go out as one PutObject (moto mis-answers multipart completion)
+        return (f"s3://{BUCKET}/zoo?endpoint_override=127.0.0.1:{self.port}&scheme=http&region=us-east-1"
+                "&allow_delayed_open=true")
+
+    def client(self):
+        return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{self.port}", aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")
+
+    def catalog(self) -> list[str]:
+        out = self.client().list_objects_v2(Bucket=BUCKET, Prefix="zoo/catalog/").get("Contents", [])
+        return sorted(o["Key"].rsplit("/", 1)[-1][: -len(".json")] for o in out)
+
+
+@pytest.fixture(scope="module")
+def moto():
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in CREDENTIALS.items():
+            mp.setenv(k, v)
+        mp.delenv("AWS_PROFILE", raising=False)
+        mp.delenv("AWS_ENDPOINT_URL", raising=False)
+        server = Moto()
+        server.start()
+        server.client().create_bucket(Bucket=BUCKET)
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_session(moto):
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": dict(CREDENTIALS)})  # every actor and task reads the store
+    yield
+    ray.shutdown()
+
+
+def start(moto, **kw):
+    import keeper.actors as ka
+
+    return ka.start(zoo=moto.uri, namespace=NAMESPACE, matchers=1, actors={"matcher": {"num_cpus": 0.5}},
+                    timeouts={"register_s": 60.0, "start_s": 90.0}, **kw)
+
+
+def get(ref, timeout: float = 60.0):
+    import ray
+
+    return ray.get(ref, timeout=timeout)
+
+
+def test_register_warm_and_restart_on_s3(moto, ray_session):
+    import keeper.actors as ka
+
+    handle = start(moto)
+    for i in range(3):
+        rec = get(handle.register.remote(mlp_onnx([24 + 8 * i, 10], seed=i), 0.8 + 0.01 * i, f"s3-{i}"))
+        assert rec["name"] == f"s3-{i}"
+    assert moto.catalog() == ["s3-0", "s3-1", "s3-2"]
+    # the transfer task reads the parent straight from the bucket
+    result = get(handle.warm.remote(mlp_onnx([30, 10], seed=9), noise=0.0))
+    assert result.parent in {"s3-1", "s3-2"} and result.score == 1.0
+    # a restart of the whole service reloads every model from the bucket
+    assert ka.shutdown(namespace=NAMESPACE) == ["keeper", "keeper-zoo"]
+    time.sleep(1.0)
+    handle = start(moto)
+    s = get(handle.stats.remote())
+    assert s["models"] == 3 and s["uri"].startswith(f"s3://{BUCKET}/zoo")
+    assert get(handle.warm.remote(mlp_onnx([30, 10], seed=9), noise=0.0)).parent == result.parent
+
+
+def test_server_stopped_mid_commit(moto, ray_session):
+    import ray
+
+    from keeper.errors import StoreError
+
+    handle = start(moto)
+    before = moto.catalog()
+    moto.trip = "/catalog/crash.json"  # the blobs land; the server dies on the commit
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match=r"catalog/crash\.json.*failed after .*models stored before are intact"):
+        get(handle.register.remote(mlp_onnx([56, 10], seed=40), 0.8, "crash"), timeout=60)
+    assert time.monotonic() - t0 < 30  # bounded retries, then the error
+    assert moto.server is None
+    # while the store is down, queries still answer from the graphs the manager holds
+    assert get(handle.search.remote(mlp_onnx([30, 10], seed=9)))["names"]
+    moto.start()
+    assert moto.catalog() == before  # nothing half-listed
+    manager = ray.get_actor("keeper-zoo", namespace=NAMESPACE)
+    assert get(manager.reload.remote()) == len(before)
+    assert get(handle.stats.remote())["models"] == len(before)
+    # the store is back: the same registration goes through once
+    rec = get(handle.register.remote(mlp_onnx([56, 10], seed=40), 0.8, "crash"))
+    assert rec["name"] == "crash" and moto.catalog() == sorted(before + ["crash"])
+    assert get(handle.warm.remote(mlp_onnx([56, 10], seed=41), noise=0.0)).parent == "crash"

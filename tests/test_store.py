@@ -1,0 +1,398 @@
+"""Tests of keeper.store: a local directory, a SIGKILLed writer, and S3 on a loopback moto server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError
+from keeper.store import ModelRecord, ModelStore
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def put(store: ModelStore, name: str, blob: bytes, **kw):
+    kw.setdefault("accuracy", 0.9)
+    kw.setdefault("num_params", 10)
+    kw.setdefault("summary", {"nodes": 3})
+    return store.put(name, blob, **kw)
+
+
+def blob_file(root: Path, rec: ModelRecord) -> Path:
+    return root / "blobs" / f"{rec.checksum}.onnx"
+
+
+def files(root: Path, sub: str) -> set[str]:
+    d = root / sub
+    return {p.name for p in d.iterdir()} if d.exists() else set()
+
+
+class Flaky:
+    """A filesystem proxy whose named methods fail ``failures`` times (then behave), or call ``before``."""
+
+    def __init__(self, fs, methods, failures=10**9, before=None):
+        self.fs, self.methods, self.failures, self.before = fs, set(methods), failures, before
+        self.calls = 0
+
+    def __getattr__(self, attr):
+        real = getattr(self.fs, attr)
+        if attr not in self.methods:
+            return real
+
+        def call(*a, **k):
+            self.calls += 1
+            if self.before is not None:
+                self.before(attr, a)
+            elif self.failures > 0:
+                self.failures -= 1
+                raise OSError(f"injected fault in {attr}")
+            return real(*a, **k)
+        return call
+
+
+# -- local directory
+def test_put_get_records_roundtrip(tmp_path):
+    store = ModelStore(str(tmp_path))
+    rec, created = put(store, "b-model", b"onnx-b", accuracy=0.8, num_params=7, summary={"nodes": 2, "sig": [1, 2]},
+                       extras={"graph.npz": b"graph-b"})
+    put(store, "a_model", b"onnx-a")
+    assert created and rec.name == "b-model" and rec.accuracy == 0.8 and rec.num_params == 7 and rec.hits == 0.0
+    assert rec.nbytes == 6 and rec.extras == ("graph.npz",) and rec.summary == {"nodes": 2, "sig": [1, 2]}
+    assert store.get("b-model") == b"onnx-b" and store.get_extra("b-model", "graph.npz") == b"graph-b"
+    assert [r.name for r in store.records()] == ["a_model", "b-model"] == [r.name for r in store]
+    assert len(store) == 2 and "a_model" in store and "zz" not in store and 3 not in store
+    assert store.record("b-model") == rec and store.uri == str(tmp_path)
+    with pytest.raises(ModelNotFoundError, match="'nope'"):
+        store.record("nope")
+    with pytest.raises(ModelNotFoundError, match="no extra 'x.bin'"):
+        store.get_extra("b-model", "x.bin")
+    entry = (tmp_path / "catalog" / "b-model.json").read_text()
+    assert entry == json.dumps(json.loads(entry), sort_keys=True, indent=1)  # deterministic
+    assert ModelRecord.from_json(json.loads(entry)) == rec
+
+
+def test_reput_same_content_is_idempotent(tmp_path):
+    store = ModelStore(tmp_path)
+    rec, _ = put(store, "m", b"same", extras={"graph.npz": b"g"})
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    again, created = put(store, "m", b"same", accuracy=0.1, extras={"graph.npz": b"other"})
+    assert not created and again == rec
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_name_taken_by_other_content(tmp_path):
+    store = ModelStore(tmp_path)
+    put(store, "m", b"one")
+    with pytest.raises(AdmissionError, match=r"'m' is taken.*another name or remove"):
+        put(store, "m", b"two")
+    assert store.get("m") == b"one"
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "..", "a/b", "a\\b", "sp ace", "ü", "x" * 129, None, 3])
+def test_bad_names_refused(tmp_path, bad):
+    store = ModelStore(tmp_path)
+    with pytest.raises(AdmissionError, match="not allowed: use 1 to 128"):
+        put(store, bad, b"x")
+    with pytest.raises(AdmissionError, match="extra name"):
+        put(store, "ok", b"x", extras={bad if bad else "../x": b"y"})
+    assert len(store) == 0 and files(tmp_path, "catalog") == set()
+
+
+def test_bad_fields_refused(tmp_path):
+    store = ModelStore(tmp_path)
+    for kw in ({"accuracy": float("nan")}, {"num_params": -1}, {"summary": {"f": object()}}):
+        with pytest.raises(AdmissionError, match="'m'"):
+            put(store, "m", b"x", **kw)
+    with pytest.raises(AdmissionError, match="non-empty bytes"):
+        put(store, "m", b"")
+    assert len(store) == 0
+
+
+def test_update_rewrites_mutable_fields(tmp_path):
+    store = ModelStore(tmp_path)
+    rec, _ = put(store, "m", b"x")
+    new = store.update("m", hits=2.5, accuracy=0.95, summary={"hit_time": 1.0})
+    assert (new.hits, new.accuracy, new.summary) == (2.5, 0.95, {"hit_time": 1.0})
+    assert new.checksum == rec.checksum and store.record("m") == new
+    assert ModelStore(tmp_path).record("m") == new
+    with pytest.raises(AdmissionError, match="cannot be updated"):
+        store.update("m", checksum="0" * 64)
+    with pytest.raises(ModelNotFoundError):
+        store.update("absent", hits=1.0)
+    assert files(tmp_path, "tmp") == set()
+
+
+def test_remove_keeps_shared_blobs(tmp_path):
+    store = ModelStore(tmp_path)
+    a, _ = put(store, "a", b"model-a", extras={"graph.npz": b"same-arch"})
+    b, _ = put(store, "b", b"model-b", extras={"graph.npz": b"same-arch"})
+    assert len(files(tmp_path, "blobs")) == 3  # the shared extra is stored once
+    store.remove("a")
+    assert "a" not in store and not blob_file(tmp_path, a).exists()
+    assert store.get_extra("b", "graph.npz") == b"same-arch" and store.get("b") == b"model-b"
+    with pytest.raises(ModelNotFoundError):
+        store.remove("a")
+    store.remove("b")
+    assert files(tmp_path, "blobs") == set() and files(tmp_path, "catalog") == set() and len(store) == 0
+
+
+def test_corruption_detected(tmp_path):
+    store = ModelStore(tmp_path)
+    rec, _ = put(store, "m", b"model-bytes", extras={"graph.npz": b"graph-bytes"})
+    path = blob_file(tmp_path, rec)
+    data = bytearray(path.read_bytes())
+    data[3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptModelError, match=r"model 'm'.*remove the model and register it again"):
+        store.get("m")
+    extra = tmp_path / "blobs" / f"{rec.extra_checksums['graph.npz']}.graph.npz"
+    extra.write_bytes(b"graph-bytez")
+    with pytest.raises(CorruptModelError, match="extra 'graph.npz'"):
+        store.get_extra("m", "graph.npz")
+    path.unlink()
+    with pytest.raises(CorruptModelError, match="missing"):
+        store.get("m")
+
+
+def test_reopen_restores_everything(tmp_path):
+    store = ModelStore(f"file://{tmp_path}")
+    for i in range(5):
+        put(store, f"m{i}", f"blob{i}".encode(), accuracy=i / 10, extras={"graph.npz": bytes([i])})
+    store.update("m2", hits=3.0)
+    again = ModelStore(str(tmp_path))
+    assert again.records() == store.records()
+    assert [again.get(f"m{i}") for i in range(5)] == [f"blob{i}".encode() for i in range(5)]
+
+
+def test_unreadable_catalog_entries_are_skipped(tmp_path, caplog):
+    store = ModelStore(tmp_path)
+    put(store, "good", b"x")
+    (tmp_path / "catalog" / "garbage.json").write_text("{not json")
+    (tmp_path / "catalog" / "half.json").write_text((tmp_path / "catalog" / "good.json").read_text()[:40])
+    (tmp_path / "catalog" / "liar.json").write_text((tmp_path / "catalog" / "good.json").read_text())
+    (tmp_path / "catalog" / "listish.json").write_text("[1, 2]")
+    with caplog.at_level(logging.WARNING, logger="keeper.store"):
+        again = ModelStore(tmp_path)
+    assert [r.name for r in again.records()] == ["good"]
+    assert sum("skipping" in r.message for r in caplog.records) == 4
+
+
+def test_gc_removes_orphans_and_temp_files(tmp_path):
+    store = ModelStore(tmp_path)
+    rec, _ = put(store, "m", b"kept", extras={"graph.npz": b"g"})
+    (tmp_path / "blobs" / ("f" * 64 + ".onnx")).write_bytes(b"orphan")
+    (tmp_path / "tmp" / "dead.m.json").write_bytes(b"{")
+    assert store.gc(min_age_s=3600) == 0  # fresh files may belong to a put in flight
+    assert store.gc() == 2
+    assert files(tmp_path, "blobs") == {f"{rec.checksum}.onnx", f"{rec.extra_checksums['graph.npz']}.graph.npz"}
+    assert files(tmp_path, "tmp") == set() and store.get("m") == b"kept"
+
+
+def test_faults_are_retried_then_reported(tmp_path):
+    store = ModelStore(tmp_path, retries=2, retry_wait_s=0.001)
+    put(store, "before", b"x")
+    store._fs = Flaky(store._fs, {"open_output_stream"}, failures=2)
+    put(store, "retried", b"y")  # two faults, two retries
+    store._fs = Flaky(store._fs.fs, {"move"})
+    with pytest.raises(StoreError, match=r"rename of 'blobs/.*\.onnx' in the zoo store at .* after 3 attempt"):
+        put(store, "failed", b"z")
+    store._fs = store._fs.fs
+    assert [r.name for r in ModelStore(tmp_path).records()] == ["before", "retried"]
+    assert files(tmp_path, "tmp") == set()  # the failed write cleaned its temp file
+
+
+def test_bad_uri_and_options(tmp_path):
+    with pytest.raises(StoreError, match=r"cannot open the store URI 'nope://\*\*\*@x'") as info:
+        ModelStore("nope://user:pw@x")
+    assert "pw" not in str(info.value)
+    with pytest.raises(StoreError, match="retries"):
+        ModelStore(tmp_path, retries=-1)
+
+
+# -- crash durability
+WRITER = """
+import os, sys
+from keeper.store import ModelStore
+store = ModelStore(sys.argv[1], retries=0)
+chunk = os.urandom(1 << 20)
+for i in range(10_000):
+    tag = i.to_bytes(8, "little")
+    store.put(f"m{i:05d}", tag + chunk * 16, accuracy=0.5, num_params=i, summary={"i": i},
+              extras={"graph.npz": tag + chunk})
+"""
+
+
+def committed(d: Path) -> int:
+    return len(files(d, "catalog"))
+
+
+KILL_WHEN = {  # polled every ~1 ms; whichever moment comes first after the first commit
+    "after-commit": lambda d: committed(d) >= 1,
+    "mid-write": lambda d: committed(d) >= 1 and bool(files(d, "tmp")),
+    "before-commit": lambda d: committed(d) >= 1 and len(files(d, "blobs")) > 2 * committed(d),
+}
+
+
+@pytest.mark.parametrize("moment", sorted(KILL_WHEN))
+def test_sigkill_leaves_models_complete_or_absent(tmp_path, moment):
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=REPO, env=env,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not KILL_WHEN[moment](tmp_path):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            if time.monotonic() > deadline:  # the moment slipped by every time; any kill still tests the invariant
+                assert committed(tmp_path) >= 1, "the writer committed nothing in 20 s"
+                break
+            time.sleep(0.001)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc.stderr.close()
+    store = ModelStore(tmp_path)
+    recs = store.records()
+    assert len(recs) == len(files(tmp_path, "catalog")) >= 1  # every entry parses: no half model listed
+    for rec in recs:
+        assert len(store.get(rec.name)) == (16 << 20) + 8
+        assert store.get_extra(rec.name, "graph.npz")[:8] == rec.num_params.to_bytes(8, "little")
+    used = {f"{r.checksum}.onnx" for r in recs} | {f"{r.extra_checksums['graph.npz']}.graph.npz" for r in recs}
+    leftovers = (files(tmp_path, "blobs") - used) | files(tmp_path, "tmp")
+    assert store.gc() == len(leftovers)
+    assert files(tmp_path, "blobs") == used and files(tmp_path, "tmp") == set()
+    assert ModelStore(tmp_path).records() == recs
+
+
+# -- S3 on a loopback moto server
+BUCKET = "keeper-zoo"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Moto:
+    def __init__(self):
+        from moto.server import ThreadedMotoServer
+
+        self.port = free_port()
+        self._make = lambda: ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server = None
+
+    def start(self):
+        self.server = self._make()
+        self.server.start()
+
+    def stop(self):
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+@pytest.fixture(scope="module")
+def moto():
+    pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    with pytest.MonkeyPatch.context() as mp:
+        # Credentials for the URI form; and never ask a metadata service or read the user's AWS config.
+        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                     "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}.items():
+            mp.setenv(k, v)
+        mp.delenv("AWS_PROFILE", raising=False)
+        mp.delenv("AWS_ENDPOINT_URL", raising=False)
+        server = Moto()
+        server.start()
+        try:
+            boto3.client("s3", endpoint_url=f"http://127.0.0.1:{server.port}", aws_access_key_id="testing",
+                         aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+            yield server
+        finally:
+            server.stop()
+
+
+def s3fs(port: int, **kw):
+    import pyarrow.fs as pafs
+
+    # allow_delayed_open: small writes go out as one PutObject. moto answers CompleteMultipartUpload with a
+    # <CompleteMultipartUploadResponse> root, which Arrow's embedded-error check rejects, so multipart uploads
+    # (writes over 5 MiB) fail against moto; real S3 is unaffected.
+    return pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="testing",
+                             secret_key="testing", region="us-east-1", allow_delayed_open=True, **kw)
+
+
+def test_s3_register_reopen_reload(moto):
+    store = ModelStore.from_filesystem(s3fs(moto.port), f"{BUCKET}/zoo")
+    put(store, "a", b"blob-a", extras={"graph.npz": b"ga"})
+    put(store, "b", b"blob-b", extras={"graph.npz": b"gb"})
+    assert store.uri == f"s3://{BUCKET}/zoo"
+    other = ModelStore.from_filesystem(s3fs(moto.port), f"{BUCKET}/zoo")
+    assert other.records() == store.records() and other.get_extra("b", "graph.npz") == b"gb"
+    put(store, "c", b"blob-c")
+    store.update("a", hits=1.0)
+    assert "c" not in other
+    other.reload()
+    assert [r.name for r in other] == ["a", "b", "c"] and other.record("a").hits == 1.0
+    assert other.get("c") == b"blob-c"
+    other.remove("b")
+    assert store.gc() == 0 and [r.name for r in ModelStore.from_filesystem(s3fs(moto.port), f"{BUCKET}/zoo")] \
+        == ["a", "c"]
+
+
+def test_s3_uri_form(moto):
+    uri = f"s3://{BUCKET}/zoo-uri?endpoint_override=127.0.0.1:{moto.port}&scheme=http&region=us-east-1" \
+          "&allow_delayed_open=true"
+    store = ModelStore(uri)
+    rec, created = put(store, "m", b"via-uri")
+    assert created and store.uri == uri
+    assert ModelStore(uri).get("m") == b"via-uri" and ModelStore(uri).records() == [rec]
+
+
+def test_s3_dead_endpoint_fails_fast(moto):
+    import pyarrow.fs as pafs
+
+    dead = s3fs(free_port(), retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1), connect_timeout=1)
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match=r"list of 'catalog/' in the zoo store at s3://keeper-zoo/zoo .*reachable"):
+        ModelStore.from_filesystem(dead, f"{BUCKET}/zoo", retries=1, retry_wait_s=0.01)
+    assert time.monotonic() - t0 < 10
+
+
+def test_s3_server_stopped_mid_commit(moto):
+    import pyarrow.fs as pafs
+
+    fs = s3fs(moto.port, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1), connect_timeout=1)
+    store = ModelStore.from_filesystem(fs, f"{BUCKET}/crash", retries=1, retry_wait_s=0.01)
+    put(store, "one", b"blob-one")
+    put(store, "two", b"blob-two")
+
+    def stop_before_catalog(method, args):  # the blobs land, then the server dies before the commit
+        if "/catalog/" in args[0]:
+            moto.stop()
+
+    store._fs = Flaky(fs, {"open_output_stream"}, before=stop_before_catalog)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StoreError, match=r"write of 'catalog/three.json' in the zoo store at s3://keeper-zoo/"):
+            put(store, "three", b"blob-three", extras={"graph.npz": b"g3"})
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(StoreError):  # still down: reads fail the same bounded way
+            store.reload()
+    finally:
+        if moto.server is None:
+            moto.start()
+    again = ModelStore.from_filesystem(s3fs(moto.port), f"{BUCKET}/crash")
+    assert [r.name for r in again] == ["one", "two"] and again.get("two") == b"blob-two"
+    assert again.gc() == 2  # the orphan blob and extra of "three"
+    assert [r.name for r in again] == ["one", "two"] and again.get("one") == b"blob-one"

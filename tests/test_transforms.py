@@ -1,0 +1,149 @@
+"""Transforms: pure-function invariants (hypothesis) and whole-model function preservation, both exporters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keeper import families
+from keeper.graph import Kind
+from keeper.torch_support import export, load_warm
+from keeper.transforms.depth import identity_fill, zero_fill
+from keeper.transforms.kernel import fit_kernel
+from keeper.transforms.width import take_inputs, take_units, unit_map
+from keeper.warm import warm_from_parent
+
+# ------------------------------------------------------------------------------------------ pure functions
+
+
+@settings(max_examples=60, deadline=None)
+@given(p_in=st.integers(1, 12), p_hid=st.integers(1, 12), grow=st.integers(0, 12), seed=st.integers(0, 99))
+def test_widening_a_linear_pair_preserves_its_function(p_in, p_hid, grow, seed):
+    rng = np.random.default_rng(seed)
+    w1, b1 = rng.normal(size=(p_hid, p_in)), rng.normal(size=p_hid)
+    w2 = rng.normal(size=(3, p_hid))
+    before = (w1.copy(), b1.copy(), w2.copy())
+    m = unit_map(p_hid, p_hid + grow, seed=seed)
+    w1c, b1c = take_units(w1, m, 0), take_units(b1, m, 0)
+    w2c = take_inputs(w2, m, p_hid, 1)
+    x = rng.normal(size=(5, p_in))
+    relu = lambda a: np.maximum(a, 0)  # noqa: E731
+    np.testing.assert_allclose(relu(x @ w1c.T + b1c) @ w2c.T, relu(x @ w1.T + b1) @ w2.T, rtol=1e-10, atol=1e-10)
+    for a, b in zip(before, (w1, b1, w2)):  # inputs untouched
+        np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(parent=st.integers(1, 20), child=st.integers(1, 30), seed=st.integers(0, 9))
+def test_unit_map_keeps_every_parent_unit_when_growing_and_is_deterministic(parent, child, seed):
+    m = unit_map(parent, child, np.arange(parent, dtype=float), seed=seed, key=3)
+    assert len(m) == child and m.min() >= 0 and m.max() < parent
+    if child >= parent:
+        assert set(m.tolist()) == set(range(parent))
+        assert np.array_equal(m[:parent], np.arange(parent))
+    else:  # shrinking keeps the most important units, in order
+        assert np.array_equal(m, np.arange(parent - child, parent))
+    assert np.array_equal(m, unit_map(parent, child, np.arange(parent, dtype=float), seed=seed, key=3))
+
+
+@settings(max_examples=30, deadline=None)
+@given(k=st.sampled_from([1, 3, 5]), grow=st.sampled_from([2, 4]), seed=st.integers(0, 9))
+def test_centred_kernel_growth_preserves_same_padded_conv(k, grow, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(4, 3, k, k, generator=g)
+    x = torch.randn(2, 3, 9, 9, generator=g)
+    wk = torch.from_numpy(fit_kernel(w.numpy(), (k + grow, k + grow)))
+    torch.testing.assert_close(F.conv2d(x, wk, padding=(k + grow) // 2), F.conv2d(x, w, padding=k // 2))
+    crop = fit_kernel(wk.numpy(), (k, k))
+    np.testing.assert_array_equal(crop, w.numpy())
+
+
+def test_identity_fills_are_identities():
+    x = torch.randn(2, 6, 7, 7)
+    conv = identity_fill(Kind.CONV, {"weight": np.random.randn(6, 6, 3, 3).astype(np.float32),
+                                     "bias": np.ones(6, np.float32)})
+    torch.testing.assert_close(F.conv2d(x, torch.from_numpy(conv["weight"]), torch.from_numpy(conv["bias"]), padding=1), x)
+    dw = identity_fill(Kind.DWCONV, {"weight": np.random.randn(6, 1, 5, 5).astype(np.float32)})
+    torch.testing.assert_close(F.conv2d(x, torch.from_numpy(dw["weight"]), padding=2, groups=6), x)
+    bn = identity_fill(Kind.BATCHNORM, {"scale": np.ones(6, np.float32), "bias": np.ones(6, np.float32),
+                                        "mean": np.ones(6, np.float32), "var": np.ones(6, np.float32)}, epsilon=1e-3)
+    y = F.batch_norm(x, *(torch.from_numpy(bn[k]) for k in ("mean", "var", "scale", "bias")), training=False, eps=1e-3)
+    torch.testing.assert_close(y, x)
+    lin = identity_fill(Kind.LINEAR, {"weight": np.zeros((5, 5), np.float32), "bias": np.ones(5, np.float32)})
+    assert np.array_equal(lin["weight"], np.eye(5)) and not lin["bias"].any()
+    assert identity_fill(Kind.LINEAR, {"weight": np.zeros((5, 4), np.float32)}) is None
+    assert identity_fill(Kind.CONV, {"weight": np.zeros((6, 6, 3, 3), np.float32)}, strides=[2, 2]) is None
+    z = zero_fill(Kind.BATCHNORM, bn)
+    assert not z["scale"].any() and not z["bias"].any() and np.all(z["var"] == 1)
+
+
+# ------------------------------------------------------------------------------------------ whole models
+
+def _trained_like(model: torch.nn.Module, x: torch.Tensor, seed: int) -> torch.nn.Module:
+    """Non-trivial norm statistics and affine parameters, as after training."""
+    torch.manual_seed(seed)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(x + 0.3 * torch.randn_like(x) if x.is_floating_point() else x)
+        for mod in model.modules():
+            if isinstance(mod, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.LayerNorm)):
+                if mod.weight is not None:
+                    mod.weight.uniform_(0.5, 1.5)
+                    mod.bias.uniform_(-0.3, 0.3)
+    return model.eval()
+
+
+def _deviation(parent_spec: dict, child_spec: dict, dynamo: bool, seed: int = 0) -> tuple[float, float]:
+    torch.manual_seed(seed)
+    parent = families.build(parent_spec)
+    x = families.example_input(parent_spec, batch=4)
+    _trained_like(parent, x, seed)
+    child = families.build(child_spec).eval()
+    pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
+    result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
+    load_warm(child, result, ce.keys)
+    assert not result.missing, result.missing
+    child.eval()
+    with torch.no_grad():
+        a, b = parent(x), child(x)
+    return float((a - b).abs().max() / a.abs().max()), result.score
+
+
+CNN = dict(dim=2, in_channels=3, num_classes=10, input_length=16)
+RESNET = dict(family="resnet", widths=[8, 16], blocks=[1, 1], kernel=3, **CNN)
+VGG = dict(family="vgg", widths=[8, 16], depths=[1, 1], kernel=3, **CNN)
+MOBILE = dict(family="mobilenetv2", stem_width=8, widths=[8, 16], blocks=[1, 2], kernel=3, expansion=2,
+              head_width=32, **CNN)
+PRE_LN = dict(family="transformer", dim=1, in_channels=1, num_classes=10, input_length=16, d_model=16, heads=2,
+              ffn=32, layers=1, patch=2, pre_ln=True)
+
+PRESERVING = [
+    ("resnet-widen", RESNET, {**RESNET, "widths": [12, 24]}),
+    ("resnet-deepen", RESNET, {**RESNET, "blocks": [2, 3]}),
+    ("resnet-kernel", RESNET, {**RESNET, "kernel": 5}),
+    ("resnet-all", RESNET, {**RESNET, "widths": [12, 20], "blocks": [2, 2], "kernel": 5}),
+    ("vgg-deepen", VGG, {**VGG, "depths": [2, 3]}),
+    ("vgg-widen-deepen", VGG, {**VGG, "widths": [10, 24], "depths": [2, 2]}),
+    ("mobilenetv2-widen", MOBILE, {**MOBILE, "stem_width": 12, "widths": [12, 24], "head_width": 40}),
+    ("mobilenetv2-expand", MOBILE, {**MOBILE, "expansion": 3}),
+    ("mobilenetv2-kernel", MOBILE, {**MOBILE, "kernel": 5}),
+    ("transformer-preln-deepen", PRE_LN, {**PRE_LN, "layers": 3}),
+]
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+@pytest.mark.parametrize("name,parent,child", PRESERVING, ids=[p[0] for p in PRESERVING])
+def test_warm_child_computes_the_parents_function(name, parent, child, dynamo):
+    dev, score = _deviation(parent, child, dynamo)
+    assert dev <= 1e-4, f"{name}: max relative deviation {dev:.2e}"
+    assert 0.0 < score <= 1.0
+
+
+def test_identical_architecture_is_copied_exactly():
+    dev, score = _deviation(RESNET, RESNET, dynamo=True)
+    assert dev == 0.0 and score == 1.0
