@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ from keeper.onnx_safety import load_model
 from keeper.onnx_weights import read_initializers, write_weights
 from keeper.warm import WarmResult
 
-__all__ = ["Exported", "export", "load_warm", "warm_start"]
+__all__ = ["Exported", "export", "load_warm", "load_result", "warm_start", "warm_exported", "architecture_template",
+           "fill_template", "service_call"]
 
 
 @dataclass
@@ -73,12 +75,92 @@ def export(module: torch.nn.Module, example_input: Any, *, dynamo: bool | None =
     graph = graph_from_proto(proto)
     inits = read_initializers(proto)
     keys = _match_keys(graph, inits, stamps)
+    return Exported(_with_state(proto, keys, _key_shapes(proto, keys), saved).SerializeToString(), keys)
+
+
+def _key_shapes(proto, keys: dict[str, tuple[str, str]]) -> dict[str, tuple[int, ...]]:
+    graph = graph_from_proto(proto)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for refs in graph.tensors:
+        for r in refs:
+            if r.key in keys:
+                shapes.setdefault(r.key, tuple(int(d) for d in r.source_shape))
+    return shapes
+
+
+def _with_state(proto, keys: dict[str, tuple[str, str]], shapes: dict[str, tuple[int, ...]], state: dict[str, Any],
+                what: str = "module") -> Any:
+    """A copy of ``proto`` whose mapped tensors hold ``state``'s values (torch tensors or arrays)."""
     real = {}
     for onnx_key, (sd_key, how) in keys.items():
-        arr = saved[sd_key].cpu().float().numpy()
-        real[onnx_key] = arr.T if how == "T" else arr.reshape(_shape_of(onnx_key, inits, graph))
-    proto = write_weights(proto, real)
-    return Exported(proto.SerializeToString(), keys)
+        if sd_key not in state:
+            raise KeeperError(f"{what}: state_dict has no entry {sd_key!r}, which the architecture needs; "
+                              "save the whole model.state_dict() of the architecture that was exported")
+        v = state[sd_key]
+        arr = (v.detach().cpu().float().numpy() if isinstance(v, torch.Tensor) else np.asarray(v, np.float32))
+        if how == "T":
+            arr = arr.T
+        shape = shapes[onnx_key]
+        if int(np.prod(shape)) != arr.size:
+            raise KeeperError(f"{what}: state_dict entry {sd_key!r} has shape {tuple(arr.shape)}, the architecture "
+                              f"expects {shape}; the checkpoint belongs to another architecture")
+        real[onnx_key] = arr.reshape(shape)
+    return write_weights(proto, real)
+
+
+_KEYS_PROP = "keeper.state_dict_keys"
+
+
+def architecture_template(exported: Exported) -> bytes:
+    """``exported`` without its parameter values: the architecture plus the ONNX-to-state_dict map.
+
+    Small (kilobytes) whatever the model's size; :func:`fill_template` turns it and a state_dict back into
+    ONNX with weights. Initializers that hold a mapped parameter keep their dims and lose their data.
+    """
+    proto = load_model(exported.onnx, what="exported module")
+    shapes = _key_shapes(proto, exported.keys)
+    for init in proto.graph.initializer:
+        if init.name in exported.keys:
+            name, dtype, dims = init.name, init.data_type, list(init.dims)
+            init.Clear()
+            init.name, init.data_type = name, dtype
+            init.dims.extend(dims)
+    prop = proto.metadata_props.add()
+    table = {k: [sd, how, list(shapes[k])] for k, (sd, how) in exported.keys.items()}
+    prop.key, prop.value = _KEYS_PROP, json.dumps(table, sort_keys=True)
+    return proto.SerializeToString()
+
+
+def fill_template(template: bytes, state: dict[str, Any], what: str = "checkpoint") -> bytes:
+    """ONNX bytes with weights: ``template`` (from :func:`architecture_template`) filled with ``state``.
+
+    The result is untrusted like any caller's ONNX: the zoo validates it in full when it is registered.
+
+    Raises:
+        KeeperError: ``template`` is not a keeper template, or ``state`` misses or mis-shapes a tensor.
+    """
+    import onnx
+
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(bytes(template))  # protobuf parsing executes and unpickles nothing
+    except Exception as exc:
+        raise KeeperError(f"{what}: the architecture template is not ONNX ({exc}); re-run warm_start") from None
+    props = {p.key: p.value for p in proto.metadata_props}
+    if _KEYS_PROP not in props:
+        raise KeeperError(f"{what}: the architecture template has no {_KEYS_PROP!r} entry; it was not written by "
+                          "keeper.torch_support.architecture_template")
+    try:
+        table = json.loads(props[_KEYS_PROP])
+        keys = {k: (str(v[0]), str(v[1])) for k, v in table.items()}
+        shapes = {k: tuple(int(d) for d in v[2]) for k, v in table.items()}
+    except (ValueError, TypeError, IndexError, AttributeError) as exc:
+        raise KeeperError(f"{what}: the template's {_KEYS_PROP!r} entry is malformed ({exc}); re-run warm_start") \
+            from None
+    kept = [p for p in proto.metadata_props if p.key != _KEYS_PROP]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    return _with_state(proto, keys, shapes, state, what).SerializeToString()
 
 
 def _export_bytes(module: torch.nn.Module, args: tuple, dynamo: bool) -> bytes:
@@ -162,23 +244,39 @@ def warm_start(module: torch.nn.Module, example_input: Any, zoo_or_handle: Any, 
         >>> result = warm_start(model, torch.randn(1, 1, 40), zoo)  # doctest: +SKIP
         >>> result.parent, result.score                              # doctest: +SKIP
     """
-    exported = export(module, example_input, dynamo=dynamo)
+    return warm_exported(module, export(module, example_input, dynamo=dynamo), zoo_or_handle, noise=noise,
+                         timeout_s=timeout_s)
+
+
+def warm_exported(module: torch.nn.Module, exported: Exported, zoo_or_handle: Any, *, noise: float | None = None,
+                  timeout_s: float = 300.0) -> WarmResult:
+    """:func:`warm_start` for a module already exported (``exported = export(module, ...)``)."""
     kwargs = {} if noise is None else {"noise": noise}
     if hasattr(zoo_or_handle, "warm") and hasattr(zoo_or_handle.warm, "remote"):
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        try:
-            result = ray.get(zoo_or_handle.warm.remote(exported.onnx, **kwargs), timeout=timeout_s)
-        except GetTimeoutError:
-            raise ServiceError(f"warm_start: the keeper service did not answer within {timeout_s:.0f} s; "
-                               "check `keeper stats` or raise timeout_s") from None
-        except RayActorError as exc:
-            raise ServiceError(f"warm_start: the keeper service died while answering ({exc}); "
-                               "restart it with keeper.actors.start()") from None
+        result = service_call(zoo_or_handle.warm.remote(exported.onnx, **kwargs), timeout_s, "warm_start")
     else:
         result = zoo_or_handle.warm(exported.onnx, **kwargs)
+    return load_result(module, result, exported.keys)
+
+
+def load_result(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple[str, str]]) -> WarmResult:
+    """Load ``result`` into ``module`` (nothing to load when it has no parent: the module keeps its weights)."""
     if result.parent is None:
         result.missing, result.unexpected = [], []
         return result
-    return load_warm(module, result, exported.keys)
+    return load_warm(module, result, keys)
+
+
+def service_call(ref: Any, timeout_s: float, what: str) -> Any:
+    """``ray.get(ref)`` bounded by ``timeout_s``, with the service's failures as ServiceError naming ``what``."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except GetTimeoutError:
+        raise ServiceError(f"{what}: the keeper service did not answer within {timeout_s:.0f} s; "
+                           "check `keeper stats` or raise timeout_s") from None
+    except RayActorError as exc:
+        raise ServiceError(f"{what}: the keeper service died while answering ({exc}); "
+                           "restart it with keeper.actors.start()") from None

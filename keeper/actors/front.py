@@ -18,6 +18,7 @@ Plain class: the launcher makes it a detached, named Ray actor.
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import threading
 import time
@@ -37,6 +38,8 @@ from keeper.warm import WarmResult
 
 __all__ = ["Keeper"]
 
+#: Cached parent choices (per zoo view and child architecture); a new view makes old entries unreachable.
+_CHOICE_CACHE = 1024
 #: A view refresh that cannot reach the manager within this many seconds serves the last view instead.
 _VIEW_WAIT_S = 5.0
 #: After a failed refresh, queries use the last view without asking for this many seconds.
@@ -77,6 +80,7 @@ class Keeper:
         self.queries = 0
         self.registers = 0
         self.errors = 0
+        self._choices: collections.OrderedDict[tuple, dict] = collections.OrderedDict()
 
     # ------------------------------------------------------------------------------------------- public API
     def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> WarmResult:
@@ -128,18 +132,34 @@ class Keeper:
         self._count(time.perf_counter() - t0, ok=True, timed=False)  # p50 / p99 are of whole warms only
         return ref
 
-    def choose(self, model: ModelInput) -> dict[str, Any]:
+    def choose(self, model: ModelInput, hit: bool = False) -> dict[str, Any]:
         """The parent a warm start would use, without transferring weights.
 
+        Choices are cached per architecture until the zoo changes, so a ``choose`` made ahead of time (e.g. by
+        the Tune callback while a trial starts) makes the trial's own call instant.
+
+        Args:
+            hit: count a hit for the chosen parent (pass True when the caller then warms from it).
+
         Returns:
-            ``{"parent", "score", "uri", "candidates": [[name, score, accuracy], ...] (best five)}``; run
-            ``keeper.actors.transfer.warm_from_store(uri, parent, model)`` to warm in the caller's process.
+            ``{"parent", "score", "uri", "noise", "seed", "candidates": [[name, score, accuracy], ...] (best
+            five)}``; run ``keeper.actors.transfer.warm_from_store(uri, parent, model, noise, seed)`` to warm in
+            the caller's process.
         """
         from keeper.graph import graph_from_proto
         from keeper.onnx_safety import load_model
 
-        child = match_arrays(graph_from_proto(load_model(model, what="child model")))
-        return self._choose(child)
+        t0 = time.perf_counter()
+        try:
+            child = match_arrays(graph_from_proto(load_model(model, what="child model")))
+            choice = self._choose(child)
+        except Exception:
+            self._count(time.perf_counter() - t0, ok=False)
+            raise
+        if hit and choice["parent"] is not None:
+            self.manager.hit.remote(choice["parent"])
+        self._count(time.perf_counter() - t0, ok=True, timed=False)
+        return {**choice, "noise": self.config.noise, "seed": self.config.seed}
 
     def search(self, child: MatchArrays | ModelInput, two_stage: bool = True) -> dict[str, Any]:
         """Scoring only: the two-stage (or, with ``two_stage=False``, whole-zoo) search for ``child``.
@@ -256,6 +276,13 @@ class Keeper:
         from keeper.selection import Candidate, choose_parent
 
         t0 = time.perf_counter()
+        digest = hashlib.blake2b(b"".join(np.ascontiguousarray(a).tobytes()
+                                          for a in (child.cls, child.shape, child.vectors)), digest_size=16).digest()
+        key = (self._refresh().view.key, digest)
+        with self._stats_lock:
+            cached = self._choices.get(key)
+        if cached is not None:
+            return dict(cached)
         state, (names, scores, _) = self._search_fresh(child, True)
         view = state.view
         with self._stats_lock:
@@ -266,9 +293,14 @@ class Keeper:
         best = choose_parent(cands, self.policy)
         top = sorted(cands, key=lambda c: -c.score)[:5]
         # the URI as configured (with any credentials it carries), not the store's redacted form
-        return {"parent": best.name if best is not None else None,
-                "score": float(best.score) if best is not None else 0.0, "uri": self.config.zoo_uri,
-                "candidates": [[c.name, c.score, c.accuracy] for c in top]}
+        choice = {"parent": best.name if best is not None else None,
+                  "score": float(best.score) if best is not None else 0.0, "uri": self.config.zoo_uri,
+                  "candidates": [[c.name, c.score, c.accuracy] for c in top]}
+        with self._stats_lock:
+            self._choices[(view.key, digest)] = choice
+            while len(self._choices) > _CHOICE_CACHE:
+                self._choices.popitem(last=False)
+        return dict(choice)
 
     def _refresh(self, force: bool = False) -> "_State":
         """The newest view the manager can give within a short bound, else the last one."""

@@ -1,0 +1,216 @@
+"""``KeeperCallback``: the driver-side half of the Tune integration.
+
+It finds or starts the keeper service when the experiment starts, and registers every finished trial's trained
+model with its best metric. The heavy part (reading the checkpoint, filling the architecture template, the
+registration itself) runs in a zero-CPU Ray task, so the driver stays thin and no trial's CPU is needed.
+
+Invariants:
+- A trial is registered at most once, across ``Tuner.restore`` too (the registered set is the callback's
+  state, saved with the experiment); registration is also idempotent in the zoo (same content, one model).
+- Errored trials are never registered; trials stopped early by a scheduler (ASHA, a stopper) are registered
+  with their metric and left to the zoo's admission rules.
+- A trial that reported no checkpoint is skipped with a warning that says how to report one.
+
+Example::
+
+    tuner = tune.Tuner(trainable, param_space=space,
+                       tune_config=tune.TuneConfig(metric="accuracy", mode="max"),
+                       run_config=tune.RunConfig(callbacks=[KeeperCallback(metric="accuracy", mode="max")]))
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Any, Callable
+
+from ray.tune import Callback
+
+from keeper.errors import ConfigError
+
+__all__ = ["KeeperCallback"]
+
+logger = logging.getLogger(__name__)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class KeeperCallback(Callback):
+    """Registers finished Tune trials into the keeper zoo, and lets trials warm-start from it.
+
+    Args:
+        metric: the reported metric that measures a trial's model (e.g. ``"accuracy"``).
+        mode: ``"max"`` or ``"min"``.
+        score_fn: maps the metric to the zoo's accuracy in [0, 1]; needed when mode is ``"min"`` (e.g.
+            ``lambda loss: math.exp(-loss)``). Default: the metric itself.
+        config: the service's config (YAML path, mapping or ServiceConfig); ``**overrides`` on top, e.g.
+            ``zoo="/data/zoo"``. Trainables pass the same ``config`` to ``warm_start`` when it is not the default.
+        model_builder: optional ``fn(trial_config) -> (module, example_input)``. With it, keeper prepares each
+            trial's match while the trial starts, and can register checkpoints of trials that never called
+            ``warm_start``.
+        wait_for_registration: finish registering a trial before Tune schedules the next one, so trials that
+            start after it can inherit from it (True); False registers in the background.
+        name_prefix: prefix of the zoo names (default: the experiment's directory name and ``-``); the
+            trial id follows it.
+
+    Attributes:
+        outcomes: per trial id, what happened to it (``"registered as NAME"``, ``"errored"``, ``"skipped: ..."``,
+            ``"refused: ..."``).
+    """
+
+    def __init__(self, metric: str, mode: str = "max", *, score_fn: Callable[[float], float] | None = None,
+                 config: Any = None, model_builder: Callable[[dict], tuple[Any, Any]] | None = None,
+                 wait_for_registration: bool = True, name_prefix: str | None = None, **overrides: Any):
+        if mode not in ("max", "min"):
+            raise ConfigError(f"KeeperCallback: mode must be 'max' or 'min', got {mode!r}")
+        if mode == "min" and score_fn is None:
+            raise ConfigError(f"KeeperCallback: metric {metric!r} is minimized, so pass score_fn mapping it to an "
+                              "accuracy in [0, 1], e.g. score_fn=lambda loss: math.exp(-loss)")
+        from keeper.actors.config import load_config
+
+        self.metric, self.mode = metric, mode
+        self.score_fn = score_fn
+        self.config = load_config(config, **overrides)  # checked now, on the driver, not in a trial
+        self.model_builder = model_builder
+        self.wait_for_registration = wait_for_registration
+        self.name_prefix = name_prefix
+        self.outcomes: dict[str, str] = {}
+        self._registered: set[str] = set()
+        self._errored: set[str] = set()
+        self._pending: dict[str, Any] = {}
+        self._prepares: list[Any] = []
+        self._handle: Any = None
+
+    # ------------------------------------------------------------------------------------------------ Tune hooks
+    def setup(self, stop=None, num_samples=None, total_num_samples=None, **info) -> None:
+        self._service()
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        if self.model_builder is None:
+            return
+        import ray
+
+        self._prepares = [r for r in self._prepares if not _done(r)]
+        self._prepares.append(ray.remote(_prepare).options(num_cpus=0).remote(
+            self._service(), self.model_builder, dict(trial.config)))
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._errored.add(trial.trial_id)
+        self.outcomes[trial.trial_id] = "errored"
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        tid = trial.trial_id
+        if tid in self._registered or tid in self._pending or tid in self._errored:
+            return
+        checkpoint, value = self._best(trial)
+        if checkpoint is None:
+            self.outcomes[tid] = "skipped: no checkpoint"
+            logger.warning("keeper: trial %s reported no checkpoint, so it is not registered; report one holding "
+                           "model.pt (torch.save(model.state_dict(), ...)) with tune.report(..., checkpoint=...)", tid)
+            return
+        if value is None:
+            self.outcomes[tid] = f"skipped: no {self.metric!r} reported"
+            logger.warning("keeper: trial %s never reported metric %r, so it is not registered", tid, self.metric)
+            return
+        accuracy = float(self.score_fn(value)) if self.score_fn is not None else float(value)
+        import ray
+
+        from keeper.tune_integration.checkpoint import register_trial
+
+        name = self._name(trial)
+        ref = ray.remote(register_trial).options(num_cpus=0, max_retries=0).remote(
+            self._service(), checkpoint, trial.storage.storage_filesystem, trial.storage.trial_fs_path, accuracy,
+            name, self.model_builder, dict(trial.config), self.config.timeouts.register_s)
+        self._pending[tid] = (ref, name)
+        if self.wait_for_registration:
+            self._collect(wait=True, only=tid)
+
+    def on_step_end(self, iteration: int, trials: list, **info) -> None:
+        if self._pending:
+            self._collect(wait=False)
+
+    def on_experiment_end(self, trials: list, **info) -> None:
+        self._collect(wait=True)
+
+    def get_state(self) -> dict | None:
+        # a pending registration completes in the service whatever the driver does next
+        return {"registered": sorted(self._registered | set(self._pending)), "errored": sorted(self._errored),
+                "outcomes": dict(self.outcomes)}
+
+    def set_state(self, state: dict) -> None:
+        self._registered = set(state.get("registered", ()))
+        self._errored = set(state.get("errored", ()))
+        self.outcomes = dict(state.get("outcomes", {}))
+
+    # ------------------------------------------------------------------------------------------------- helpers
+    @property
+    def registered(self) -> set[str]:
+        """Ids of the trials whose models reached the zoo."""
+        return set(self._registered)
+
+    def _service(self) -> Any:
+        if self._handle is None:
+            from keeper.actors.launcher import start
+
+            self._handle = start(self.config)
+        return self._handle
+
+    def _best(self, trial: Any) -> tuple[Any, float | None]:
+        """The trial's checkpoint with the best metric among those Tune kept, and that metric."""
+        results = []
+        try:
+            results = list(trial.run_metadata.checkpoint_manager.best_checkpoint_results)
+        except AttributeError:  # Tune internals moved: fall back to the latest checkpoint below
+            pass
+        sign = 1.0 if self.mode == "max" else -1.0
+        scored = [(float(r.metrics[self.metric]), r.checkpoint) for r in results
+                  if _finite(r.metrics.get(self.metric)) and r.checkpoint is not None]
+        if scored:
+            value, ckpt = max(scored, key=lambda vc: sign * vc[0])
+            return ckpt, value
+        value = (trial.last_result or {}).get(self.metric)
+        return trial.checkpoint, (float(value) if _finite(value) else None)
+
+    def _name(self, trial: Any) -> str:
+        prefix = self.name_prefix
+        if prefix is None:
+            prefix = _UNSAFE.sub("-", str(trial.storage.experiment_dir_name)).strip(".-") + "-"
+        return (prefix + trial.trial_id)[-128:].lstrip(".")
+
+    def _collect(self, wait: bool, only: str | None = None) -> None:
+        import ray
+
+        for tid in [only] if only is not None else list(self._pending):
+            ref, name = self._pending[tid]
+            if not wait and not _done(ref):
+                continue
+            del self._pending[tid]
+            try:
+                record = ray.get(ref, timeout=self.config.timeouts.register_s)
+            except Exception as exc:  # refused by admission, or a Ray failure: report it, never fail the experiment
+                cause = getattr(exc, "cause", None) or exc
+                self.outcomes[tid] = f"refused: {cause}"
+                logger.warning("keeper: trial %s was not registered: %s", tid, cause)
+                continue
+            self._registered.add(tid)
+            self.outcomes[tid] = f"registered as {record.get('name', name)}"
+
+
+def _prepare(handle: Any, builder: Callable[[dict], tuple[Any, Any]], config: dict) -> None:
+    """Build the trial's model from its config and ask for its parent, so the trial's own ask is a cache hit."""
+    from keeper.torch_support import export
+
+    module, example = builder(config)
+    handle.choose.remote(export(module, example).onnx)
+
+
+def _done(ref: Any) -> bool:
+    import ray
+
+    ready, _ = ray.wait([ref], timeout=0)
+    return bool(ready)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,102 @@
+"""Turning a finished trial's checkpoint into ONNX with weights, ready for the zoo.
+
+Accepted checkpoint layouts (the first file found wins):
+
+- ``model.onnx``: the trained model as ONNX with its weights; used as is.
+- ``model.safetensors``: the model's ``state_dict`` in safetensors format.
+- ``model.pt``: the model's ``state_dict`` saved with ``torch.save`` (or a dict holding it under ``"model"``
+  or ``"state_dict"``), read with ``weights_only=True``: a checkpoint is never unpickled into code.
+
+A state_dict needs the trial's architecture: the template ``warm_start`` saved in the trial directory, or,
+when the callback has a ``model_builder``, the model that builder makes from the trial's config.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from keeper.errors import KeeperError
+
+__all__ = ["CHECKPOINT_FILES", "checkpoint_onnx", "register_trial"]
+
+CHECKPOINT_FILES = ("model.onnx", "model.safetensors", "model.pt")
+
+
+def _state_dict(directory: str, what: str) -> dict[str, Any] | None:
+    import torch
+
+    st = os.path.join(directory, "model.safetensors")
+    if os.path.exists(st):
+        from safetensors.torch import load_file
+
+        return load_file(st)
+    pt = os.path.join(directory, "model.pt")
+    if not os.path.exists(pt):
+        return None
+    try:
+        obj = torch.load(pt, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise KeeperError(f"{what}: model.pt could not be read as a state_dict ({type(exc).__name__}: {exc}); "
+                          "save it with torch.save(model.state_dict(), 'model.pt')") from None
+    if isinstance(obj, dict) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
+        obj = obj.get("model", obj.get("state_dict", obj))
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise KeeperError(f"{what}: model.pt holds {type(obj).__name__}, not a state_dict of tensors; save it with "
+                          "torch.save(model.state_dict(), 'model.pt')")
+    return obj
+
+
+def checkpoint_onnx(directory: str, template: bytes | None, what: str,
+                    builder: Callable[[], tuple[Any, Any]] | None = None) -> bytes:
+    """ONNX bytes with the trained weights of the checkpoint in ``directory``.
+
+    Args:
+        template: the trial's architecture template, or None when warm_start did not write one.
+        builder: makes ``(module, example_input)`` of the trial's architecture; used when there is no template.
+
+    Raises:
+        KeeperError: no accepted file in ``directory``, or nothing tells the architecture, or the state_dict
+            does not fit it.
+    """
+    onnx_path = os.path.join(directory, "model.onnx")
+    if os.path.exists(onnx_path):
+        with open(onnx_path, "rb") as f:
+            return f.read()
+    state = _state_dict(directory, what)
+    if state is None:
+        raise KeeperError(f"{what}: the checkpoint holds none of {CHECKPOINT_FILES}; save the model's state_dict "
+                          "as model.pt in the directory passed to tune.Checkpoint.from_directory")
+    from keeper.torch_support import architecture_template, export, fill_template
+
+    if template is None:
+        if builder is None:
+            raise KeeperError(f"{what}: the trial's architecture is unknown (warm_start was not called in the "
+                              "trainable); call warm_start(model, example_input) or give KeeperCallback a "
+                              "model_builder")
+        module, example = builder()
+        template = architecture_template(export(module, example))
+    return fill_template(template, state, what)
+
+
+def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float, name: str,
+                   builder: Callable[[dict], tuple[Any, Any]] | None, config: dict, timeout_s: float) -> dict:
+    """Register a finished trial's checkpoint into the zoo (runs as a Ray task, off the Tune driver).
+
+    Returns the zoo's record of the model as a dict.
+    """
+    from keeper.torch_support import service_call
+    from keeper.tune_integration.trainable import ARCHITECTURE_FILE
+
+    what = f"trial {name}"
+    template = None
+    path = f"{trial_fs_path}/{ARCHITECTURE_FILE}"
+    try:
+        with storage_fs.open_input_file(path) as f:
+            template = f.read()
+    except (FileNotFoundError, OSError):
+        template = None
+    with checkpoint.as_directory() as directory:
+        blob = checkpoint_onnx(directory, template, what,
+                               (lambda: builder(config)) if builder is not None else None)
+    return service_call(handle.register.remote(blob, float(accuracy), name), timeout_s, f"registering {what}")

@@ -1,0 +1,118 @@
+"""``warm_start``: the one line inside a Ray Tune trainable.
+
+It exports the trial's model, asks the running keeper service which zoo model to inherit from, transforms that
+parent's weights in the trial's own process (read straight from the zoo's store, so no weights pass through a
+service actor, and no extra Ray task waits for a CPU the trials hold), and loads them on the model's device.
+
+It also writes the trial's architecture template (:func:`keeper.torch_support.architecture_template`: the ONNX
+graph without parameter values, plus the ONNX-to-state_dict map) as ``keeper-architecture.onnx`` into the trial
+directory on Tune's storage. That is how :class:`KeeperCallback` later turns the trial's ``model.pt`` checkpoint
+into a zoo model without any further user code.
+
+Example (function trainable)::
+
+    def trainable(config):
+        model = build(config).to(device)
+        warm_start(model, torch.randn(1, 1, 40, device=device))   # parent None for the first trials
+        ...train...
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+            tune.report({"accuracy": acc}, checkpoint=tune.Checkpoint.from_directory(d))
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+from keeper.errors import ServiceError
+from keeper.warm import WarmResult
+
+__all__ = ["warm_start", "ARCHITECTURE_FILE"]
+
+logger = logging.getLogger(__name__)
+
+#: The architecture template's file name in the trial directory.
+ARCHITECTURE_FILE = "keeper-architecture.onnx"
+
+
+def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: float | None = None,
+               dynamo: bool | None = None, trainable: Any = None, timeout_s: float = 300.0) -> WarmResult:
+    """Warm-start ``model`` (a ``torch.nn.Module``, on any device) in place from the keeper service's zoo.
+
+    Args:
+        example_input: an input the model accepts (a tensor or a tuple of them), for the ONNX export.
+        config: the service's config (YAML path, mapping or ServiceConfig) when it is not the default one;
+            the same the :class:`KeeperCallback` was given.
+        noise: relative std of symmetry-breaking noise; None takes the service's ``noise`` setting.
+        trainable: in a ``tune.Trainable`` class, ``self`` (found on the call stack when omitted).
+
+    Returns:
+        The WarmResult: ``parent`` is None (the model keeps its own weights) when the zoo holds nothing
+        similar enough, e.g. for the first trials of an experiment.
+
+    Raises:
+        ServiceError: no keeper service is running (start one with ``KeeperCallback`` or ``keeper serve``),
+            or it did not answer within ``timeout_s``.
+    """
+    from keeper.actors.launcher import get_handle
+    from keeper.actors.transfer import warm_from_store
+    from keeper.torch_support import architecture_template, export, load_result, service_call
+
+    handle = get_handle(config)
+    if handle is None:
+        raise ServiceError("warm_start: no keeper service is running; add KeeperCallback(...) to the "
+                           "tune.RunConfig callbacks, or run `keeper serve` first")
+    exported = export(model, example_input, dynamo=dynamo)
+    _save_architecture(architecture_template(exported), trainable)
+    choice = service_call(handle.choose.remote(exported.onnx, True), timeout_s, "warm_start")
+    result = warm_from_store(choice["uri"], choice["parent"], exported.onnx,
+                             choice["noise"] if noise is None else float(noise), int(choice["seed"]))
+    return load_result(model, result, exported.keys)
+
+
+def _storage(trainable: Any) -> Any:
+    """The trial's StorageContext: from ``trainable``, the function-trainable session, or the call stack."""
+    if trainable is not None:
+        return getattr(trainable, "_storage", None)
+    try:
+        from ray import tune
+
+        storage = tune.get_context().get_storage()
+        if storage is not None:
+            return storage
+    except Exception:  # outside a function trainable the session raises or returns nothing
+        pass
+    from ray.tune import Trainable
+
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            me = frame.f_locals.get("self")
+            if isinstance(me, Trainable):
+                return getattr(me, "_storage", None)
+            frame = frame.f_back
+    finally:
+        del frame
+    return None
+
+
+def _save_architecture(template: bytes, trainable: Any) -> None:
+    storage = _storage(trainable)
+    if storage is None:
+        logger.warning("warm_start: not inside a Tune trial, so the architecture was not saved; "
+                       "KeeperCallback cannot register this model (register it with keeper.Zoo.register)")
+        return
+    path = f"{storage.trial_fs_path}/{ARCHITECTURE_FILE}"
+    fs = storage.storage_filesystem
+    fs.create_dir(storage.trial_fs_path, recursive=True)
+    tmp = f"{path}.tmp"
+    with fs.open_output_stream(tmp) as f:
+        f.write(template)
+    try:
+        fs.move(tmp, path)
+    except OSError:  # object stores without rename: the key is written once per trial anyway
+        with fs.open_output_stream(path) as f:
+            f.write(template)
+        fs.delete_file(tmp)

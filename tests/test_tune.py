@@ -1,0 +1,206 @@
+"""The Ray Tune integration on a real local Ray: real trials train small MNIST-1D MLPs, call warm_start, save
+model.pt checkpoints, and KeeperCallback registers them through the real keeper service. Ray starts once."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+
+import pytest
+import ray
+import torch
+from ray import tune
+
+from keeper.errors import ConfigError, KeeperError
+from keeper.families import build, default_spec, example_input
+from keeper.tune_integration import ARCHITECTURE_FILE, KeeperCallback, warm_start
+from keeper.tune_integration.checkpoint import checkpoint_onnx
+from keeper.workload import mnist1d_dataset, train
+from keeper.zoo import Zoo
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    # the trainables below are defined in this test module, which Ray's workers cannot import: ship it by value
+    import sys
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _service(tmp_path) -> dict:
+    return {"zoo": str(tmp_path / "zoo"), "namespace": f"tune-{uuid.uuid4().hex[:8]}", "matchers": 1,
+            "actors": {"matcher": {"num_cpus": 0.0}, "transfer": {"num_cpus": 0.0}}}
+
+
+def _spec(widths: list[int]) -> dict:
+    return {**default_spec("mlp"), "widths": widths}
+
+
+def _trainable(service: dict):
+    def trainable(config: dict) -> None:
+        torch.set_num_threads(1)
+        if config.get("fail"):
+            raise RuntimeError("this trial fails on purpose")
+        spec = _spec(config["widths"])
+        model = build(spec)
+        result = warm_start(model, example_input(spec), config=service, noise=0.0)
+        data = mnist1d_dataset(seed=0, num_samples=1000)
+        for step in range(config.get("reports", 1)):
+            history = train(model, data, steps=30, eval_every=30, seed=step)
+            with tempfile.TemporaryDirectory() as d:
+                torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+                tune.report({"accuracy": history.final_accuracy, "parent": result.parent or "",
+                             "score": result.score}, checkpoint=tune.Checkpoint.from_directory(d))
+    return trainable
+
+
+class RecordingCallback(KeeperCallback):
+    """KeeperCallback that keeps the experiment's Trial objects for the test to replay hooks."""
+
+    def on_experiment_end(self, trials, **info):
+        super().on_experiment_end(trials, **info)
+        self.trials = list(trials)
+
+
+def _tuner(service, tmp_path, widths: list[list[int]], callback, concurrent: int = 1, name: str = "exp",
+           extra: dict | None = None, scheduler=None) -> tune.Tuner:
+    space = {"widths": tune.grid_search(widths), **(extra or {})}
+    return tune.Tuner(_trainable(service), param_space=space,
+                      tune_config=tune.TuneConfig(max_concurrent_trials=concurrent, scheduler=scheduler,
+                                                  metric="accuracy" if scheduler else None,
+                                                  mode="max" if scheduler else None),
+                      run_config=tune.RunConfig(name=name, storage_path=str(tmp_path / "results"),
+                                                callbacks=[callback], verbose=0))
+
+
+def _registers(service) -> int:
+    from keeper.actors.launcher import get_handle
+
+    return ray.get(get_handle(service).stats.remote(), timeout=30)["registers"]
+
+
+def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registers_twice(tmp_path):
+    service = _service(tmp_path)
+    cb = RecordingCallback(metric="accuracy", mode="max", config=service)
+    widths = [[64, 32], [64, 48], [96, 32], [64, 32, 32]]
+    grid = _tuner(service, tmp_path, widths, cb).fit()
+    assert not grid.errors
+    rows = grid.get_dataframe()
+    rows = rows.sort_values("trial_id")
+    parents = list(rows["parent"])
+    assert parents[0] == "", "the first trial has nothing to inherit from"
+    assert all(p for p in parents[1:]), f"every later trial is warmed: {parents}"
+    assert all(s > 0.3 for s in rows["score"][1:])
+    zoo = Zoo(service["zoo"])
+    assert len(zoo) == 4 and len(cb.registered) == 4
+    # every trial directory holds the architecture template the callback read
+    for trial in cb.trials:
+        assert trial.storage.storage_filesystem.get_file_info(
+            f"{trial.storage.trial_fs_path}/{ARCHITECTURE_FILE}").size > 0
+    # the parents named are zoo models
+    assert set(parents[1:]) <= set(zoo.names())
+
+    before = _registers(service)
+    restored = KeeperCallback(metric="accuracy", mode="max", config=service)
+    restored.set_state(cb.get_state())
+    for trial in cb.trials:
+        restored.on_trial_complete(0, cb.trials, trial)
+    assert _registers(service) == before, "a restored callback registers no trial again"
+    fresh = KeeperCallback(metric="accuracy", mode="max", config=service)
+    fresh.on_trial_complete(0, cb.trials, cb.trials[0])
+    assert _registers(service) == before + 1, "without the state the same trial would be registered again"
+    assert len(Zoo(service["zoo"])) == 4, "and the zoo stores identical content once"
+
+
+def test_errored_trial_is_not_registered_and_restore_resumes_cleanly(tmp_path):
+    service = _service(tmp_path)
+    marker = tmp_path / "fail-once"
+    cb = KeeperCallback(metric="accuracy", mode="max", config=service)
+
+    def trainable(config):
+        if config["widths"] == [32, 32] and not marker.exists():
+            marker.write_text("failed once")
+            raise RuntimeError("this trial fails on purpose")
+        return _trainable(service)(config)
+
+    tuner = tune.Tuner(trainable, param_space={"widths": tune.grid_search([[64, 32], [32, 32]])},
+                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                       run_config=tune.RunConfig(name="restore", storage_path=str(tmp_path / "results"),
+                                                 callbacks=[cb], verbose=0))
+    grid = tuner.fit()
+    assert len(grid.errors) == 1
+    assert len(Zoo(service["zoo"])) == 1 and len(cb.registered) == 1
+    assert "errored" in cb.outcomes.values()
+    before = _registers(service)
+
+    path = str(tmp_path / "results" / "restore")
+    again = tune.Tuner.restore(path, trainable, restart_errored=True)
+    grid = again.fit()
+    assert not grid.errors
+    # only the rerun trial is new in the zoo; the one registered before was not sent again
+    assert _registers(service) == before + 1
+    assert len(Zoo(service["zoo"])) == 2
+
+
+def test_two_concurrent_trials_both_warm(tmp_path):
+    service = _service(tmp_path)
+    seed = KeeperCallback(metric="accuracy", mode="max", config=service)
+    _tuner(service, tmp_path, [[64, 32]], seed, name="seed").fit()
+    assert len(Zoo(service["zoo"])) == 1
+    cb = KeeperCallback(metric="accuracy", mode="max", config=service, wait_for_registration=False)
+    grid = _tuner(service, tmp_path, [[64, 48], [80, 32]], cb, concurrent=2, name="pair").fit()
+    assert not grid.errors
+    assert all(p for p in grid.get_dataframe()["parent"]), "both concurrent trials inherit from the seed model"
+    assert len(Zoo(service["zoo"])) == 3
+
+
+def test_asha_stopped_trials_are_registered_with_their_metric(tmp_path):
+    from ray.tune.schedulers import ASHAScheduler
+
+    service = _service(tmp_path)
+    cb = KeeperCallback(metric="accuracy", mode="max", config=service)
+    asha = ASHAScheduler(max_t=4, grace_period=1, reduction_factor=2)
+    grid = _tuner(service, tmp_path, [[64, 32], [16, 8], [8, 8], [48, 32]], cb, concurrent=4, name="asha",
+                  extra={"reports": 4}, scheduler=asha).fit()
+    assert not grid.errors
+    iterations = list(grid.get_dataframe()["training_iteration"])
+    assert min(iterations) < 4, f"ASHA stopped a trial early: {iterations}"
+    zoo = Zoo(service["zoo"])
+    assert len(cb.registered) == 4 and len(zoo) == 4
+    best = {r.name: r.accuracy for r in zoo}
+    # each model's accuracy is its trial's best reported accuracy
+    df = grid.get_dataframe(filter_metric="accuracy", filter_mode="max")
+    assert sorted(round(a, 6) for a in best.values()) == sorted(round(a, 6) for a in df["accuracy"])
+
+
+def test_callback_checks_its_arguments_and_checkpoints():
+    with pytest.raises(ConfigError, match="score_fn"):
+        KeeperCallback(metric="loss", mode="min")
+    with pytest.raises(ConfigError, match="mode"):
+        KeeperCallback(metric="accuracy", mode="best")
+    with tempfile.TemporaryDirectory() as d:
+        with pytest.raises(KeeperError, match="model.pt"):
+            checkpoint_onnx(d, None, "trial t")
+        torch.save({"not": "a state dict"}, os.path.join(d, "model.pt"))
+        with pytest.raises(KeeperError, match="state_dict"):
+            checkpoint_onnx(d, None, "trial t")
+        spec = _spec([16])
+        torch.save(build(spec).state_dict(), os.path.join(d, "model.pt"))
+        with pytest.raises(KeeperError, match="architecture is unknown"):
+            checkpoint_onnx(d, None, "trial t")
+        blob = checkpoint_onnx(d, None, "trial t", lambda: (build(spec), example_input(spec)))
+        zoo = Zoo(os.path.join(d, "zoo"))
+        assert zoo.register(blob, 0.5, "from-builder").num_params == sum(p.numel() for p in build(spec).parameters())
+        wrong = _spec([24])
+        with pytest.raises(KeeperError, match="another architecture"):
+            checkpoint_onnx(d, None, "trial t", lambda: (build(wrong), example_input(wrong)))
+
+
+def test_warm_start_outside_a_service_says_how_to_start_one(tmp_path):
+    spec = _spec([16])
+    with pytest.raises(KeeperError, match="KeeperCallback"):
+        warm_start(build(spec), example_input(spec), config={"namespace": "nobody-here"})
