@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from keeper.actors.cli import add_commands as service_commands
+from keeper.demo import add_command as demo_command
 from keeper.errors import KeeperError
 
 __all__ = ["main"]
@@ -149,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     z.set_defaults(fn=_cmd_zoo)
 
     service_commands(sub)
+    demo_command(sub)
     return p
 
 

@@ -228,7 +228,7 @@ def load_warm(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple
             dst = state[sd_key]
             if tuple(arr.shape) != tuple(dst.shape):
                 arr = arr.reshape(dst.shape)
-            dst.copy_(torch.from_numpy(np.ascontiguousarray(arr)).to(device=dst.device, dtype=dst.dtype))
+            dst.copy_(torch.from_numpy(np.array(arr, copy=True)).to(device=dst.device, dtype=dst.dtype))  # a writable copy
             done.add(sd_key)
     result.unexpected = sorted(set(unexpected) | {k for k in result.mapping if k not in keys})
     result.missing = sorted(k for k in state if k not in done)

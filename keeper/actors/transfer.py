@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from keeper.errors import ModelNotFoundError
 from keeper.onnx_safety import ModelInput
@@ -37,8 +38,10 @@ def _store(uri: str, fresh: bool = False):
 
 
 def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
-                    seed: int = 0) -> WarmResult:
+                    seed: int = 0, **options: Any) -> WarmResult:
     """Warm ``child`` from the zoo model ``parent`` stored at ``uri`` (the child's own weights when None).
+
+    ``options`` go to :func:`keeper.warm.warm_from_parent` (e.g. ``transfer_fn``).
 
     Raises:
         ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
@@ -55,4 +58,4 @@ def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: floa
         store = _store(uri, fresh=True)
         blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
     return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph_from_blob(graph_blob),
-                            noise=noise, seed=seed)
+                            noise=noise, seed=seed, **options)

@@ -29,7 +29,7 @@ from typing import Any
 from keeper.errors import ServiceError
 from keeper.warm import WarmResult
 
-__all__ = ["warm_start", "ARCHITECTURE_FILE"]
+__all__ = ["warm_start", "ask_parent", "ARCHITECTURE_FILE"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +56,23 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
         ServiceError: no keeper service is running (start one with ``KeeperCallback`` or ``keeper serve``),
             or it did not answer within ``timeout_s``.
     """
-    from keeper.actors.launcher import get_handle
     from keeper.actors.transfer import warm_from_store
-    from keeper.torch_support import architecture_template, export, load_result, service_call
+    from keeper.torch_support import load_result
+
+    exported, choice = ask_parent(model, example_input, config=config, dynamo=dynamo, trainable=trainable,
+                                  timeout_s=timeout_s)
+    result = warm_from_store(choice["uri"], choice["parent"], exported.onnx,
+                             choice["noise"] if noise is None else float(noise), int(choice["seed"]))
+    return load_result(model, result, exported.keys)
+
+
+def ask_parent(model: Any, example_input: Any, *, config: Any = None, dynamo: bool | None = None,
+               trainable: Any = None, timeout_s: float = 300.0) -> tuple[Any, dict]:
+    """The first half of :func:`warm_start`: export ``model``, save its architecture template to the trial
+    directory, and ask the service for a parent (counting a hit). Returns ``(Exported, choice)``, where
+    ``choice`` is what ``Keeper.choose`` returns; the model is not changed."""
+    from keeper.actors.launcher import get_handle
+    from keeper.torch_support import architecture_template, export, service_call
 
     handle = get_handle(config)
     if handle is None:
@@ -67,9 +81,7 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
     exported = export(model, example_input, dynamo=dynamo)
     _save_architecture(architecture_template(exported), trainable)
     choice = service_call(handle.choose.remote(exported.onnx, True), timeout_s, "warm_start")
-    result = warm_from_store(choice["uri"], choice["parent"], exported.onnx,
-                             choice["noise"] if noise is None else float(noise), int(choice["seed"]))
-    return load_result(model, result, exported.keys)
+    return exported, choice
 
 
 def _storage(trainable: Any) -> Any:

@@ -1,0 +1,297 @@
+"""A NAS experiment on MNIST-1D through Ray Tune, run once per arm (cold, keeper, baselines): what the demo and
+``scripts/bench_training.py`` measure.
+
+Architectures arrive in a fixed order (a seeded random walk over :mod:`keeper.families`: each family's first
+model is sampled, later ones mutate an earlier model by one width, depth or kernel step, as an evolutionary
+NAS does). Tune runs them in that order, ``concurrency`` at a time, so a trial can inherit only from trials
+that finished before it started. Every arm trains the same architectures from the same initial weights, data
+order and schedule; only the warm start differs.
+
+Arms:
+    cold: no warm start.
+    keeper: ``warm_start`` from the arm's own zoo (accuracy-aware parent choice, keeper's operators).
+    keeper-no-accuracy: the same with the highest-similarity parent, accuracy ignored.
+    published: keeper's parent choice, the published system's operators (:func:`keeper.baselines.published_transfer`).
+    name-shape: keeper's parent choice, then ``load_state_dict`` of the tensors whose name and shape match.
+
+Steps to target: the first evaluated step at which a trial reaches its target accuracy, the accuracy the cold
+arm's trial of the same architecture and seed ends with, minus ``margin``; a trial that never reaches it
+counts its whole budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["ARMS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize"]
+
+ARMS = ("cold", "keeper", "keeper-no-accuracy", "published", "name-shape")
+
+
+@dataclass(frozen=True)
+class NasRun:
+    """Training settings shared by every trial of every arm."""
+
+    steps: int = 400
+    eval_every: int = 20
+    batch_size: int = 128
+    lr: float = 3e-3
+    num_samples: int = 4000      # MNIST-1D samples generated (80% train)
+    data_seed: int = 0
+    concurrency: int = 2         # trials at once
+    noise: float = 0.01          # keeper's symmetry-breaking noise
+    margin: float = 0.01         # target = cold final accuracy - margin
+    dynamo: bool = False         # exporter for warm starts (TorchScript is the faster of the two)
+
+
+@dataclass
+class TrialRecord:
+    """One trial's outcome in one arm."""
+
+    index: int
+    family: str
+    arch: str
+    params: int
+    parent: str
+    score: float
+    steps: list[int] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+    final_accuracy: float = 0.0
+    seconds: float = 0.0
+
+
+def arch_label(spec: dict) -> str:
+    """A short readable description of a spec (family and its shape keys)."""
+    keys = {"resnet": ("widths", "blocks", "kernel"), "vgg": ("widths", "depths", "kernel"),
+            "mobilenetv2": ("widths", "blocks", "expansion", "kernel"), "mlp": ("widths",),
+            "transformer": ("d_model", "layers", "ffn")}[spec["family"]]
+    parts = []
+    for k in keys:
+        v = spec[k]
+        parts.append(f"{k[0]}{'x'.join(map(str, v)) if isinstance(v, list) else v}")
+    return f"{spec['family']}:{'/'.join(parts)}"
+
+
+def arrivals(n: int, seed: int = 0, families: tuple[str, ...] = ("vgg", "resnet", "mlp", "transformer")) -> list[dict]:
+    """``n`` distinct architectures in arrival order, families interleaved (see the module docstring)."""
+    from keeper.families import neighbours, sample_spec
+
+    rng = np.random.default_rng(seed)
+    seen: set[str] = set()
+    out: list[dict] = []
+    by_family: dict[str, list[dict]] = {f: [] for f in families}
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        if tries > 100 * n:
+            raise RuntimeError(f"arrivals: found only {len(out)} distinct architectures of {n}")
+        family = families[len(out) % len(families)]
+        pool = by_family[family]
+        if not pool:
+            spec = sample_spec(rng, family)
+        else:
+            options = neighbours(pool[int(rng.integers(len(pool)))], rng)
+            if not options:
+                continue
+            spec = options[int(rng.integers(len(options)))]
+        key = json.dumps(spec, sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        pool.append(spec)
+        out.append(spec)
+    return out
+
+
+def _service(arm: str, seed: int, workdir: str, run: NasRun) -> dict:
+    return {"zoo": os.path.join(workdir, f"zoo-{arm}-s{seed}"), "namespace": f"nas-{arm}-s{seed}-{uuid.uuid4().hex[:6]}",
+            "matchers": 1, "noise": run.noise, "seed": seed,
+            "selection": {"accuracy_aware": arm != "keeper-no-accuracy"},
+            # trials hold the CPUs: the service's helpers must not wait for one
+            "actors": {"matcher": {"num_cpus": 0.0}, "transfer": {"num_cpus": 0.0}}}
+
+
+def _warm(arm: str, model: Any, example: Any, service: dict, run: NasRun, states: str, seed: int) -> dict:
+    """Warm ``model`` the arm's way; returns ``{"parent", "score"}``."""
+    from keeper.tune_integration.trainable import ask_parent, warm_start
+
+    if arm in ("keeper", "keeper-no-accuracy"):
+        r = warm_start(model, example, config=service, dynamo=run.dynamo)
+        return {"parent": r.parent or "", "score": float(r.score)}
+    exported, choice = ask_parent(model, example, config=service, dynamo=run.dynamo)
+    parent = choice["parent"]
+    if parent is None:
+        return {"parent": "", "score": 0.0}
+    if arm == "published":
+        from keeper.actors.transfer import warm_from_store
+        from keeper.baselines import PUBLISHED_NOISE, published_transfer
+        from keeper.torch_support import load_result
+
+        r = warm_from_store(choice["uri"], parent, exported.onnx, PUBLISHED_NOISE, seed,
+                            transfer_fn=published_transfer)
+        load_result(model, r, exported.keys)
+        return {"parent": parent, "score": float(r.score)}
+    if arm == "name-shape":
+        import torch
+
+        from keeper.baselines import name_shape_load
+
+        name_shape_load(model, torch.load(os.path.join(states, f"{parent}.pt"), weights_only=True))
+        return {"parent": parent, "score": float(choice["score"])}
+    raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS}")
+
+
+def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: str, prefix: str, seed: int,
+               data_ref: Any):
+    def trial(config: dict) -> None:
+        import ray
+        import torch
+        from ray import tune
+
+        from keeper.families import build, example_input
+        from keeper.workload import train
+
+        torch.set_num_threads(1)
+        i = int(config["index"])
+        spec = specs[i]
+        torch.manual_seed(seed * 100_003 + i)  # the same initial weights in every arm
+        model = build(spec)
+        info = {"parent": "", "score": 0.0}
+        if arm != "cold":
+            info = _warm(arm, model, example_input(spec), service, run, states, seed)
+        data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
+        h = train(model, data, steps=run.steps, eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
+                  seed=seed * 7_919 + i)
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+            if arm == "name-shape":  # later trials of this arm load parents by name
+                torch.save(model.state_dict(), os.path.join(states, f"{prefix}{tune.get_context().get_trial_id()}.pt"))
+            tune.report({"accuracy": h.final_accuracy, "index": i, "history": json.dumps([h.steps, h.accuracies]),
+                         "seconds": h.seconds, **info}, checkpoint=tune.Checkpoint.from_directory(d))
+    return trial
+
+
+_datasets: dict[tuple[int, int], Any] = {}
+
+
+def _dataset(run: NasRun) -> Any:
+    """An object reference to the run's MNIST-1D dataset (generated once per driver and Ray session)."""
+    import ray
+
+    from keeper.workload import mnist1d_dataset
+
+    key = (run.data_seed, run.num_samples)
+    if key not in _datasets:
+        _datasets[key] = ray.put(mnist1d_dataset(seed=run.data_seed, num_samples=run.num_samples))
+    return _datasets[key]
+
+
+def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 0,
+            progress: Callable[[str, TrialRecord], None] | None = None) -> list[TrialRecord]:
+    """Train ``specs`` in order through Ray Tune for one arm; returns one record per spec, in spec order.
+
+    Ray must be initialized. A non-cold arm starts its own keeper service on an empty zoo under ``workdir``
+    and shuts it down at the end.
+    """
+    import ray
+    from ray import tune
+
+    from keeper.actors.launcher import shutdown
+    from keeper.families import num_params
+    from keeper.tune_integration import KeeperCallback
+
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS}")
+    service = _service(arm, seed, workdir, run)
+    states = os.path.join(workdir, f"states-{arm}-s{seed}")
+    os.makedirs(states, exist_ok=True)
+    prefix = f"{arm}-s{seed}-"
+    callbacks: list[Any] = []
+    if arm != "cold":
+        callbacks.append(KeeperCallback("accuracy", "max", config=service, name_prefix=prefix))
+    if progress is not None:
+        callbacks.append(_Progress(arm, specs, progress))
+    tuner = tune.Tuner(
+        _trainable(arm, specs, run, service, states, prefix, seed, _dataset(run)),
+        param_space={"index": tune.grid_search(list(range(len(specs))))},
+        # reused trial processes skip the imports (seconds each) between trials
+        tune_config=tune.TuneConfig(max_concurrent_trials=run.concurrency, reuse_actors=True),
+        run_config=tune.RunConfig(name=f"{arm}-s{seed}", storage_path=os.path.join(workdir, "tune"), callbacks=callbacks,
+                                  verbose=0))
+    try:
+        grid = tuner.fit()
+    finally:
+        if arm != "cold":
+            shutdown(service)
+    if grid.errors:
+        raise RuntimeError(f"{arm}: {len(grid.errors)} trials failed; first: {grid.errors[0]}")
+    out: list[TrialRecord | None] = [None] * len(specs)
+    for r in grid:
+        out[int(r.metrics["index"])] = _record(specs, r.metrics, num_params)
+    return [r for r in out if r is not None]
+
+
+def _record(specs: list[dict], m: dict, num_params: Callable[[dict], int]) -> TrialRecord:
+    i = int(m["index"])
+    steps, accs = json.loads(m["history"])
+    return TrialRecord(i, specs[i]["family"], arch_label(specs[i]), num_params(specs[i]), m["parent"],
+                       float(m["score"]), steps, accs, float(m["accuracy"]), float(m["seconds"]))
+
+
+def _progress_class():
+    from ray.tune import Callback
+
+    class Progress(Callback):
+        def __init__(self, arm: str, specs: list[dict], fn: Callable[[str, TrialRecord], None]):
+            self.arm, self.specs, self.fn = arm, specs, fn
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            from keeper.families import num_params
+
+            if "history" in result:
+                self.fn(self.arm, _record(self.specs, result, num_params))
+
+    return Progress
+
+
+def _Progress(arm, specs, fn):  # noqa: N802 - a factory that reads like the class it makes
+    return _progress_class()(arm, specs, fn)
+
+
+def steps_to_target(record: TrialRecord, target: float, budget: int) -> tuple[int, bool]:
+    """(first evaluated step with accuracy >= target, reached?) ; (budget, False) when never reached."""
+    for s, a in zip(record.steps, record.accuracies):
+        if a >= target:
+            return int(s), True
+    return int(budget), False
+
+
+def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun) -> dict:
+    """Totals of one arm against cold over the same architectures (same order)."""
+    cold_steps, arm_steps, reached, per_trial = [], [], 0, []
+    for c, a in zip(cold, arm):
+        target = c.final_accuracy - run.margin
+        cs, _ = steps_to_target(c, target, run.steps)
+        ws, ok = steps_to_target(a, target, run.steps)
+        cold_steps.append(cs)
+        arm_steps.append(ws)
+        reached += ok
+        per_trial.append(cs / ws)
+    total_cold, total_arm = float(sum(cold_steps)), float(sum(arm_steps))
+    return {"speedup": total_cold / total_arm, "saved": 1.0 - total_arm / total_cold,
+            "cold_steps": cold_steps, "arm_steps": arm_steps, "per_trial_speedup": per_trial,
+            "reached": reached, "trials": len(arm),
+            "accuracy_delta": float(np.mean([a.final_accuracy - c.final_accuracy for c, a in zip(cold, arm)])),
+            "final_accuracy": float(np.mean([a.final_accuracy for a in arm])),
+            "warmed": sum(1 for a in arm if a.parent)}
+
+
+def records_to_json(records: list[TrialRecord]) -> list[dict]:
+    return [asdict(r) for r in records]

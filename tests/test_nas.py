@@ -1,0 +1,84 @@
+"""The NAS workload's pieces without Ray: arrivals, steps-to-target, the summary, and the baselines the
+training benchmark compares keeper against."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from keeper.baselines import name_shape_load, published_transfer
+from keeper.families import build, default_spec, example_input
+from keeper.nas import NasRun, TrialRecord, arrivals, steps_to_target, summarize
+from keeper.torch_support import export, load_warm
+from keeper.warm import warm_from_parent
+
+
+def test_arrivals_are_distinct_deterministic_and_interleave_families():
+    a = arrivals(12, seed=3)
+    assert [json.dumps(s, sort_keys=True) for s in a] == [json.dumps(s, sort_keys=True) for s in arrivals(12, seed=3)]
+    assert len({json.dumps(s, sort_keys=True) for s in a}) == 12
+    assert [s["family"] for s in a[:4]] == ["vgg", "resnet", "mlp", "transformer"]
+    for s in a:
+        build(s)  # every arrival is a valid architecture
+
+
+def _rec(accs, steps=None):
+    steps = steps or [20 * (i + 1) for i in range(len(accs))]
+    return TrialRecord(0, "vgg", "x", 1, "", 0.0, steps, accs, accs[-1])
+
+
+def test_steps_to_target_and_summary():
+    run = NasRun(steps=100, margin=0.01)
+    cold = [_rec([0.5, 0.7, 0.8, 0.85, 0.9]), _rec([0.3, 0.4, 0.5, 0.6, 0.6])]
+    warm = [_rec([0.9, 0.9, 0.9, 0.9, 0.91]), _rec([0.3, 0.3, 0.3, 0.3, 0.3])]
+    assert steps_to_target(cold[0], 0.89, 100) == (100, True)
+    assert steps_to_target(warm[0], 0.89, 100) == (20, True)
+    assert steps_to_target(warm[1], 0.59, 100) == (100, False)
+    s = summarize(cold, warm, run)
+    # cold reaches 0.89 at 100 and 0.59 at 80; warm at 20 and never (its whole budget, 100)
+    assert s["cold_steps"] == [100, 80] and s["arm_steps"] == [20, 100]
+    assert s["speedup"] == pytest.approx(180 / 120)
+    assert s["saved"] == pytest.approx(1 - 120 / 180)
+    assert s["reached"] == 1
+    assert s["accuracy_delta"] == pytest.approx(((0.91 - 0.9) + (0.3 - 0.6)) / 2)
+
+
+def _outputs(module, x):
+    module.eval()
+    with torch.no_grad():
+        return module(x)
+
+
+def test_published_kernel_operator_shifts_the_function_and_keepers_does_not():
+    torch.manual_seed(0)
+    parent_spec = {**default_spec("vgg"), "kernel": 3}
+    child_spec = {**parent_spec, "kernel": 5}
+    parent, child = build(parent_spec), build(child_spec)
+    x = example_input(parent_spec, batch=4)
+    pb, cb = export(parent, x, dynamo=False).onnx, export(child, x, dynamo=False)
+    y = _outputs(parent, x)
+    deviations = {}
+    for name, fn in (("keeper", None), ("published", published_transfer)):
+        kwargs = {} if fn is None else {"transfer_fn": fn}
+        r = warm_from_parent(pb, cb.onnx, noise=0.0, **kwargs)
+        m = build(child_spec)
+        load_warm(m, r, cb.keys)
+        deviations[name] = float((_outputs(m, x) - y).abs().max() / y.abs().max())
+    assert deviations["keeper"] < 1e-5
+    assert deviations["published"] > 1e-2
+
+
+def test_name_shape_load_copies_only_matching_names_and_shapes():
+    a = build({**default_spec("mlp"), "widths": [32, 16]})
+    b = build({**default_spec("mlp"), "widths": [32, 24]})
+    before = {k: v.clone() for k, v in b.state_dict().items()}
+    copied, elements = name_shape_load(b, a.state_dict())
+    after = b.state_dict()
+    same = [k for k in after if k in a.state_dict() and a.state_dict()[k].shape == after[k].shape]
+    assert copied == len(same) > 0
+    assert elements == sum(after[k].numel() for k in same)
+    for k in after:
+        expected = a.state_dict()[k] if k in same else before[k]
+        assert torch.equal(after[k], expected), k
