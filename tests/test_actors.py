@@ -307,10 +307,12 @@ def test_removing_a_node_with_matchers_mid_query(service, cluster):
     parents = [linear_arrays(20, 8 + i % 50) for i in range(600)]
     get(manager.add_graph_only.remote([f"slow{i}" for i in range(600)], parents))
     child = linear_arrays(3000, 32)
-    refs = [handle.search.remote(child, two_stage=False) for _ in range(18)]
-    time.sleep(0.5)
+    # far more queued searches than finish before the node goes: once the first is back the matchers are
+    # warm and busy, and the searches still queued must meet the dead matcher (no fixed sleep to race)
+    refs = [handle.search.remote(child, two_stage=False) for _ in range(150)]
+    ray.wait(refs, num_returns=1, timeout=60)
     c.remove_node(victim)
-    results = get(refs, timeout=120)
+    results = get(refs, timeout=180)
     assert all(len(r["names"]) == len(results[0]["names"]) >= 600 for r in results)
     s = get(handle.stats.remote())
     assert s["matcher_deaths"] >= 1 and s["batches_redone"] >= 1
