@@ -29,11 +29,30 @@ _EPILOG = """examples:
   keeper demo                                                # small NAS on MNIST-1D, cold vs warm
 """
 
+_REGISTER_EPILOG = """examples:
+  keeper register trained.onnx --accuracy 0.91 --name resnet-a
+  keeper register runs/ --accuracy-file accuracies.json      # every *.onnx in runs/
+  keeper register runs/ --accuracy 0.9                       # one accuracy for every file without an entry
+accuracies.json maps a file name or stem to its accuracy: {"resnet-a.onnx": 0.91, "vgg-b": 0.88}
+"""
+
 
 def _zoo(args):
     from keeper.zoo import Zoo
 
     return Zoo(args.zoo or os.environ.get("KEEPER_ZOO"))
+
+
+def _accuracy_file(path: str) -> dict:
+    try:
+        accs = json.loads(Path(path).read_text())
+    except ValueError as exc:  # a JSON error is a user's typo, not a crash: no traceback
+        raise KeeperError(f"register: --accuracy-file {path!r} is not valid JSON ({exc}); write an object such "
+                          'as {"resnet-a.onnx": 0.91}') from None
+    if not isinstance(accs, dict):
+        raise KeeperError(f"register: --accuracy-file {path!r} holds a {type(accs).__name__}, not an object; "
+                          'write an object such as {"resnet-a.onnx": 0.91}')
+    return accs
 
 
 def _cmd_register(args) -> int:
@@ -45,9 +64,7 @@ def _cmd_register(args) -> int:
         files = sorted(path.glob("*.onnx"))
         if not files:
             raise KeeperError(f"register: no *.onnx files in directory {str(path)!r}")
-        accs = {}
-        if args.accuracy_file:
-            accs = json.loads(Path(args.accuracy_file).read_text())
+        accs = _accuracy_file(args.accuracy_file) if args.accuracy_file else {}
         failed = 0
         for f in tqdm(files, desc="registering", unit="model", disable=args.quiet):
             acc = accs.get(f.name, accs.get(f.stem, args.accuracy))
@@ -116,8 +133,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     r = sub.add_parser("register", help="add trained ONNX model(s) with their accuracy to the zoo",
-                       description="Add a trained model (ONNX with weights) to the zoo. Identical content is "
-                                   "stored once; accuracy outliers and bad names are refused.")
+                       description="Add a trained model (ONNX with weights) to the zoo. Identical content is\n"
+                                   "stored once; accuracy outliers and bad names are refused.",
+                       epilog=_REGISTER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("model", help="an .onnx file, or a directory of them")
     r.add_argument("--accuracy", type=float, help="final accuracy as a fraction in [0, 1]")
     r.add_argument("--accuracy-file", help="directory mode: JSON mapping file name (or stem) to accuracy")

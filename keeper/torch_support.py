@@ -54,7 +54,8 @@ def export(module: torch.nn.Module, example_input: Any, *, dynamo: bool | None =
     args = example_input if isinstance(example_input, tuple) else (example_input,)
     state = _float_state(module)
     saved = {k: v.detach().clone() for k, v in state.items()}
-    was_training = module.training
+    # per submodule: module.train(flag) would also flip submodules the caller had set apart (a frozen BatchNorm)
+    was_training = {m: m.training for m in module.modules()}
     gen = torch.Generator().manual_seed(seed)
     stamps: dict[str, np.ndarray] = {}
     try:
@@ -70,7 +71,8 @@ def export(module: torch.nn.Module, example_input: Any, *, dynamo: bool | None =
         with torch.no_grad():
             for k, v in state.items():
                 v.copy_(saved[k])
-        module.train(was_training)
+        for m, training in was_training.items():
+            m.training = training
     proto = load_model(raw, what="exported module")
     graph = graph_from_proto(proto)
     inits = read_initializers(proto)
@@ -97,7 +99,7 @@ def _with_state(proto, keys: dict[str, tuple[str, str]], shapes: dict[str, tuple
             raise KeeperError(f"{what}: state_dict has no entry {sd_key!r}, which the architecture needs; "
                               "save the whole model.state_dict() of the architecture that was exported")
         v = state[sd_key]
-        arr = (v.detach().cpu().float().numpy() if isinstance(v, torch.Tensor) else np.asarray(v, np.float32))
+        arr = _as_numpy(v)
         if how == "T":
             arr = arr.T
         shape = shapes[onnx_key]
@@ -106,6 +108,16 @@ def _with_state(proto, keys: dict[str, tuple[str, str]], shapes: dict[str, tuple
                               f"expects {shape}; the checkpoint belongs to another architecture")
         real[onnx_key] = arr.reshape(shape)
     return write_weights(proto, real)
+
+
+def _as_numpy(v: Any) -> np.ndarray:
+    """``v`` as a float array of its own precision (float64 must not round through float32; bfloat16, which
+    numpy lacks, widens to float32); write_weights then casts to the ONNX tensor's dtype."""
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu()
+        return (v if v.dtype in (torch.float16, torch.float32, torch.float64) else v.float()).numpy()
+    arr = np.asarray(v)
+    return arr if arr.dtype.kind == "f" else arr.astype(np.float32)
 
 
 _KEYS_PROP = "keeper.state_dict_keys"

@@ -1,0 +1,282 @@
+"""Tests of the ``keeper`` command line (keeper.cli.main, in-process): register (a file, a directory, refusals),
+warm, zoo ls / info / rm, help, exit codes and messages, and the $KEEPER_ZOO default."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from keeper.cli import main
+from keeper.zoo import Zoo
+
+
+def mlp_onnx(widths: list[int], seed: int = 0, in_dim: int = 16) -> bytes:
+    """Gemm/Relu chain with random weights."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, x, d = [], [], "x", in_dim
+    for i, w in enumerate(widths):
+        inits += [numpy_helper.from_array((rng.standard_normal((w, d)) * 0.3).astype(np.float32), f"fc{i}.weight"),
+                  numpy_helper.from_array((rng.standard_normal(w) * 0.1).astype(np.float32), f"fc{i}.bias")]
+        nodes.append(helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [f"h{i}"], transB=1,
+                                      name=f"fc{i}"))
+        x, d = f"h{i}", w
+        if i < len(widths) - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
+            x = f"r{i}"
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, in_dim])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, d])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    """No test may reach the user's real zoo: $KEEPER_ZOO unset and ~ pointed into tmp_path."""
+    monkeypatch.delenv("KEEPER_ZOO", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    yield
+    assert not (tmp_path / "home" / ".keeper").exists(), "a command fell back to the default zoo"
+
+
+@pytest.fixture
+def zoo_dir(tmp_path) -> str:
+    return str(tmp_path / "zoo")
+
+
+def write(path: Path, data: bytes) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return str(path)
+
+
+def keeper(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run ``keeper argv`` in-process: (exit code, stdout, stderr)."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def registered(zoo_dir: str, path: str, name: str, accuracy: float = 0.9) -> None:
+    assert main(["register", path, "--accuracy", str(accuracy), "--name", name, "--zoo", zoo_dir]) == 0
+
+
+# ---------------------------------------------------------------------------------------------- register
+
+
+def test_register_a_single_file(tmp_path, zoo_dir, capsys):
+    path = write(tmp_path / "trained.onnx", mlp_onnx([24, 10], 1))
+    code, out, _ = keeper(capsys, "register", path, "--accuracy", "0.91", "--name", "mlp-a", "--zoo", zoo_dir)
+    assert code == 0
+    assert re.search(r"registered mlp-a \(accuracy 0\.9100, 658 params, \d+ bytes\) into ", out)
+    rec = Zoo(zoo_dir).record("mlp-a")
+    assert rec.accuracy == 0.91 and rec.num_params == 658
+    # without --name the content hash names it
+    code, out, _ = keeper(capsys, "register", write(tmp_path / "b.onnx", mlp_onnx([24, 10], 2)), "--accuracy", "0.8",
+                          "--zoo", zoo_dir)
+    assert code == 0 and re.search(r"registered model-[0-9a-f]{12} ", out) and len(Zoo(zoo_dir)) == 2
+
+
+def test_register_a_directory_with_an_accuracy_file(tmp_path, zoo_dir, capsys):
+    runs = tmp_path / "runs"
+    for i, stem in enumerate(["a", "b", "c"]):
+        write(runs / f"{stem}.onnx", mlp_onnx([24, 10], i))
+    write(runs / "notes.txt", b"not a model, not an .onnx file: ignored")
+    # entries by file name and by stem; c falls back to --accuracy
+    acc_file = write(tmp_path / "acc.json", json.dumps({"a.onnx": 0.81, "b": 0.82}).encode())
+    code, out, err = keeper(capsys, "register", str(runs), "--accuracy-file", acc_file, "--accuracy", "0.83",
+                            "--zoo", zoo_dir)
+    assert code == 0
+    assert "registering" in err  # the progress bar
+    for stem in "abc":
+        assert f"registered {stem} (accuracy" in out
+    assert "3 of 3 registered" in out
+    assert {r.name: r.accuracy for r in Zoo(zoo_dir)} == {"a": 0.81, "b": 0.82, "c": 0.83}
+
+
+def test_register_a_directory_with_garbage_registers_the_rest(tmp_path, zoo_dir, capsys):
+    runs = tmp_path / "runs"
+    write(runs / "good.onnx", mlp_onnx([24, 10], 1))
+    write(runs / "garbage.onnx", b"\x00\x01 this is not onnx")
+    write(runs / "unscored.onnx", mlp_onnx([24, 10], 2))
+    acc_file = write(tmp_path / "acc.json", json.dumps({"good": 0.9, "garbage": 0.9}).encode())
+    code, out, err = keeper(capsys, "register", str(runs), "--accuracy-file", acc_file, "--zoo", zoo_dir)
+    assert code == 1
+    assert "refused garbage.onnx" in err
+    assert "skipped unscored.onnx: no accuracy" in err
+    assert "1 of 3 registered" in out
+    assert Zoo(zoo_dir).names() == ["good"]
+
+
+def test_register_without_accuracy_is_refused(tmp_path, zoo_dir, capsys):
+    path = write(tmp_path / "trained.onnx", mlp_onnx([24, 10], 1))
+    code, out, err = keeper(capsys, "register", path, "--zoo", zoo_dir)
+    assert code == 1 and out == ""
+    assert err.startswith("keeper: error: register: --accuracy is required")
+    assert len(Zoo(zoo_dir)) == 0
+
+
+@pytest.mark.parametrize("accuracy,message", [("1.5", "outside [0, 1]"), ("91", "outside [0, 1]"),
+                                              ("nan", "outside [0, 1]"), ("-0.1", "outside [0, 1]")])
+def test_a_bad_accuracy_exits_1_without_a_traceback(tmp_path, zoo_dir, capsys, accuracy, message):
+    path = write(tmp_path / "trained.onnx", mlp_onnx([24, 10], 1))
+    code, _, err = keeper(capsys, "register", path, "--accuracy", accuracy, "--name", "m", "--zoo", zoo_dir)
+    assert code == 1 and err.startswith("keeper: error: ") and message in err
+    assert len(Zoo(zoo_dir)) == 0
+
+
+def test_a_malformed_accuracy_file_exits_1_without_a_traceback(tmp_path, zoo_dir, capsys):
+    write(tmp_path / "runs" / "a.onnx", mlp_onnx([24, 10], 1))
+    for text in (b"{'a': 0.9,", b"[0.9]"):
+        acc_file = write(tmp_path / "acc.json", text)
+        code, _, err = keeper(capsys, "register", str(tmp_path / "runs"), "--accuracy-file", acc_file,
+                              "--zoo", zoo_dir)
+        assert code == 1 and "--accuracy-file" in err and "acc.json" in err
+    code, _, err = keeper(capsys, "register", str(tmp_path / "runs"), "--accuracy-file", str(tmp_path / "none.json"),
+                          "--zoo", zoo_dir)
+    assert code == 1 and "none.json" in err
+    assert len(Zoo(zoo_dir)) == 0
+
+
+def test_register_a_missing_file_exits_1(tmp_path, zoo_dir, capsys):
+    code, _, err = keeper(capsys, "register", str(tmp_path / "nope.onnx"), "--accuracy", "0.9", "--zoo", zoo_dir)
+    assert code == 1 and "nope.onnx" in err
+
+
+# ---------------------------------------------------------------------------------------------- warm
+
+
+def test_warm_writes_a_loadable_model_computing_the_parents_function(tmp_path, zoo_dir, capsys):
+    parent = mlp_onnx([24, 10], 1)
+    registered(zoo_dir, write(tmp_path / "parent.onnx", parent), "mlp-a")
+    capsys.readouterr()
+    child, out_path = write(tmp_path / "child.onnx", mlp_onnx([40, 10], 2)), tmp_path / "warm.onnx"
+    code, out, _ = keeper(capsys, "warm", child, "-o", str(out_path), "--noise", "0", "--zoo", zoo_dir)
+    assert code == 0
+    score = Zoo(zoo_dir).candidates(child)[0].score
+    assert f"parent mlp-a  similarity {score:.4f}" in out and 0.5 < score < 1.0
+    assert f"wrote {out_path}" in out
+    warmed = onnx.load(str(out_path))
+    onnx.checker.check_model(warmed)
+    x = np.random.default_rng(0).standard_normal((6, 16)).astype(np.float32)
+    a = ReferenceEvaluator(parent).run(None, {"x": x})[0]
+    b = ReferenceEvaluator(warmed).run(None, {"x": x})[0]
+    assert np.abs(a - b).max() / np.abs(a).max() <= 1e-4
+    assert Zoo(zoo_dir).record("mlp-a").hits == pytest.approx(1.0)
+
+
+def test_warm_verbose_prints_provenance(tmp_path, zoo_dir, capsys):
+    registered(zoo_dir, write(tmp_path / "parent.onnx", mlp_onnx([24, 10], 1)), "mlp-a")
+    capsys.readouterr()
+    child = write(tmp_path / "child.onnx", mlp_onnx([40, 10], 2))
+    code, out, _ = keeper(capsys, "warm", child, "-o", str(tmp_path / "w.onnx"), "-v", "--zoo", zoo_dir)
+    assert code == 0
+    lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if " <- " in ln}
+    assert set(lines) == {"fc0.weight", "fc0.bias", "fc1.weight", "fc1.bias"}
+    for key, (_, arrow, src, op) in lines.items():
+        assert arrow == "<-" and src == key  # same layer names in parent and child
+    assert lines["fc0.weight"][3] == "widen" and lines["fc1.weight"][3] == "widen-in"
+    # without -v there is no provenance
+    code, out, _ = keeper(capsys, "warm", child, "-o", str(tmp_path / "w.onnx"), "--zoo", zoo_dir)
+    assert code == 0 and " <- " not in out
+
+
+def test_warm_without_a_parent_keeps_the_models_weights(tmp_path, zoo_dir, capsys):
+    child_bytes = mlp_onnx([40, 10], 2)
+    child, out_path = write(tmp_path / "child.onnx", child_bytes), tmp_path / "w.onnx"
+    code, out, _ = keeper(capsys, "warm", child, "-o", str(out_path), "--zoo", zoo_dir)
+    assert code == 0 and "no parent above the similarity floor" in out
+    got = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out_path)).graph.initializer}
+    want = {t.name: numpy_helper.to_array(t) for t in onnx.load_from_string(child_bytes).graph.initializer}
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+# ---------------------------------------------------------------------------------------------- zoo ls / info / rm
+
+
+@pytest.fixture
+def two_models(tmp_path, zoo_dir):
+    registered(zoo_dir, write(tmp_path / "a.onnx", mlp_onnx([24, 10], 1)), "mlp-a", 0.91)
+    registered(zoo_dir, write(tmp_path / "b.onnx", mlp_onnx([32, 10], 2)), "mlp-b", 0.85)
+    return zoo_dir
+
+
+def test_zoo_ls(two_models, capsys):
+    capsys.readouterr()
+    code, out, _ = keeper(capsys, "zoo", "ls", "--zoo", two_models)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("2 models in ") and lines[1].split() == ["name", "accuracy", "params", "bytes", "hits"]
+    rows = {ln.split()[0]: ln.split() for ln in lines[2:]}
+    assert set(rows) == {"mlp-a", "mlp-b"}
+    assert rows["mlp-a"][1] == "0.9100" and rows["mlp-b"][1] == "0.8500" and rows["mlp-a"][2] == "658"
+
+
+def test_zoo_ls_json(two_models, capsys):
+    capsys.readouterr()
+    code, out, _ = keeper(capsys, "zoo", "ls", "--json", "--zoo", two_models)
+    assert code == 0
+    recs = json.loads(out)
+    assert [r["name"] for r in recs] == ["mlp-a", "mlp-b"]
+    assert [r["accuracy"] for r in recs] == [0.91, 0.85]
+    assert recs == [r.to_json() for r in Zoo(two_models)]
+
+
+def test_zoo_info(two_models, capsys):
+    capsys.readouterr()
+    code, out, _ = keeper(capsys, "zoo", "info", "mlp-b", "--zoo", two_models)
+    assert code == 0
+    info = json.loads(out)
+    assert info["name"] == "mlp-b" and info["accuracy"] == 0.85 and info["hits"] == 0.0
+    assert info == Zoo(two_models).record("mlp-b").to_json()
+
+
+def test_zoo_rm_then_info_names_the_missing_model(two_models, capsys):
+    capsys.readouterr()
+    code, out, _ = keeper(capsys, "zoo", "rm", "mlp-a", "--zoo", two_models)
+    assert code == 0 and out.strip() == "removed mlp-a"
+    assert Zoo(two_models).names() == ["mlp-b"]
+    code, out, err = keeper(capsys, "zoo", "info", "mlp-a", "--zoo", two_models)
+    assert code == 1 and out == "" and "'mlp-a'" in err and err.startswith("keeper: error: ")
+    code, _, err = keeper(capsys, "zoo", "rm", "mlp-a", "--zoo", two_models)
+    assert code == 1 and "'mlp-a'" in err
+
+
+# ---------------------------------------------------------------------------------------------- help, environment
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["register", "--help"]], ids=["keeper", "register"])
+def test_help_exits_0_and_shows_examples(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and "keeper register trained.onnx --accuracy 0.91" in out
+    assert out.startswith(f"usage: keeper {argv[0] if argv[0] != '--help' else ''}".rstrip())
+
+
+def test_bad_usage_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["register", "m.onnx", "--accuracy", "high"])
+    assert exc.value.code == 2 and "invalid float value" in capsys.readouterr().err
+
+
+def test_keeper_zoo_environment_variable_is_the_default(tmp_path, monkeypatch, capsys):
+    env_zoo = tmp_path / "env-zoo"
+    monkeypatch.setenv("KEEPER_ZOO", str(env_zoo))
+    path = write(tmp_path / "trained.onnx", mlp_onnx([24, 10], 1))
+    code, out, _ = keeper(capsys, "register", path, "--accuracy", "0.9", "--name", "from-env")
+    assert code == 0 and str(env_zoo) in out
+    assert (env_zoo / "catalog" / "from-env.json").is_file()
+    code, out, _ = keeper(capsys, "zoo", "ls")
+    assert code == 0 and out.startswith(f"1 models in {env_zoo}") and "from-env" in out
+    # --zoo wins over the environment
+    other = str(tmp_path / "other")
+    code, out, _ = keeper(capsys, "zoo", "ls", "--zoo", other)
+    assert code == 0 and out.startswith(f"0 models in {other}")

@@ -1,0 +1,210 @@
+"""Tests of keeper.torch_support: export leaves the module as it was and maps every trainable parameter (both
+exporters), warm_start with an embedded Zoo (cold, then function-preserving, dtype and device kept), and the
+architecture template round trip with its errors."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from keeper import families
+from keeper.errors import KeeperError
+from keeper.onnx_weights import read_initializers
+from keeper.torch_support import architecture_template, export, fill_template, warm_start
+from keeper.zoo import Zoo
+
+RESNET = dict(family="resnet", dim=2, in_channels=3, num_classes=5, input_length=8, widths=[8, 16], blocks=[1, 1],
+              kernel=3)
+TRANSFORMER = dict(family="transformer", dim=1, in_channels=1, num_classes=5, input_length=16, d_model=16, heads=2,
+                   ffn=32, layers=1, patch=4)
+MLP = dict(family="mlp", dim=1, in_channels=1, num_classes=5, input_length=16, widths=[24, 12], norm="batchnorm")
+SPECS = {"resnet": RESNET, "transformer": TRANSFORMER}
+
+
+def build(spec: dict, seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A model and an example input, seeded without touching the global torch RNG."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return families.build(spec).to(dtype), families.example_input(spec, batch=4).to(dtype)
+
+
+def trained_like(model: torch.nn.Module, x: torch.Tensor, seed: int = 0) -> torch.nn.Module:
+    """Non-trivial norm statistics and affine parameters, as after training (fresh ones hide mapping errors)."""
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(seed)
+        model.train()
+        for _ in range(3):
+            model(x + 0.3 * torch.randn_like(x))
+        for m in model.modules():
+            if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.LayerNorm)):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.3, 0.3)
+    return model.eval()
+
+
+def snapshot(module: torch.nn.Module) -> dict:
+    """Bytes of every state_dict entry, each submodule's training flag and each parameter's requires_grad."""
+    return {"state": {k: (v.dtype, tuple(v.shape), v.detach().cpu().numpy().tobytes())
+                      for k, v in module.state_dict().items()},
+            "training": {n: m.training for n, m in module.named_modules()},
+            "grad": {n: p.requires_grad for n, p in module.named_parameters()}}
+
+
+def outputs(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    module.eval()
+    with torch.no_grad():
+        return module(x)
+
+
+def rel_dev(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / a.abs().max())
+
+
+def onnx_inits(blob: bytes) -> dict[str, np.ndarray]:
+    return read_initializers(onnx.load_from_string(blob))
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+CASES = [(f, d) for f in SPECS for d in (True, False)]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{f}-{'dynamo' if d else 'torchscript'}" for f, d in CASES])
+def exported(request):
+    """One export per family and exporter, of a module in training mode with one norm layer frozen (eval)."""
+    family, dynamo = request.param
+    module, x = build(SPECS[family])
+    trained_like(module, x).train()
+    frozen = next(n for n, m in module.named_modules()
+                  if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.LayerNorm)))
+    module.get_submodule(frozen).eval()
+    before = snapshot(module)
+    return SimpleNamespace(module=module, x=x, dynamo=dynamo, frozen=frozen, before=before,
+                           result=export(module, x, dynamo=dynamo))
+
+
+def test_export_leaves_the_module_exactly_as_it_was(exported):
+    after = snapshot(exported.module)
+    assert after["state"].keys() == exported.before["state"].keys()
+    for k, v in exported.before["state"].items():
+        assert after["state"][k] == v, f"{k} changed"
+    # a submodule set apart (a frozen norm layer) keeps its own mode, not the parent's
+    assert after["training"] == exported.before["training"]
+    assert exported.module.training and not exported.module.get_submodule(exported.frozen).training
+    assert after["grad"] == exported.before["grad"]
+
+
+def test_export_carries_the_modules_real_values(exported):
+    inits = onnx_inits(exported.result.onnx)
+    state = exported.module.state_dict()
+    checked = 0
+    for onnx_key, (sd_key, how) in exported.result.keys.items():
+        if onnx_key not in inits:  # an alias of another initializer (e.g. behind an Identity)
+            continue
+        want = state[sd_key].detach().numpy()
+        want = want.T if how == "T" else want
+        np.testing.assert_array_equal(inits[onnx_key].reshape(want.shape), want, err_msg=onnx_key)
+        checked += 1
+    assert checked >= len(exported.result.keys) // 2
+
+
+def test_key_map_covers_every_trainable_parameter(exported):
+    trainable = {n for n, p in exported.module.named_parameters() if p.requires_grad}
+    mapped = {sd for sd, _ in exported.result.keys.values()}
+    assert trainable - mapped == set()
+    assert mapped <= set(exported.module.state_dict())
+    assert {how for _, how in exported.result.keys.values()} <= {"same", "T"}
+
+
+# ---------------------------------------------------------------------------------------------- warm_start
+
+
+def test_warm_start_cold_then_from_a_parent(tmp_path):
+    zoo = Zoo(str(tmp_path / "zoo"))
+    child, x = build({**RESNET, "widths": [12, 24]}, seed=1)
+    child.train()
+    before = snapshot(child)
+    cold = warm_start(child, x, zoo)
+    assert cold.parent is None and cold.score == 0.0 and cold.missing == [] and cold.unexpected == []
+    assert snapshot(child) == before, "a cold start leaves the module untouched"
+
+    parent, _ = build(RESNET, seed=2)
+    trained_like(parent, x, seed=2)
+    zoo.register(export(parent, x).onnx, 0.9, name="parent")
+    assert rel_dev(outputs(parent, x), outputs(child, x)) > 0.1  # the child starts as another function
+    child.train()
+    result = warm_start(child, x, zoo, noise=0.0)
+    assert result.parent == "parent" and 0.0 < result.score < 1.0
+    assert result.missing == [] and result.unexpected == []
+    assert child.training, "warm_start keeps the module's mode"
+    assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-4
+    assert zoo.record("parent").hits == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_loading_keeps_dtype_and_device(tmp_path, dynamo):
+    zoo = Zoo(str(tmp_path / "zoo"))
+    parent, x = build(MLP, seed=3, dtype=torch.float64)
+    trained_like(parent, x, seed=3)
+    zoo.register(export(parent, x, dynamo=dynamo).onnx, 0.9, name="parent")
+    child, _ = build({**MLP, "widths": [40, 20]}, seed=4, dtype=torch.float64)
+    result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
+    assert result.parent == "parent" and result.missing == []
+    for k, v in child.state_dict().items():
+        assert v.device.type == "cpu", k
+        assert v.dtype == (torch.int64 if k.endswith("num_batches_tracked") else torch.float64), k
+    # float64 throughout: no float32 round trip on the way (that alone would leave ~1e-7)
+    assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-10
+
+
+# ---------------------------------------------------------------------------------------------- templates
+
+
+def test_template_filled_with_the_state_dict_equals_a_fresh_export(exported):
+    template = architecture_template(exported.result)
+    assert len(template) < len(exported.result.onnx)
+    stripped = [t for t in onnx.load_from_string(template).graph.initializer if t.name in exported.result.keys]
+    assert stripped and all(not t.raw_data and not t.float_data and list(t.dims) for t in stripped), \
+        "mapped tensors keep their dims and lose their data"
+    filled = onnx_inits(fill_template(template, exported.module.state_dict()))
+    fresh = onnx_inits(export(exported.module, exported.x, dynamo=exported.dynamo).onnx)
+    assert filled.keys() == fresh.keys()
+    for k, v in fresh.items():
+        assert filled[k].dtype == v.dtype and np.array_equal(filled[k], v), k
+    props = {p.key for p in onnx.load_from_string(fill_template(template, exported.module.state_dict())).metadata_props}
+    assert "keeper.state_dict_keys" not in props
+
+
+@pytest.fixture(scope="module")
+def mlp_template():
+    module, x = build({**MLP, "norm": "none"})
+    return module, architecture_template(export(module, x, dynamo=False))
+
+
+def test_fill_template_names_a_missing_key(mlp_template):
+    module, template = mlp_template
+    state = dict(module.state_dict())
+    del state["body.2.weight"]
+    with pytest.raises(KeeperError, match=r"'body\.2\.weight'"):
+        fill_template(template, state)
+
+
+def test_fill_template_names_a_wrongly_shaped_key(mlp_template):
+    module, template = mlp_template
+    state = dict(module.state_dict())
+    state["head.bias"] = torch.zeros(7)
+    with pytest.raises(KeeperError, match=r"'head\.bias' has shape \(7,\)"):
+        fill_template(template, state)
+
+
+def test_fill_template_refuses_what_is_not_a_template(mlp_template):
+    module, _ = mlp_template
+    with pytest.raises(KeeperError, match="not ONNX"):
+        fill_template(b"\xff\x00 definitely not protobuf \x01", module.state_dict())
+    plain = export(module, torch.zeros(2, 1, 16), dynamo=False).onnx  # ONNX, but no keeper key table
+    with pytest.raises(KeeperError, match="keeper.state_dict_keys"):
+        fill_template(plain, module.state_dict())

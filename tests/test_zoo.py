@@ -1,0 +1,321 @@
+"""Tests of keeper.zoo.Zoo (embedded, no Ray): durability on reopen, admission, idempotence, the outlier filter,
+eviction under a byte budget, warming (cold, function-preserving, accuracy-aware) and hit counting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from keeper.errors import AdmissionError, InvalidModelError, ModelNotFoundError
+from keeper.matching import similarity
+from keeper.onnx_weights import read_initializers
+from keeper.zoo import Zoo, ZooConfig
+
+# ---------------------------------------------------------------------------------------------- test models
+
+
+def mlp_onnx(widths: list[int], seed: int = 0, in_dim: int = 16) -> bytes:
+    """Gemm/Relu chain with random weights (different seeds give different bytes, same architecture)."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, x, d = [], [], "x", in_dim
+    for i, w in enumerate(widths):
+        inits += [numpy_helper.from_array((rng.standard_normal((w, d)) * 0.3).astype(np.float32), f"fc{i}.weight"),
+                  numpy_helper.from_array((rng.standard_normal(w) * 0.1).astype(np.float32), f"fc{i}.bias")]
+        nodes.append(helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [f"h{i}"], transB=1,
+                                      name=f"fc{i}"))
+        x, d = f"h{i}", w
+        if i < len(widths) - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
+            x = f"r{i}"
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, in_dim])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, d])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def conv2d_onnx(channels: int = 4, seed: int = 0) -> bytes:
+    """One 2-D convolution: nothing in a zoo of 1-D MLPs can feed it."""
+    w = np.random.default_rng(seed).standard_normal((channels, 3, 3, 3)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["x", "conv.weight"], ["y"], pads=[1] * 4, name="conv")], "c2d",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, channels, 8, 8])],
+                          [numpy_helper.from_array(w, "conv.weight")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+PARENT = [24, 10]          # the zoo's architecture
+WIDER = [40, 10]           # the same with a wider hidden layer: warming it preserves the parent's function
+
+
+def files(root: Path) -> dict[str, bytes]:
+    """Every stored file (temp files excluded) with its content: 'stored nothing' means this is unchanged."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
+            if p.is_file() and p.parts[len(root.parts)] != "tmp"}
+
+
+def inits(blob: bytes) -> dict[str, np.ndarray]:
+    return read_initializers(onnx.load_from_string(blob))
+
+
+def run(model, x: np.ndarray) -> np.ndarray:
+    """Run an ONNX model with ONNX's reference evaluator (no onnxruntime needed)."""
+    return ReferenceEvaluator(model).run(None, {"x": x})[0]
+
+
+def rel_dev(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(a).max())
+
+
+@pytest.fixture
+def zoo(tmp_path):
+    return Zoo(str(tmp_path / "zoo"))
+
+
+# ---------------------------------------------------------------------------------------------- durability
+
+
+def test_reopening_restores_every_model(tmp_path):
+    uri = str(tmp_path / "zoo")
+    zoo = Zoo(uri)
+    models = {"mlp-a": (mlp_onnx(PARENT, 1), 0.81), "mlp-b": (mlp_onnx([32, 16, 10], 2), 0.72),
+              "conv": (conv2d_onnx(6), 0.55)}
+    for name, (blob, acc) in models.items():
+        zoo.register(blob, acc, name=name)
+    probe = mlp_onnx(WIDER, 9)
+    before = {c.name: c.score for c in zoo.candidates(probe)}
+
+    again = Zoo(uri)
+    assert len(again) == 3 and again.names() == sorted(models)
+    assert {r.name: r.accuracy for r in again} == {n: a for n, (_, a) in models.items()}
+    assert {r.name: r for r in again} == {r.name: r for r in zoo}
+    # graphs come back from their stored arrays: they score exactly as the originals did
+    assert {c.name: c.score for c in again.candidates(probe)} == before and before["mlp-a"] > 0.5
+    for name, (blob, _) in models.items():
+        assert similarity(again.graph(name), blob) == 1.0
+        assert again.graph(name).to_arrays().keys() == zoo.graph(name).to_arrays().keys()
+        assert all(np.array_equal(v, zoo.graph(name).to_arrays()[k]) for k, v in again.graph(name).to_arrays().items())
+        assert again.store.get(name) == blob
+
+
+def test_remove(tmp_path):
+    uri = str(tmp_path / "zoo")
+    zoo = Zoo(uri)
+    zoo.register(mlp_onnx(PARENT, 1), 0.8, name="keep")
+    zoo.register(mlp_onnx(PARENT, 2), 0.7, name="drop")
+    with pytest.raises(ModelNotFoundError, match="'nope'"):
+        zoo.remove("nope")
+    assert len(zoo) == 2
+    zoo.remove("drop")
+    assert "drop" not in zoo and zoo.names() == ["keep"]
+    again = Zoo(uri)
+    assert again.names() == ["keep"] and "drop" not in again
+    with pytest.raises(ModelNotFoundError):
+        again.record("drop")
+    # the removed model's blobs are gone too: only the kept model's files remain
+    kept = again.record("keep")
+    blobs = {p.name for p in (tmp_path / "zoo" / "blobs").iterdir()}
+    assert blobs == {f"{kept.checksum}.onnx", f"{kept.extra_checksums['graph.npz']}.graph.npz"}
+
+
+# ---------------------------------------------------------------------------------------------- admission
+
+
+@pytest.mark.parametrize("accuracy", [float("nan"), float("inf"), float("-inf"), -0.1, 1.5, "0.9x", None],
+                         ids=["nan", "inf", "-inf", "negative", "above-one", "string", "none"])
+def test_bad_accuracy_is_refused_and_stores_nothing(zoo, tmp_path, accuracy):
+    zoo.register(mlp_onnx(PARENT, 1), 0.8, name="present")
+    before, records = files(tmp_path / "zoo"), list(zoo)
+    with pytest.raises(AdmissionError, match="accuracy"):
+        zoo.register(mlp_onnx(PARENT, 2), accuracy, name="newcomer")
+    assert list(zoo) == records and files(tmp_path / "zoo") == before
+    assert list(Zoo(zoo.uri)) == records
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "a/b", "../up", "sp ace", "x" * 129, "é", 7],
+                         ids=["empty", "dot", "slash", "parent", "space", "long", "non-ascii", "int"])
+def test_bad_name_is_refused_and_stores_nothing(zoo, tmp_path, name):
+    zoo.register(mlp_onnx(PARENT, 1), 0.8, name="present")
+    before, records = files(tmp_path / "zoo"), list(zoo)
+    with pytest.raises(AdmissionError, match="not allowed"):
+        zoo.register(mlp_onnx(PARENT, 2), 0.8, name=name)
+    # identical content under a bad name is refused as well, not silently matched to the stored record
+    with pytest.raises(AdmissionError, match="not allowed"):
+        zoo.register(mlp_onnx(PARENT, 1), 0.8, name=name)
+    assert list(zoo) == records and files(tmp_path / "zoo") == before
+
+
+def test_identical_content_is_idempotent_whatever_the_name(zoo, tmp_path):
+    blob = mlp_onnx(PARENT, 1)
+    rec = zoo.register(blob, 0.8, name="first")
+    before = files(tmp_path / "zoo")
+    assert zoo.register(blob, 0.8, name="first") == rec
+    assert zoo.register(blob, 0.8, name="second") == rec  # the stored record, not a copy under a new name
+    assert zoo.register(blob, 0.8) == rec
+    assert len(zoo) == 1 and zoo.names() == ["first"] and files(tmp_path / "zoo") == before
+    unnamed = zoo.register(mlp_onnx(PARENT, 2), 0.7)
+    assert unnamed.name.startswith("model-") and unnamed.name[len("model-"):] == unnamed.checksum[:12]
+
+
+def test_a_name_taken_by_other_content_is_refused(zoo, tmp_path):
+    rec = zoo.register(mlp_onnx(PARENT, 1), 0.8, name="taken")
+    before = files(tmp_path / "zoo")
+    with pytest.raises(AdmissionError, match="'taken' is taken by different content"):
+        zoo.register(mlp_onnx(PARENT, 2), 0.9, name="taken")
+    assert list(zoo) == [rec] and files(tmp_path / "zoo") == before
+    assert zoo.store.get("taken") == mlp_onnx(PARENT, 1)
+
+
+def test_invalid_onnx_is_refused_and_stores_nothing(zoo, tmp_path):
+    zoo.register(mlp_onnx(PARENT, 1), 0.8, name="present")
+    before, records = files(tmp_path / "zoo"), list(zoo)
+    for bad in (b"", b"not an onnx model", mlp_onnx(PARENT, 2)[:-7], tmp_path / "missing.onnx"):
+        with pytest.raises(InvalidModelError):
+            zoo.register(bad, 0.8, name="bad")
+        with pytest.raises(InvalidModelError):
+            zoo.warm(bad)
+    assert list(zoo) == records and files(tmp_path / "zoo") == before
+    assert zoo.record("present").hits == 0.0  # a refused warm counts no hit
+
+
+def test_outlier_filter(tmp_path):
+    accs = [0.80, 0.82, 0.84, 0.86, 0.88]
+    zoo = Zoo(str(tmp_path / "zoo"))
+    assert zoo.config.outlier_min_models == len(accs)
+    for i, a in enumerate(accs[:-1]):
+        zoo.register(mlp_onnx(PARENT, i), a, name=f"m{i}")
+    # under outlier_min_models models the filter is off: a poor model is admitted (and removed again)
+    zoo.register(mlp_onnx(PARENT, 90), 0.1, name="early")
+    zoo.remove("early")
+    zoo.register(mlp_onnx(PARENT, 4), accs[-1], name="m4")
+    before = files(tmp_path / "zoo")
+    with pytest.raises(AdmissionError, match="std below the zoo mean"):
+        zoo.register(mlp_onnx(PARENT, 91), 0.1, name="poor")
+    assert "poor" not in zoo and len(zoo) == 5 and files(tmp_path / "zoo") == before
+    zoo.register(mlp_onnx(PARENT, 92), 0.79, name="fair")  # within the spread: admitted
+    assert "fair" in zoo
+
+    lax = Zoo(str(tmp_path / "zoo"), ZooConfig(outlier_z=None))
+    assert lax.register(mlp_onnx(PARENT, 91), 0.1, name="poor").accuracy == 0.1
+    assert "poor" in Zoo(str(tmp_path / "zoo"))
+
+
+# ---------------------------------------------------------------------------------------------- eviction
+
+
+def stored_bytes(zoo: Zoo) -> int:
+    return sum(r.nbytes for r in zoo)
+
+
+def test_capacity_evicts_to_budget_and_keeps_the_newcomer(tmp_path):
+    blobs = [mlp_onnx(PARENT, 0), mlp_onnx([32, 10], 1), conv2d_onnx(8, 2), mlp_onnx([16, 16, 10], 3),
+             conv2d_onnx(12, 4), mlp_onnx(PARENT, 5)]
+    cap = sum(sorted(len(b) for b in blobs)[-3:])  # room for about three models
+    zoo = Zoo(str(tmp_path / "zoo"), ZooConfig(capacity_bytes=cap))
+    evicted = 0
+    for i, blob in enumerate(blobs):
+        n_before = len(zoo)
+        rec = zoo.register(blob, 0.5 + 0.05 * i, name=f"m{i}")
+        assert rec.name in zoo, "the newcomer is never its own eviction victim"
+        assert stored_bytes(zoo) <= cap
+        evicted += n_before + 1 - len(zoo)
+    assert evicted >= 2
+    # the store agrees with the in-memory view
+    again = Zoo(str(tmp_path / "zoo"))
+    assert again.names() == zoo.names() and stored_bytes(again) <= cap
+
+    with pytest.raises(AdmissionError, match="exceeds the zoo capacity"):
+        Zoo(str(tmp_path / "small"), ZooConfig(capacity_bytes=len(blobs[0]) - 1)).register(blobs[0], 0.9, name="big")
+    assert len(Zoo(str(tmp_path / "small"))) == 0
+
+
+def test_near_duplicate_of_a_better_newcomer_is_evicted_first(tmp_path):
+    unrelated, twin, newcomer = conv2d_onnx(32, 0), mlp_onnx(PARENT, 1), mlp_onnx(PARENT, 2)
+    accs = {"unrelated": 0.5, "twin": 0.8, "newcomer": 0.9}
+    # by value per byte alone the unrelated model would go first: the near-duplicate rule must override that
+    assert accs["unrelated"] / len(unrelated) < accs["twin"] / len(twin)
+    cap = len(unrelated) + len(twin) + len(newcomer) - 1
+    zoo = Zoo(str(tmp_path / "zoo"), ZooConfig(capacity_bytes=cap))
+    zoo.register(unrelated, accs["unrelated"], name="unrelated")
+    zoo.register(twin, accs["twin"], name="twin")
+    zoo.register(newcomer, accs["newcomer"], name="newcomer")
+    assert zoo.names() == ["newcomer", "unrelated"] and stored_bytes(zoo) <= cap
+
+
+def test_without_near_duplicates_the_lowest_value_per_byte_goes(tmp_path):
+    low, high, newcomer = conv2d_onnx(32, 0), mlp_onnx(PARENT, 1), mlp_onnx([32, 16, 10], 2)
+    assert 0.5 / len(low) < 0.8 / len(high)
+    zoo = Zoo(str(tmp_path / "zoo"), ZooConfig(capacity_bytes=len(low) + len(high) + len(newcomer) - 1))
+    zoo.register(low, 0.5, name="low")
+    zoo.register(high, 0.8, name="high")
+    zoo.register(newcomer, 0.6, name="newcomer")
+    assert zoo.names() == ["high", "newcomer"]
+
+
+# ---------------------------------------------------------------------------------------------- warm
+
+
+def test_unrelated_child_keeps_its_own_weights(zoo):
+    for i in range(3):
+        zoo.register(mlp_onnx(PARENT, i), 0.8 + 0.01 * i, name=f"mlp{i}")
+    child = conv2d_onnx(4, seed=7)
+    result = zoo.warm(child, noise=0.0)
+    assert result.parent is None and result.score == 0.0
+    own = inits(child)
+    assert result.weights.keys() == own.keys()
+    for k, v in own.items():
+        assert np.array_equal(result.weights[k], v) and result.weights[k].dtype == v.dtype
+    assert {op for _, op in result.mapping.values()} == {"init"}
+    assert all(r.hits == 0.0 for r in zoo)  # no parent, no hit
+
+
+def test_wider_child_computes_the_parents_function(zoo):
+    parent = mlp_onnx(PARENT, 1)
+    zoo.register(parent, 0.9, name="parent")
+    zoo.register(conv2d_onnx(8, 2), 0.95, name="conv")  # more accurate but unrelated: never chosen
+    child = mlp_onnx(WIDER, 3)
+    result = zoo.warm(child, noise=0.0)
+    assert result.parent == "parent" and 0.5 < result.score < 1.0
+    assert result.weights["fc0.weight"].shape == (40, 16) and result.weights["fc1.weight"].shape == (10, 40)
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    warmed = result.to_onnx()
+    assert rel_dev(run(parent, x), run(warmed, x)) <= 1e-4
+    assert rel_dev(run(parent, x), run(child, x)) > 0.1  # the child's own weights compute something else
+    # noise breaks the symmetry of the replicated units, so the function moves (a little)
+    noisy = zoo.warm(child, noise=0.05)
+    assert noisy.parent == "parent" and 0.0 < rel_dev(run(parent, x), run(noisy.to_onnx(), x)) < 0.5
+
+
+def test_of_equally_similar_parents_the_more_accurate_is_chosen(tmp_path):
+    child = mlp_onnx(WIDER, 9)
+    for first_better in (True, False):
+        zoo = Zoo(str(tmp_path / f"zoo-{first_better}"))
+        # names sort against the better model, so a tie-break by name would pick the worse one
+        better, worse = "b-better", "a-worse"
+        order = [(better, 0.9, 1), (worse, 0.6, 2)]
+        for name, acc, seed in (order if first_better else order[::-1]):
+            zoo.register(mlp_onnx(PARENT, seed), acc, name=name)
+        scores = {c.name: c.score for c in zoo.candidates(child)}
+        assert scores[better] == scores[worse] > 0.0
+        result = zoo.warm(child, noise=0.0)
+        assert result.parent == better
+        np.testing.assert_array_equal(result.weights["fc1.bias"], inits(mlp_onnx(PARENT, 1))["fc1.bias"])
+
+
+def test_warm_counts_hits_durably(zoo):
+    zoo.register(mlp_onnx(PARENT, 1), 0.9, name="parent")
+    zoo.register(conv2d_onnx(8, 2), 0.9, name="other")
+    child = mlp_onnx(WIDER, 3)
+    assert zoo.record("parent").hits == 0.0
+    zoo.warm(child, noise=0.0)
+    assert zoo.record("parent").hits == pytest.approx(1.0)
+    zoo.warm(child, noise=0.0)
+    # hits decay with a half-life of days: two warms within a second count as two
+    assert zoo.record("parent").hits == pytest.approx(2.0, abs=1e-4)
+    assert zoo.record("other").hits == 0.0
+    again = Zoo(zoo.uri)
+    assert again.record("parent").hits == pytest.approx(2.0, abs=1e-4)
+    assert "hit_time" in again.record("parent").summary
