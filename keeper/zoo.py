@@ -23,8 +23,8 @@ from keeper.errors import AdmissionError, ModelNotFoundError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
-from keeper.selection import Candidate, SelectionPolicy, choose_parent
-from keeper.store import ModelRecord, ModelStore
+from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage
+from keeper.store import ModelRecord, ModelStore, check_name
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 
 __all__ = ["Zoo", "ZooConfig", "graph_blob", "graph_from_blob"]
@@ -138,7 +138,9 @@ class Zoo:
         blob = proto.SerializeToString()
         graph = graph_from_proto(proto)
         checksum = hashlib.sha256(blob).hexdigest()
-        name = name or f"model-{checksum[:12]}"
+        # check an explicit name first: "" must not fall back to the hash name, and a bad name must not be
+        # answered with the stored record of identical content
+        name = f"model-{checksum[:12]}" if name is None else check_name(name)
         acc = check_accuracy(accuracy, name)
         for rec in self.store.records():
             if rec.checksum == checksum:  # identical content: idempotent, whatever name it came with
@@ -231,7 +233,8 @@ class Zoo:
             return []
         scores = score_many(PackedParents.pack([self._arrays[n] for n in keep]), ca)
         recs = {r.name: r for r in self.store.records()}
-        return [Candidate(n, float(s), recs[n].accuracy) for n, s in zip(keep, scores) if n in recs]
+        return [Candidate(n, float(s), recs[n].accuracy, coverage(s, ca.total, self._arrays[n].total))
+                for n, s in zip(keep, scores) if n in recs]
 
     def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> WarmResult:
         """Warm-start ``model`` from the best parent in the zoo (its own weights when none clears the floor)."""

@@ -1,4 +1,4 @@
-"""Parent choice: floor, buckets, accuracy-awareness, determinism."""
+"""Parent choice: floor, coverage, buckets, accuracy-awareness, determinism."""
 
 from __future__ import annotations
 
@@ -10,12 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keeper.errors import KeeperError
-from keeper.selection import Candidate, SelectionPolicy, choose_parent
+from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage
 
 unit = st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 0.3, 0.5, 0.95, 1.0]))
-candidates = st.lists(st.builds(Candidate, st.sampled_from("abcdefgh"), unit, unit), max_size=12)
-policies = st.builds(SelectionPolicy, unit, st.integers(1, 20), st.booleans())
-aware_policies = st.builds(SelectionPolicy, unit, st.integers(1, 20), st.just(True))
+candidates = st.lists(st.builds(Candidate, st.sampled_from("abcdefgh"), unit, unit, unit), max_size=12)
+policies = st.builds(SelectionPolicy, unit, st.integers(1, 20), st.booleans(), unit)
+aware_policies = st.builds(SelectionPolicy, unit, st.integers(1, 20), st.just(True), unit)
+
+
+def considered(cands, policy):
+    """The candidates the policy ranks: above the floor, and of those the well-covered ones if any."""
+    eligible = [c for c in cands if c.score >= policy.floor]
+    return [c for c in eligible if c.coverage >= policy.min_coverage] or eligible
 
 
 @settings(max_examples=100, deadline=None)
@@ -31,7 +37,7 @@ def test_none_iff_nothing_clears_the_floor(cands, policy):
 @given(candidates, aware_policies)
 def test_accuracy_aware_picks_the_most_accurate_of_the_best_bucket(cands, policy):
     best = choose_parent(cands, policy)
-    eligible = [c for c in cands if c.score >= policy.floor]
+    eligible = considered(cands, policy)
     if best is None:
         return
     top = max(policy.bucket(c.score) for c in eligible)
@@ -46,14 +52,36 @@ def test_accuracy_aware_picks_the_most_accurate_of_the_best_bucket(cands, policy
 @settings(max_examples=100, deadline=None)
 @given(candidates, policies)
 def test_plain_mode_gives_the_max_score(cands, policy):
-    plain = SelectionPolicy(policy.floor, policy.buckets, accuracy_aware=False)
+    plain = SelectionPolicy(policy.floor, policy.buckets, accuracy_aware=False, min_coverage=policy.min_coverage)
     best = choose_parent(cands, plain)
-    eligible = [c for c in cands if c.score >= plain.floor]
+    eligible = considered(cands, plain)
     if best is None:
         return
     top = max(c.score for c in eligible)
     assert best.score == top
     assert best.accuracy == max(c.accuracy for c in eligible if c.score == top)
+
+
+@settings(max_examples=100, deadline=None)
+@given(candidates, policies)
+def test_a_poorly_covered_parent_is_a_last_resort(cands, policy):
+    best = choose_parent(cands, policy)
+    if best is None:
+        return
+    covered = [c for c in cands if c.score >= policy.floor and c.coverage >= policy.min_coverage]
+    assert (best.coverage >= policy.min_coverage) == bool(covered)
+
+
+def test_a_small_child_of_a_much_larger_parent_prefers_its_own_kind():
+    # the small MLP is covered completely by slices of a transformer 10x its size, and at 0.9 by an MLP
+    transformer = Candidate("transformer", 1.0, 0.80, coverage=coverage(1.0, 7_000, 70_000))
+    mlp = Candidate("mlp", 0.9, 0.40, coverage=coverage(0.9, 7_000, 6_300))
+    assert transformer.coverage == pytest.approx(0.1) and mlp.coverage == 1.0
+    assert choose_parent([transformer, mlp]).name == "mlp"
+    assert choose_parent([transformer, mlp], SelectionPolicy(accuracy_aware=False)).name == "mlp"
+    assert choose_parent([transformer, mlp], SelectionPolicy(min_coverage=0.0)).name == "transformer"
+    assert choose_parent([transformer]).name == "transformer"  # still better than no parent
+    assert coverage(0.5, 10, 0) == 0.0
 
 
 @settings(max_examples=100, deadline=None)

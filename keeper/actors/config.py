@@ -93,7 +93,8 @@ class ServiceConfig:
     noise: float = 0.01
     seed: int = 0
     # parent choice (keeper.selection.SelectionPolicy)
-    selection: dict[str, Any] = field(default_factory=lambda: {"floor": 0.3, "buckets": 10, "accuracy_aware": True})
+    selection: dict[str, Any] = field(default_factory=lambda: {"floor": 0.3, "buckets": 10, "accuracy_aware": True,
+                                                               "min_coverage": 0.3})
     clustering: ClusteringConfig = field(default_factory=ClusteringConfig)
     timeouts: Timeouts = field(default_factory=Timeouts)
     actors: dict[str, dict[str, Any]] = field(default_factory=lambda: copy.deepcopy(_DEFAULT_ACTORS))
@@ -234,6 +235,6 @@ def _check(cfg: ServiceConfig) -> None:
     try:
         SelectionPolicy(**cfg.selection)
     except TypeError as exc:
-        raise ConfigError(f"config key 'selection': {exc}; allowed keys: floor, buckets, accuracy_aware") from None
+        raise ConfigError(f"config key 'selection': {exc}; allowed keys: floor, buckets, accuracy_aware, min_coverage") from None
     except KeeperError as exc:
         raise ConfigError(f"config key 'selection': {exc}") from None

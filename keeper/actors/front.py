@@ -142,8 +142,8 @@ class Keeper:
             hit: count a hit for the chosen parent (pass True when the caller then warms from it).
 
         Returns:
-            ``{"parent", "score", "uri", "noise", "seed", "candidates": [[name, score, accuracy], ...] (best
-            five)}``; run ``keeper.actors.transfer.warm_from_store(uri, parent, model, noise, seed)`` to warm in
+            ``{"parent", "score", "uri", "noise", "seed", "candidates": [[name, score, accuracy, coverage],
+            ...] (best five)}``; run ``keeper.actors.transfer.warm_from_store(uri, parent, model, noise, seed)`` to warm in
             the caller's process.
         """
         from keeper.graph import graph_from_proto
@@ -273,7 +273,7 @@ class Keeper:
         return ref, choice
 
     def _choose(self, child: MatchArrays) -> dict[str, Any]:
-        from keeper.selection import Candidate, choose_parent
+        from keeper.selection import Candidate, choose_parent, coverage
 
         t0 = time.perf_counter()
         digest = hashlib.blake2b(b"".join(np.ascontiguousarray(a).tobytes()
@@ -288,14 +288,14 @@ class Keeper:
         with self._stats_lock:
             self._search_latencies.append(time.perf_counter() - t0)
         pos = view.positions(names) if names else np.zeros(0, np.int64)
-        cands = [Candidate(n, float(s), float(view.accuracy[p]))
+        cands = [Candidate(n, float(s), float(view.accuracy[p]), coverage(s, child.total, int(view.params[p])))
                  for n, s, p in zip(names, scores, pos) if view.weighted[p]]
         best = choose_parent(cands, self.policy)
         top = sorted(cands, key=lambda c: -c.score)[:5]
         # the URI as configured (with any credentials it carries), not the store's redacted form
         choice = {"parent": best.name if best is not None else None,
                   "score": float(best.score) if best is not None else 0.0, "uri": self.config.zoo_uri,
-                  "candidates": [[c.name, c.score, c.accuracy] for c in top]}
+                  "candidates": [[c.name, c.score, c.accuracy, c.coverage] for c in top]}
         with self._stats_lock:
             self._choices[(view.key, digest)] = choice
             while len(self._choices) > _CHOICE_CACHE:

@@ -297,6 +297,7 @@ class ZooManager:
             names=np.array(names, dtype=str),
             accuracy=np.array([self._accuracy[n] for n in names], dtype=np.float64),
             weighted=np.array([n not in self._graph_only for n in names], dtype=bool),
+            params=np.array([self._arrays[n].total for n in names], dtype=np.int64),
             shard=np.array([pos[self._loc[n][0]] for n in names], dtype=np.int32),
             row=np.array([self._loc[n][1] for n in names], dtype=np.int64),
             shards=shard_ids,

@@ -75,6 +75,7 @@ class View:
     names: np.ndarray          # str (n,)
     accuracy: np.ndarray       # float64 (n,)
     weighted: np.ndarray       # bool (n,): False for graph-only entries, which are scored but never chosen
+    params: np.ndarray         # int64 (n,): trainable elements of each model (for the parent's coverage)
     shard: np.ndarray          # int32 (n,): index into ``shards``
     row: np.ndarray            # int64 (n,): row within that shard
     shards: tuple[str, ...]
@@ -100,5 +101,6 @@ class View:
 
     @classmethod
     def empty(cls, key: str = "empty", uri: str = "") -> "View":
-        return cls(key, np.array([], dtype=str), np.zeros(0), np.zeros(0, bool), np.zeros(0, np.int32),
+        return cls(key, np.array([], dtype=str), np.zeros(0), np.zeros(0, bool), np.zeros(0, np.int64),
+                   np.zeros(0, np.int32),
                    np.zeros(0, np.int64), (), {}, uri)
