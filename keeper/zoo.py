@@ -39,6 +39,7 @@ class ZooConfig:
     capacity_bytes: int | None = None     # None: unbounded
     outlier_z: float | None = 3.0          # refuse accuracies more than z std below the zoo mean; None disables
     outlier_min_models: int = 5            # the filter starts once the zoo holds this many models
+    outlier_min_gap: float = 0.05          # ...and refuses only accuracies at least this far below the mean too
     hit_half_life_s: float = 7 * 24 * 3600.0
     near_duplicate: float = 0.1            # distance under which two architectures are near-duplicates
     selection: SelectionPolicy = field(default_factory=SelectionPolicy)
@@ -163,10 +164,12 @@ class Zoo:
         if z is None or len(accs) < self.config.outlier_min_models:
             return
         mean, std = float(accs.mean()), float(accs.std())
-        if std > 0 and (acc - mean) / std < -z:
+        # both tests: in a zoo of near-equal accuracies a tiny std makes a model 2 points below the mean a
+        # "3 std" outlier, although it is as useful a parent as any
+        if std > 0 and (acc - mean) / std < -z and mean - acc >= self.config.outlier_min_gap:
             raise AdmissionError(f"model {name!r}: accuracy {acc:.4f} is more than {z} std below the zoo mean "
-                                 f"{mean:.4f} (std {std:.4f}); it would not be a useful parent. Set outlier_z=None "
-                                 "to admit it anyway")
+                                 f"{mean:.4f} (std {std:.4f}) and at least {self.config.outlier_min_gap} below it; it "
+                                 "would not be a useful parent. Set outlier_z=None to admit it anyway")
 
     def remove(self, name: str) -> None:
         """Delete a model and its blobs."""

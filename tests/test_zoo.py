@@ -198,6 +198,20 @@ def test_outlier_filter(tmp_path):
     zoo.register(mlp_onnx(PARENT, 92), 0.79, name="fair")  # within the spread: admitted
     assert "fair" in zoo
 
+
+def test_a_tight_zoo_does_not_refuse_a_model_a_little_below_it(tmp_path):
+    # std 0.002: 0.94 is 15 std below the mean but only 2 points; 0.80 is both far in std and in points
+    zoo = Zoo(str(tmp_path / "zoo"))
+    for i, a in enumerate([0.958, 0.960, 0.962, 0.960, 0.960]):
+        zoo.register(mlp_onnx(PARENT, i), a, name=f"m{i}")
+    assert zoo.register(mlp_onnx(PARENT, 50), 0.94, name="close").accuracy == 0.94
+    with pytest.raises(AdmissionError, match="std"):
+        zoo.register(mlp_onnx(PARENT, 51), 0.80, name="poor")
+    assert "poor" not in zoo
+    strict = Zoo(str(tmp_path / "zoo"), ZooConfig(outlier_min_gap=0.0))
+    with pytest.raises(AdmissionError):
+        strict.register(mlp_onnx(PARENT, 52), 0.93, name="strict")
+
     lax = Zoo(str(tmp_path / "zoo"), ZooConfig(outlier_z=None))
     assert lax.register(mlp_onnx(PARENT, 91), 0.1, name="poor").accuracy == 0.1
     assert "poor" in Zoo(str(tmp_path / "zoo"))

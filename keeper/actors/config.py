@@ -88,6 +88,7 @@ class ServiceConfig:
     capacity_bytes: int | None = None
     outlier_z: float | None = 3.0
     outlier_min_models: int = 5
+    outlier_min_gap: float = 0.05
     near_duplicate: float = 0.1
     hit_half_life_s: float = 7 * 24 * 3600.0
     noise: float = 0.01
@@ -120,7 +121,8 @@ class ServiceConfig:
         from keeper.zoo import ZooConfig
 
         return ZooConfig(capacity_bytes=self.capacity_bytes, outlier_z=self.outlier_z,
-                         outlier_min_models=self.outlier_min_models, hit_half_life_s=self.hit_half_life_s,
+                         outlier_min_models=self.outlier_min_models, outlier_min_gap=self.outlier_min_gap,
+                         hit_half_life_s=self.hit_half_life_s,
                          near_duplicate=self.near_duplicate, selection=SelectionPolicy(**self.selection),
                          noise=self.noise, seed=self.seed)
 
