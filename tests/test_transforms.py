@@ -14,7 +14,7 @@ from keeper.graph import Kind
 from keeper.torch_support import export, load_warm
 from keeper.transforms.depth import identity_fill, zero_fill
 from keeper.transforms.kernel import fit_kernel
-from keeper.transforms.width import take_inputs, take_units, unit_map
+from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
 from keeper.warm import warm_from_parent
 
 # ------------------------------------------------------------------------------------------ pure functions
@@ -48,6 +48,27 @@ def test_unit_map_keeps_every_parent_unit_when_growing_and_is_deterministic(pare
     else:  # shrinking keeps the most important units, in order
         assert np.array_equal(m, np.arange(parent - child, parent))
     assert np.array_equal(m, unit_map(parent, child, np.arange(parent, dtype=float), seed=seed, key=3))
+
+
+@settings(max_examples=80, deadline=None)
+@given(p_out=st.integers(1, 40), c_out=st.integers(1, 60), p_in=st.integers(1, 12), c_in=st.integers(1, 20),
+       kernel=st.sampled_from([(), (3,), (1, 3)]), divide=st.booleans(), seed=st.integers(0, 99))
+def test_fused_take_equals_the_two_step_path(p_out, c_out, p_in, c_in, kernel, divide, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(p_out, p_in) + kernel).astype(np.float32)
+    before = w.copy()
+    units = unit_map(p_out, c_out, rng.random(p_out), seed=seed, key=1)
+    inputs = unit_map(p_in, c_in, rng.random(p_in), seed=seed, key=2)
+    if rng.random() < 0.3:  # arbitrary maps too, not only unit_map's identity-prefix ones
+        units = rng.integers(0, p_out, c_out)
+    fused = take_units_and_inputs(w, units, inputs, p_in if divide else None)
+    rows = take_units(w, units, 0)
+    two_step = take_inputs(rows, inputs, p_in, 1) if divide else take_units(rows, inputs, 1)
+    np.testing.assert_array_equal(fused, two_step)  # bit for bit: the fused path is only faster
+    np.testing.assert_array_equal(w, before)
+    assert not np.shares_memory(fused, w)
+    with pytest.raises(ValueError, match="outside"):
+        take_units_and_inputs(w, np.array([p_out]), inputs, None)
 
 
 @settings(max_examples=30, deadline=None)

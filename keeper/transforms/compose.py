@@ -18,7 +18,7 @@ from keeper.matching import Alignment
 from keeper.onnx_weights import layer_arrays, to_source
 from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
 from keeper.transforms.kernel import fit_kernel
-from keeper.transforms.width import take_inputs, take_units, unit_map
+from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
 
 __all__ = ["Transfer", "transfer"]
 
@@ -87,13 +87,18 @@ class _GroupMaps:
                 cs, ps = int(self.child.group_size[cp]), int(self.parent.group_size[pp])
                 if cs <= 0 or ps <= 0:
                     return None
-                maps.append(unit_map(ps, cs, self.importance(pp), seed=self.seed, key=pp) + offset)
+                maps.append(unit_map(ps, cs, self._ranking(pp, cs, ps), seed=self.seed, key=pp) + offset)
                 offset += ps
             return np.concatenate(maps)
         cs, ps = int(self.child.group_size[cg]), int(self.parent.group_size[pg])
         if cs <= 0 or ps <= 0 or len(cparts) or len(pparts):
             return None
-        return unit_map(ps, cs, self.importance(pg), seed=self.seed, key=pg)
+        return unit_map(ps, cs, self._ranking(pg, cs, ps), seed=self.seed, key=pg)
+
+    def _ranking(self, pg: int, cs: int, ps: int) -> np.ndarray | None:
+        # only shrinking ranks units; importance reads every weight producing the group in float64, which was
+        # 40-55% of the transfer time of a grown 100M-parameter child (profiled on scripts/bench_warm.py's models)
+        return self.importance(pg) if cs < ps else None
 
     def importance(self, pg: int) -> np.ndarray | None:
         """L2 norm of each unit's outgoing weights over the parent layers producing the group."""
@@ -121,18 +126,29 @@ def _map_fits(m: np.ndarray | None, child_len: int, parent_len: int) -> bool:
     return m is not None and len(m) == child_len and int(m.max(initial=-1)) < parent_len
 
 
+def _moves(m: np.ndarray, parent_len: int) -> bool:
+    """The map is not the identity on ``parent_len`` units."""
+    return len(m) != parent_len or bool(np.any(m != np.arange(len(m))))
+
+
 def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_map, parent_in: int) -> tuple[np.ndarray, list[str]]:
     """Turn parent tensor ``pt`` into the child's shape ``ct.shape``; returns the array and the operators used."""
     ops: list[str] = []
     t = pt
-    if t.ndim >= 1 and _map_fits(out_map, ct.shape[0], t.shape[0]):
-        if len(out_map) != t.shape[0] or np.any(out_map != np.arange(len(out_map))):
-            ops.append("widen" if len(out_map) > t.shape[0] else "shrink")
-            t = take_units(t, out_map, 0)
-    if role == "weight" and kind in _IN_AXIS_KINDS and t.ndim >= 2 and _map_fits(in_map, ct.shape[1], t.shape[1]):
-        if len(in_map) != t.shape[1] or np.any(in_map != np.arange(len(in_map))):
-            ops.append("widen-in" if len(in_map) > t.shape[1] else "shrink-in")
-            t = take_inputs(t, in_map, parent_in, 1) if len(in_map) > t.shape[1] else take_units(t, in_map, 1)
+    take_out = t.ndim >= 1 and _map_fits(out_map, ct.shape[0], t.shape[0]) and _moves(out_map, t.shape[0])
+    take_in = (role == "weight" and kind in _IN_AXIS_KINDS and t.ndim >= 2
+               and _map_fits(in_map, ct.shape[1], t.shape[1]) and _moves(in_map, t.shape[1]))
+    if take_out:
+        ops.append("widen" if len(out_map) > t.shape[0] else "shrink")
+    if take_in:
+        grow_in = len(in_map) > t.shape[1]
+        ops.append("widen-in" if grow_in else "shrink-in")
+    if take_out and take_in:
+        t = take_units_and_inputs(t, out_map, in_map, parent_in if grow_in else None)
+    elif take_out:
+        t = take_units(t, out_map, 0)
+    elif take_in:
+        t = take_inputs(t, in_map, parent_in, 1) if grow_in else take_units(t, in_map, 1)
     if role == "weight" and kind in (Kind.CONV, Kind.DWCONV, Kind.CONVT) and t.ndim > 2 and t.shape[2:] != ct.shape[2:]:
         ops.append("kernel-pad" if np.prod(ct.shape[2:]) > np.prod(t.shape[2:]) else "kernel-crop")
         t = fit_kernel(t, ct.shape[2:])

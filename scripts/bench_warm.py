@@ -1,0 +1,456 @@
+"""Benchmark the weight transform: its cost at about 1M, 10M and 100M parameters, and how far a warmed child
+strays from its parent's function where keeper does not promise to preserve it.
+
+Cost. For two families (a pre-LN transformer and a 1-D ResNet-18 layout, ``keeper.families.sized_spec``) and
+each size, the child widens the parent by about 1/8 (transformer: d_model and ffn; ResNet: every stage) and
+deepens it (one more encoder layer; one more block per stage). Both models are exported once with torch's
+TorchScript exporter (eval mode, BatchNorm kept, no constant folding). A fresh subprocess per pair, which does not
+import torch, loads the ONNX files and measures, with the models' initializers already in memory:
+
+* graph: ``graph_from_proto`` of both models; align: ``keeper.align(parent_graph, child_graph)`` (after one
+  call that loads the compiled alignment loop);
+* copy: ``{k: v.copy() for k, v in parent_inits.items()}``, one plain copy of the parent's weights, the baseline;
+* transform: ``keeper.transforms.transfer(parent_graph, parent_inits, child_graph, child_inits, alignment,
+  noise=0.0)`` alone (graphs and alignment precomputed). The first call in the process is reported as is; then
+  copy and transform are timed ``--reps`` times each, interleaved, after a warm-up call, and the medians are
+  compared;
+* peak memory of one transform call, two ways: tracemalloc (numpy's array buffers are traced) as the peak traced
+  bytes minus those traced before the call; and the resident set, as the high-water mark (VmHWM, reset through
+  ``/proc/self/clear_refs`` just before the process's first transform call) minus VmRSS before it.
+
+Targets: transform median <= 3x copy median; tracemalloc peak <= 3x the child's weight bytes.
+
+Deviation. Small models, parent made "trained-like" (BatchNorm statistics from three train-mode passes, norm
+affine parameters drawn from U(0.5, 1.5) / U(-0.3, 0.3)), exported with keeper's ``torch_support.export`` through
+both exporters, warmed with ``warm_from_parent(noise=0.0, seed=seed)`` and loaded with ``load_warm``; in eval
+mode, on a batch of 16 random inputs, deviation = max |parent(x) - child(x)| / max |parent(x)|, over ``--seeds``
+seeds. The cases where keeper
+preserves the function (ResNet widen, pre-LN transformer deepen) are the reference: <= 1e-4.
+
+torch, numba and BLAS are pinned to one thread. Prints markdown tables and writes ``reports/bench_warm.md``.
+
+Usage:
+    python scripts/bench_warm.py [--quick] [--reps 7] [--seed 0] [--seeds 3]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["NUMBA_NUM_THREADS"] = "1"  # before numba is imported
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import gc  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from keeper.graph import graph_from_proto  # noqa: E402
+from keeper.matching import align  # noqa: E402
+from keeper.onnx_safety import load_model  # noqa: E402
+from keeper.onnx_weights import read_initializers  # noqa: E402
+from keeper.transforms import transfer  # noqa: E402
+
+REPORT = Path(__file__).resolve().parent.parent / "reports" / "bench_warm.md"
+SIZES = (1_000_000, 10_000_000, 100_000_000)
+COST_FAMILIES = ("transformer", "resnet")
+TIME_TARGET = 3.0  # transform time / one plain copy of the parent's weights
+MEMORY_TARGET = 3.0  # transform peak extra bytes / the child's weight bytes
+PRESERVED_MAX = 1e-4
+
+# ------------------------------------------------------------------------------------------------- cost
+
+
+def grown(spec: dict) -> dict:
+    """The child of the cost benchmark: about 1/8 wider, and deeper by one layer (transformer) or one block per
+    stage (ResNet)."""
+    if spec["family"] == "transformer":
+        h, d = spec["heads"], spec["d_model"]
+        return {**spec, "d_model": d + h * max(1, round(d / h / 8)), "ffn": round(spec["ffn"] * 1.125),
+                "layers": spec["layers"] + 1}
+    return {**spec, "widths": [round(w * 1.125) for w in spec["widths"]], "blocks": [b + 1 for b in spec["blocks"]]}
+
+
+def _export_torchscript(model, x) -> bytes:
+    """TorchScript export in keeper's settings (eval mode, BatchNorm kept), which takes seconds at 100M. The
+    weights are the models' fresh initial values, which do not change the transform's cost."""
+    import torch
+
+    f = io.BytesIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), (x,), f, dynamo=False, do_constant_folding=False)
+    return f.getvalue()
+
+
+def _proc_status(field: str) -> int:
+    """A VmRSS/VmHWM line of /proc/self/status, in bytes."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _timed(fn, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def measure(parent_path: str, child_path: str, reps: int) -> dict:
+    """Cost figures of one parent/child pair; runs in its own process (see the module docstring)."""
+    pproto = load_model(parent_path, what="parent")
+    cproto = load_model(child_path, what="child")
+    start = time.perf_counter()
+    pg, cg = graph_from_proto(pproto), graph_from_proto(cproto)
+    graph_s = time.perf_counter() - start
+    pinits, cinits = read_initializers(pproto), read_initializers(cproto)
+    parent_bytes = sum(a.nbytes for a in pinits.values())
+    child_bytes = sum(a.nbytes for a in cinits.values())
+
+    align(pg, cg)  # loads (or compiles) the numba loop
+    align_s = _timed(lambda: align(pg, cg), reps)
+    al = align(pg, cg)
+
+    def run():
+        return transfer(pg, pinits, cg, cinits, al, noise=0.0)
+
+    # the process's first transform call: resident high-water mark reset just before it
+    gc.collect()
+    rss_before = _proc_status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    start = time.perf_counter()
+    out = run()
+    first_s = time.perf_counter() - start
+    rss_extra = _proc_status("VmHWM") - rss_before
+    ops = sorted({op for _, op in out.provenance.values()})
+    del out
+
+    def copy():
+        return {k: v.copy() for k, v in pinits.items()}
+
+    copy()  # warm-up, as the transform's first call above
+    # interleaved, so that both see the same allocator state (whether freed buffers are reused or fresh pages
+    # are faulted in changes a large copy's time by up to 2x)
+    copy_s, transform_s = [], []
+    for _ in range(reps):
+        copy_s += _timed(copy, 1)
+        transform_s += _timed(run, 1)
+
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    out = run()
+    traced_peak = tracemalloc.get_traced_memory()[1] - before
+    tracemalloc.stop()
+    return {"parent_params": int(pg.total_params), "child_params": int(cg.total_params),
+            "parent_layers": int(pg.num_layers), "child_layers": int(cg.num_layers),
+            "parent_bytes": parent_bytes, "child_bytes": child_bytes, "score": float(al.score),
+            "graph_s": graph_s, "align_s": align_s, "first_s": first_s, "copy_s": copy_s,
+            "transform_s": transform_s, "traced_peak": traced_peak, "rss_extra": rss_extra, "operators": ops,
+            "tensors": len(out.weights)}
+
+
+def cost_case(family: str, size: int, reps: int, seed: int, workdir: Path) -> dict:
+    """Export the pair, then measure it in a fresh subprocess."""
+    import torch
+
+    from keeper import families
+
+    spec = families.sized_spec(family, size)
+    child = grown(spec)
+    start = time.perf_counter()
+    paths = []
+    for name, s in (("parent", spec), ("child", child)):
+        torch.manual_seed(seed)
+        model = families.build(s)
+        path = workdir / f"{family}-{size}-{name}.onnx"
+        path.write_bytes(_export_torchscript(model, families.example_input(s, batch=1)))
+        paths.append(str(path))
+        del model
+    export_s = time.perf_counter() - start
+    proc = subprocess.run([sys.executable, __file__, "--measure", *paths, "--reps", str(reps)],
+                          capture_output=True, text=True, check=False)
+    for p in paths:
+        Path(p).unlink()
+    if proc.returncode != 0:
+        raise RuntimeError(f"measuring {family} {size}: {proc.stderr[-2000:]}")
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    keys = ("d_model", "heads", "ffn", "layers") if family == "transformer" else ("widths", "blocks", "kernel")
+    res.update(family=family, size=size, export_s=export_s,
+               parent_spec={k: spec[k] for k in keys}, child_spec={k: child[k] for k in keys})
+    return res
+
+
+# ------------------------------------------------------------------------------------------------- deviation
+
+_T = dict(family="transformer", dim=1, in_channels=1, num_classes=10, input_length=32, d_model=64, heads=4,
+          ffn=128, layers=2, patch=4)
+PRE_LN = {**_T, "pre_ln": True}
+POST_LN = {**_T, "pre_ln": False}
+RESNET = dict(family="resnet", dim=2, in_channels=3, num_classes=10, input_length=16, widths=[16, 32],
+              blocks=[1, 1], kernel=3)
+
+# (case, change, parent, child, function preserved by keeper's operators)
+DEVIATION_CASES = [
+    ("post-LN transformer deepen", "layers 2 -> 4", POST_LN, {**POST_LN, "layers": 4}, False),
+    ("pre-LN transformer widen", "d_model 64 -> 96, ffn 128 -> 192", PRE_LN,
+     {**PRE_LN, "d_model": 96, "ffn": 192}, False),
+    ("post-LN transformer widen", "d_model 64 -> 96, ffn 128 -> 192", POST_LN,
+     {**POST_LN, "d_model": 96, "ffn": 192}, False),
+    ("pre-LN transformer shrink", "d_model 64 -> 48, ffn 128 -> 96", PRE_LN,
+     {**PRE_LN, "d_model": 48, "ffn": 96}, False),
+    ("ResNet shrink", "widths [16, 32] -> [12, 24]", RESNET, {**RESNET, "widths": [12, 24]}, False),
+    ("ResNet kernel shrink", "kernel 5 -> 3", {**RESNET, "kernel": 5}, RESNET, False),
+    ("ResNet widen (reference)", "widths [16, 32] -> [24, 48]", RESNET, {**RESNET, "widths": [24, 48]}, True),
+    ("pre-LN transformer deepen (reference)", "layers 2 -> 4", PRE_LN, {**PRE_LN, "layers": 4}, True),
+]
+
+
+def _trained_like(model, x, seed: int):
+    """Norm statistics and affine parameters away from their initial values, as after training."""
+    import torch
+
+    torch.manual_seed(seed)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(x + 0.3 * torch.randn_like(x))
+        for mod in model.modules():
+            if isinstance(mod, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.LayerNorm)):
+                mod.weight.uniform_(0.5, 1.5)
+                mod.bias.uniform_(-0.3, 0.3)
+    return model.eval()
+
+
+def deviation(parent_spec: dict, child_spec: dict, dynamo: bool, seed: int) -> tuple[float, float, float]:
+    """(max relative deviation of the warmed child from the parent, the same for the child's own initial
+    weights, similarity score)."""
+    import torch
+
+    from keeper import families
+    from keeper.torch_support import export, load_warm
+    from keeper.warm import warm_from_parent
+
+    torch.manual_seed(seed)
+    parent = families.build(parent_spec)
+    x = families.example_input(parent_spec, batch=16)
+    _trained_like(parent, x, seed)
+    child = families.build(child_spec).eval()
+    with contextlib.redirect_stderr(io.StringIO()):
+        pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
+    result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0, seed=seed)
+    with torch.no_grad():
+        a, cold = parent(x), child(x)
+        load_warm(child, result, ce.keys)
+        if result.missing:
+            raise RuntimeError(f"child tensors not warmed: {result.missing}")
+        child.eval()
+        b = child(x)
+    scale = a.abs().max()
+    return float((a - b).abs().max() / scale), float((a - cold).abs().max() / scale), float(result.score)
+
+
+# ------------------------------------------------------------------------------------------------- report
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.1f}" if s < 10 else f"{s * 1e3:,.0f}"
+
+
+def _spread(v: np.ndarray) -> str:
+    """Median [min, max] of a few runs."""
+    return f"{np.median(v):.2e} [{v.min():.2e}, {v.max():.2e}]" if len(v) > 1 else f"{v[0]:.2e}"
+
+
+def _cost_tables(rows: list[dict]) -> tuple[list[str], bool]:
+    """Markdown: a time table, a memory table and a note per missed target; and whether every target was met."""
+    ok_all = True
+    time_lines = ["| model | params, parent -> child | weights, parent -> child | graphs, ms | align, ms "
+                  "| copy (parent), ms | transform, first call, ms | transform, ms | transform / copy | time target |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+    mem_lines = ["| model | child weights | peak traced (tracemalloc) | peak / child weights | peak RSS extra "
+                 "| memory target |", "|---|---|---|---|---|---|"]
+    notes = []
+    for r in rows:
+        name = f"{r['family']} {r['size'] / 1e6:g}M"
+        copy, tr = statistics.median(r["copy_s"]), statistics.median(r["transform_s"])
+        grow = r["child_bytes"] / r["parent_bytes"]
+        time_ratio, mem_ratio = tr / copy, r["traced_peak"] / r["child_bytes"]
+        ok_t, ok_m = time_ratio <= TIME_TARGET, mem_ratio <= MEMORY_TARGET
+        ok_all &= ok_t and ok_m
+        time_lines.append(
+            f"| {name} | {r['parent_params'] / 1e6:.2f}M -> {r['child_params'] / 1e6:.2f}M "
+            f"| {_mb(r['parent_bytes'])} -> {_mb(r['child_bytes'])} ({grow:.2f}x) | {_ms(r['graph_s'])} "
+            f"| {_ms(statistics.median(r['align_s']))} | {_ms(copy)} | {_ms(r['first_s'])} "
+            f"| {_ms(tr)} (min {_ms(min(r['transform_s']))}) | {time_ratio:.2f}x "
+            f"| <= {TIME_TARGET:g}x: {'met' if ok_t else 'NOT MET'} |")
+        mem_lines.append(
+            f"| {name} | {_mb(r['child_bytes'])} | {_mb(r['traced_peak'])} | {mem_ratio:.2f}x | {_mb(r['rss_extra'])} "
+            f"| <= {MEMORY_TARGET:g}x: {'met' if ok_m else 'NOT MET'} |")
+        if not ok_t:
+            notes.append(
+                f"- {name}, time target not met: {r['tensors']} child tensors in {_ms(tr)} ms "
+                f"({tr / r['tensors'] * 1e6:,.0f} us per tensor) against one copy of the parent's "
+                f"{_mb(r['parent_bytes'])} in {_ms(copy)} ms. The child's weights are {grow:.2f}x the parent's; "
+                f"against a copy scaled to the child's size (about {_ms(copy * grow)} ms) the transform takes "
+                f"{tr / (copy * grow):.2f}x.")
+        if not ok_m:
+            notes.append(f"- {name}, memory target not met: peak {_mb(r['traced_peak'])} for "
+                         f"{_mb(r['child_bytes'])} of child weights.")
+    return time_lines + [""] + mem_lines + ([""] + notes if notes else []), ok_all
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="skip the 100M-parameter models")
+    ap.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement (medians reported)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the models (cost) and the first deviation seed")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per deviation case")
+    ap.add_argument("--measure", nargs=2, metavar=("PARENT", "CHILD"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.reps < 1 or args.seeds < 1:
+        ap.error("--reps and --seeds must be at least 1")
+    if args.measure:  # the subprocess of one cost case
+        print(json.dumps(measure(*args.measure, reps=args.reps)))
+        return 0
+
+    import torch
+
+    torch.set_num_threads(1)
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    t0 = time.perf_counter()
+    load = os.getloadavg()[0]
+    sizes = SIZES[:2] if args.quick else SIZES
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_warm_") as tmp:
+        for size in sizes:
+            for family in COST_FAMILIES:
+                r = cost_case(family, size, args.reps, args.seed, Path(tmp))
+                rows.append(r)
+                print(f"cost {family} {size:,}: copy {_ms(statistics.median(r['copy_s']))} ms, transform "
+                      f"{_ms(statistics.median(r['transform_s']))} ms, align "
+                      f"{_ms(statistics.median(r['align_s']))} ms, peak {_mb(r['traced_peak'])} "
+                      f"(export {r['export_s']:.1f} s)", flush=True)
+    cost_s = time.perf_counter() - t0
+
+    dev_rows = []
+    ok_ref = True
+    seeds = range(args.seed, args.seed + args.seeds)
+    for name, change, parent, child, preserved in DEVIATION_CASES:
+        for dynamo in (True, False):
+            runs = [deviation(parent, child, dynamo, seed) for seed in seeds]
+            dev, cold, scores = (np.array([r[i] for r in runs]) for i in range(3))
+            note = ""
+            if preserved:
+                ok = bool(dev.max() <= PRESERVED_MAX)
+                ok_ref &= ok
+                note = f"preserving: max <= {PRESERVED_MAX:g} {'met' if ok else 'NOT MET'}"
+            exporter = "dynamo" if dynamo else "TorchScript"
+            score = f"{scores[0]:.3f}" if np.all(scores == scores[0]) else f"{scores.min():.3f}-{scores.max():.3f}"
+            dev_rows.append(f"| {name} | {change} | {exporter} | {_spread(dev)} | {_spread(cold)} | {score} "
+                            f"| {note} |")
+            print(f"deviation {name} ({exporter}): {_spread(dev)}, score {score}", flush=True)
+    total_s = time.perf_counter() - t0
+
+    cost_lines, ok_cost = _cost_tables(rows)
+    command = "python scripts/bench_warm.py" + (" --quick" if args.quick else "") + \
+        (f" --reps {args.reps}" if args.reps != 7 else "") + (f" --seed {args.seed}" if args.seed else "") + \
+        (f" --seeds {args.seeds}" if args.seeds != 3 else "")
+    specs = "\n".join(f"- {r['family']} {r['size'] / 1e6:g}M: parent {r['parent_spec']} -> child {r['child_spec']}; "
+                      f"{r['parent_layers']} -> {r['child_layers']} weighted layers, similarity {r['score']:.3f}, "
+                      f"{r['tensors']} child tensors, operators {', '.join(r['operators'])}; "
+                      f"build + export {r['export_s']:.1f} s" for r in rows)
+    missed = [f"{r['family']} {r['size'] / 1e6:g}M" for r in rows
+              if statistics.median(r["transform_s"]) > TIME_TARGET * statistics.median(r["copy_s"])]
+    mem_ok = all(r["traced_peak"] <= MEMORY_TARGET * r["child_bytes"] for r in rows)
+    summary = (f"Targets: time met for {len(rows) - len(missed)} of {len(rows)} models"
+               + (f" (not met: {', '.join(missed)})" if missed else "")
+               + f"; memory {'met for all' if mem_ok else 'NOT met for some'}; "
+               + f"preserving references {'met' if ok_ref else 'NOT met'}.")
+    dev_models = (f"Transformer parent: d_model {_T['d_model']}, {_T['heads']} heads, ffn {_T['ffn']}, "
+                  f"{_T['layers']} layers, patch {_T['patch']} on length-{_T['input_length']} signals; ResNet "
+                  f"parent: widths {RESNET['widths']}, blocks {RESNET['blocks']}, kernel {RESNET['kernel']}, "
+                  f"{RESNET['input_length']} x {RESNET['input_length']} images with {RESNET['in_channels']} "
+                  "channels.")
+    text = f"""# Warm-start transform benchmark
+
+Command: `{command}`; {os.cpu_count()} cores ({platform.processor() or platform.machine()}), torch, numba and BLAS
+pinned to 1 thread; Python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}. 1-minute load
+average {load:.1f} at the start (other jobs on the machine add noise: times are medians of {args.reps} runs). Cost
+part {cost_s:.0f} s, whole run {total_s:.0f} s.
+
+{summary}
+
+## Transform cost
+
+What is timed is `keeper.transforms.transfer(parent_graph, parent_inits, child_graph, child_inits, alignment,
+noise=0.0)` alone, on initializers already in memory (graphs and alignment precomputed; `warm_from_parent` adds
+ONNX parsing, graph extraction and alignment, timed in the graphs and align columns). The baseline **copy** is
+`{{k: v.copy() for k, v in parent_inits.items()}}`, one plain copy of every parent initializer. Copy and
+transform: median of {args.reps} runs, interleaved, after one warm-up call each in the same process (a copy into
+memory the allocator already holds is faster than one into fresh pages; interleaving gives both the same
+conditions). **First call**: the process's first transform, which also faults in fresh pages for its output. **Peak traced**:
+tracemalloc's peak minus the bytes traced before one transform call (numpy's array buffers are traced; inputs
+excluded). **Peak RSS extra**: the resident high-water mark during the first transform call (VmHWM reset via
+`/proc/self/clear_refs`) minus VmRSS before it; pages allocated zeroed and never written (identity-filled
+layers) are not resident, so it can be below the traced peak. Each pair is measured in its own subprocess that
+does not import torch; the models are exported by TorchScript with their initial weights (values do not change
+the cost). Targets: transform <= {TIME_TARGET:g}x copy; peak traced <= {MEMORY_TARGET:g}x the child's weight bytes.
+
+{chr(10).join(cost_lines)}
+
+Models (keeper.families.sized_spec, dim 1, input length 40; child = about 1/8 wider and one layer or one block
+per stage deeper):
+
+{specs}
+
+## Deviation where preservation is impossible or not promised
+
+Eval mode, `noise=0`, parent made trained-like (BatchNorm statistics from three train-mode passes, norm affine
+parameters from U(0.5, 1.5) / U(-0.3, 0.3)); deviation = max |parent(x) - child(x)| / max |parent(x)| over the
+logits of 16 random inputs, for the warmed child and, as the scale of "no inheritance", for the same child with
+its own initial weights: median [min, max] over seeds {seeds.start}..{seeds.stop - 1} (models, inputs and keeper's unit
+maps). Score: keeper's similarity (fraction of child parameter elements inherited). {dev_models} Rows marked
+preserving are the reference: keeper promises <= {PRESERVED_MAX:g} there.
+
+| case | change | exporter | deviation (warmed) | deviation (child's own init) | score | note |
+|---|---|---|---|---|---|---|
+{chr(10).join(dev_rows)}
+"""
+    print(text)
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(text)
+    print(f"written to {REPORT}")
+    return 0 if ok_cost and ok_ref else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
