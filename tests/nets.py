@@ -283,6 +283,39 @@ class _Builder:
         return self.node("BatchNormalization", ins + [var])[0]
 
 
+def trained_like(model: nn.Module, x: torch.Tensor, seed: int = 0) -> nn.Module:
+    """``model`` in eval mode with norm statistics and affine parameters away from their initial values, as after
+    training (fresh ones hide mapping errors). The global torch RNG is left as it was."""
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(seed)
+        model.train()
+        for _ in range(3):
+            model(x + 0.3 * torch.randn_like(x) if x.is_floating_point() else x)
+        for m in model.modules():
+            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)) and m.weight is not None:
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.3, 0.3)
+    return model.eval()
+
+
+def mlp_onnx(widths: Sequence[int], seed: int = 0, in_dim: int = 16, scale: float = 0.3) -> bytes:
+    """A Gemm/Relu chain with random weights of std ``scale`` (other seeds: other bytes, same architecture)."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, x, d = [], [], "x", in_dim
+    for i, w in enumerate(widths):
+        inits += [numpy_helper.from_array((rng.standard_normal((w, d)) * scale).astype(np.float32), f"fc{i}.weight"),
+                  numpy_helper.from_array((rng.standard_normal(w) * 0.1).astype(np.float32), f"fc{i}.bias")]
+        nodes.append(helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [f"h{i}"], transB=1,
+                                      name=f"fc{i}"))
+        x, d = f"h{i}", w
+        if i < len(widths) - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
+            x = f"r{i}"
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, in_dim])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, d])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
 def cnn_onnx(blocks: Sequence[tuple], in_channels: int = 3, size: int = 4, head: Sequence[int] = (12, 6),
              seed: int = 0) -> onnx.ModelProto:
     """A hand-built CNN from the block language above (weights drawn with ``seed``)."""

@@ -5,6 +5,7 @@ warms, live scaling). Ray starts once for the module."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 import threading
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import nets
 from keeper.actors.config import DEFAULT_CONFIG_PATH, ConfigError, ServiceConfig, load_config
 from keeper.actors.indexing import fit_index
 from keeper.actors.manager import ZooManager
@@ -28,22 +30,8 @@ from keeper.matching import MatchArrays, match_arrays, score_many
 # ---------------------------------------------------------------------------------------------- test models
 
 
-def mlp_onnx(widths: list[int], seed: int = 0, in_dim: int = 16) -> bytes:
-    """Gemm/Relu chain with random weights."""
-    rng = np.random.default_rng(seed)
-    nodes, inits, x, d = [], [], "x", in_dim
-    for i, w in enumerate(widths):
-        inits += [numpy_helper.from_array((rng.standard_normal((w, d)) * 0.1).astype(np.float32), f"fc{i}.weight"),
-                  numpy_helper.from_array((rng.standard_normal(w) * 0.1).astype(np.float32), f"fc{i}.bias")]
-        nodes.append(helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [f"h{i}"], transB=1,
-                                      name=f"fc{i}"))
-        x, d = f"h{i}", w
-        if i < len(widths) - 1:
-            nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
-            x = f"r{i}"
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, in_dim])],
-                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, d])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+# weights of std 0.1: the service tests' models
+mlp_onnx = functools.partial(nets.mlp_onnx, scale=0.1)
 
 
 def cnn_onnx(widths: list[int], kernel: int = 3, seed: int = 0, classes: int = 10) -> bytes:

@@ -10,29 +10,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+import nets
 from keeper.cli import main
 from keeper.zoo import Zoo
 
+mlp_onnx = nets.mlp_onnx
 
-def mlp_onnx(widths: list[int], seed: int = 0, in_dim: int = 16) -> bytes:
-    """Gemm/Relu chain with random weights."""
-    rng = np.random.default_rng(seed)
-    nodes, inits, x, d = [], [], "x", in_dim
-    for i, w in enumerate(widths):
-        inits += [numpy_helper.from_array((rng.standard_normal((w, d)) * 0.3).astype(np.float32), f"fc{i}.weight"),
-                  numpy_helper.from_array((rng.standard_normal(w) * 0.1).astype(np.float32), f"fc{i}.bias")]
-        nodes.append(helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [f"h{i}"], transB=1,
-                                      name=f"fc{i}"))
-        x, d = f"h{i}", w
-        if i < len(widths) - 1:
-            nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
-            x = f"r{i}"
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, in_dim])],
-                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, d])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ import onnx
 import pytest
 import torch
 
+import nets
 from keeper import families
 from keeper.errors import KeeperError
 from keeper.onnx_weights import read_initializers
@@ -30,20 +31,6 @@ def build(spec: dict, seed: int = 0, dtype: torch.dtype = torch.float32) -> tupl
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return families.build(spec).to(dtype), families.example_input(spec, batch=4).to(dtype)
-
-
-def trained_like(model: torch.nn.Module, x: torch.Tensor, seed: int = 0) -> torch.nn.Module:
-    """Non-trivial norm statistics and affine parameters, as after training (fresh ones hide mapping errors)."""
-    with torch.random.fork_rng(), torch.no_grad():
-        torch.manual_seed(seed)
-        model.train()
-        for _ in range(3):
-            model(x + 0.3 * torch.randn_like(x))
-        for m in model.modules():
-            if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.LayerNorm)):
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.3, 0.3)
-    return model.eval()
 
 
 def snapshot(module: torch.nn.Module) -> dict:
@@ -78,7 +65,7 @@ def exported(request):
     """One export per family and exporter, of a module in training mode with one norm layer frozen (eval)."""
     family, dynamo = request.param
     module, x = build(SPECS[family])
-    trained_like(module, x).train()
+    nets.trained_like(module, x).train()
     frozen = next(n for n, m in module.named_modules()
                   if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.LayerNorm)))
     module.get_submodule(frozen).eval()
@@ -133,7 +120,7 @@ def test_warm_start_cold_then_from_a_parent(tmp_path):
     assert snapshot(child) == before, "a cold start leaves the module untouched"
 
     parent, _ = build(RESNET, seed=2)
-    trained_like(parent, x, seed=2)
+    nets.trained_like(parent, x, seed=2)
     zoo.register(export(parent, x).onnx, 0.9, name="parent")
     assert rel_dev(outputs(parent, x), outputs(child, x)) > 0.1  # the child starts as another function
     child.train()
@@ -149,7 +136,7 @@ def test_warm_start_cold_then_from_a_parent(tmp_path):
 def test_loading_keeps_dtype_and_device(tmp_path, dynamo):
     zoo = Zoo(str(tmp_path / "zoo"))
     parent, x = build(MLP, seed=3, dtype=torch.float64)
-    trained_like(parent, x, seed=3)
+    nets.trained_like(parent, x, seed=3)
     zoo.register(export(parent, x, dynamo=dynamo).onnx, 0.9, name="parent")
     child, _ = build({**MLP, "widths": [40, 20]}, seed=4, dtype=torch.float64)
     result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)

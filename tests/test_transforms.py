@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import nets
 from keeper import families
 from keeper.graph import Kind
 from keeper.torch_support import export, load_warm
@@ -104,26 +105,11 @@ def test_identity_fills_are_identities():
 
 # ------------------------------------------------------------------------------------------ whole models
 
-def _trained_like(model: torch.nn.Module, x: torch.Tensor, seed: int) -> torch.nn.Module:
-    """Non-trivial norm statistics and affine parameters, as after training."""
-    torch.manual_seed(seed)
-    model.train()
-    with torch.no_grad():
-        for _ in range(3):
-            model(x + 0.3 * torch.randn_like(x) if x.is_floating_point() else x)
-        for mod in model.modules():
-            if isinstance(mod, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.LayerNorm)):
-                if mod.weight is not None:
-                    mod.weight.uniform_(0.5, 1.5)
-                    mod.bias.uniform_(-0.3, 0.3)
-    return model.eval()
-
-
 def _deviation(parent_spec: dict, child_spec: dict, dynamo: bool, seed: int = 0) -> tuple[float, float]:
     torch.manual_seed(seed)
     parent = families.build(parent_spec)
     x = families.example_input(parent_spec, batch=4)
-    _trained_like(parent, x, seed)
+    nets.trained_like(parent, x, seed)
     child = families.build(child_spec).eval()
     pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
     result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)

@@ -11,30 +11,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+import nets
 from keeper.errors import AdmissionError, InvalidModelError, ModelNotFoundError
 from keeper.matching import similarity
 from keeper.onnx_weights import read_initializers
 from keeper.zoo import Zoo, ZooConfig
 
+mlp_onnx = nets.mlp_onnx
+
 # ---------------------------------------------------------------------------------------------- test models
 
 
-def mlp_onnx(widths: list[int], seed: int = 0, in_dim: int = 16) -> bytes:
-    """Gemm/Relu chain with random weights (different seeds give different bytes, same architecture)."""
-    rng = np.random.default_rng(seed)
-    nodes, inits, x, d = [], [], "x", in_dim
-    for i, w in enumerate(widths):
-        inits += [numpy_helper.from_array((rng.standard_normal((w, d)) * 0.3).astype(np.float32), f"fc{i}.weight"),
-                  numpy_helper.from_array((rng.standard_normal(w) * 0.1).astype(np.float32), f"fc{i}.bias")]
-        nodes.append(helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [f"h{i}"], transB=1,
-                                      name=f"fc{i}"))
-        x, d = f"h{i}", w
-        if i < len(widths) - 1:
-            nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
-            x = f"r{i}"
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, in_dim])],
-                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, d])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
 def conv2d_onnx(channels: int = 4, seed: int = 0) -> bytes:
