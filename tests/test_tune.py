@@ -146,6 +146,50 @@ def test_errored_trial_is_not_registered_and_restore_resumes_cleanly(tmp_path):
     assert len(Zoo(service["zoo"])) == 2
 
 
+class WidenTheBest:
+    """A minimal evolutionary search algorithm (a Tune Searcher): each suggestion widens the first layer of the
+    best architecture finished so far, so every architecture is new and only known once a trial is done."""
+
+    def __new__(cls):
+        from ray.tune.search import Searcher
+
+        class _Widen(Searcher):
+            def __init__(self):
+                super().__init__(metric="accuracy", mode="max")
+                self.configs, self.best = {}, None
+
+            def suggest(self, trial_id):
+                base = self.best[1] if self.best else [48, 32]
+                self.configs[trial_id] = {"widths": [base[0] + 8 * len(self.configs)] + base[1:]}
+                return self.configs[trial_id]
+
+            def on_trial_complete(self, trial_id, result=None, error=False):
+                if result and not error and (self.best is None or result["accuracy"] > self.best[0]):
+                    self.best = (result["accuracy"], self.configs[trial_id]["widths"])
+
+        return _Widen()
+
+
+def test_trials_suggested_by_a_search_algorithm_warm_and_register(tmp_path):
+    from ray.tune.search import ConcurrencyLimiter
+
+    service = _service(tmp_path)
+    cb = KeeperCallback(metric="accuracy", mode="max", config=service)
+    grid = tune.Tuner(_trainable(service),
+                      tune_config=tune.TuneConfig(search_alg=ConcurrencyLimiter(WidenTheBest(), max_concurrent=1),
+                                                  num_samples=3),
+                      run_config=tune.RunConfig(name="searched", storage_path=str(tmp_path / "results"),
+                                                callbacks=[cb], verbose=0)).fit()
+    assert not grid.errors
+    rows = grid.get_dataframe()
+    # a searcher's trial ids are random; its suggestions grow the first layer, so order by that
+    rows = rows.assign(first=[w[0] for w in rows["config/widths"]]).sort_values("first")
+    assert rows["first"].is_unique, f"the searcher proposed three architectures: {list(rows['config/widths'])}"
+    parents = list(rows["parent"])
+    assert parents[0] == "" and all(parents[1:]), f"trials after the first are warmed: {parents}"
+    assert len(Zoo(service["zoo"])) == 3 and len(cb.registered) == 3
+
+
 def test_two_concurrent_trials_both_warm(tmp_path):
     service = _service(tmp_path)
     seed = KeeperCallback(metric="accuracy", mode="max", config=service)
