@@ -285,7 +285,12 @@ def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun) -> d
         reached += ok
         per_trial.append(cs / ws)
     total_cold, total_arm = float(sum(cold_steps)), float(sum(arm_steps))
+    # the trials that had a parent: what a warm start does once the zoo can serve the architecture
+    warm_idx = [i for i, a in enumerate(arm) if a.parent]
+    warmed_speedup = (sum(cold_steps[i] for i in warm_idx) / sum(arm_steps[i] for i in warm_idx)
+                      if warm_idx else 1.0)
     return {"speedup": total_cold / total_arm, "saved": 1.0 - total_arm / total_cold,
+            "warmed_speedup": warmed_speedup,
             "cold_steps": cold_steps, "arm_steps": arm_steps, "per_trial_speedup": per_trial,
             "reached": reached, "trials": len(arm),
             "accuracy_delta": float(np.mean([a.final_accuracy - c.final_accuracy for c, a in zip(cold, arm)])),

@@ -43,6 +43,10 @@ def test_steps_to_target_and_summary():
     assert s["saved"] == pytest.approx(1 - 120 / 180)
     assert s["reached"] == 1
     assert s["accuracy_delta"] == pytest.approx(((0.91 - 0.9) + (0.3 - 0.6)) / 2)
+    assert s["warmed"] == 0 and s["warmed_speedup"] == 1.0  # no trial had a parent
+    warm[0].parent = "p"  # only the first trial was warmed: 100 cold steps against 20
+    s = summarize(cold, warm, run)
+    assert s["warmed"] == 1 and s["warmed_speedup"] == pytest.approx(100 / 20)
 
 
 def _outputs(module, x):
