@@ -71,6 +71,7 @@ class MatchArrays:
     total: int           # trainable elements of the whole graph
     skip: np.ndarray     # int64 (n,): tie-break cost of leaving the layer unmatched (see _dp_pairs)
     edge: np.ndarray     # int64 (n,): tie-break cost of a run of unmatched layers starting or ending here
+    context: np.ndarray  # int64 (n,): code of what feeds the layer, for the tie-break (see _context_codes)
 
     @property
     def n(self) -> int:
@@ -78,10 +79,49 @@ class MatchArrays:
 
 
 def match_arrays(graph: LayerGraph, rules: MatchRules = DEFAULT_RULES) -> MatchArrays:
-    return MatchArrays(np.ascontiguousarray(rules.node_class(graph), dtype=np.int32),
-                       np.ascontiguousarray(graph.shape, dtype=np.int64),
+    cls = np.ascontiguousarray(rules.node_class(graph), dtype=np.int32)
+    return MatchArrays(cls, np.ascontiguousarray(graph.shape, dtype=np.int64),
                        np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.total_params),
-                       _skip_costs(graph), _edge_costs(graph))
+                       _skip_costs(graph), _edge_costs(graph), _context_codes(graph, cls))
+
+
+# context codes of a layer fed by no weighted layer: straight from the graph input, or through a merge
+_CONTEXT_INPUT = -1
+_CONTEXT_MERGE = -2
+
+
+def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
+    """What feeds each layer, as a code equal across two graphs when the feeding is alike: the class, fan-in
+    (shape[1]) and kernel of the nearest weighted layer upstream (through activations, pools and reshapes), or
+    a token for the graph input or a merge (residual add, concatenation, several inputs).
+
+    Fan-in and kernel, not the output width, so the code survives widening: a stem's norm is fed by a
+    1-channel conv in a wider child too, while a block's last norm is fed by a conv of the stream's width.
+    Two BatchNorms of equal width inherit equally from each other wherever they sit; this tells the stem's
+    from a residual block's when a child drops a block.
+    """
+    layer_of = np.full(graph.num_nodes, -1, dtype=np.int64)
+    layer_of[graph.layer_node] = np.arange(graph.num_layers)
+    out = np.empty(graph.num_layers, dtype=np.int64)
+    for li, node in enumerate(graph.layer_node.tolist()):
+        preds = graph.predecessors(node)
+        code = _CONTEXT_INPUT if len(preds) == 0 else _CONTEXT_MERGE
+        cur = int(preds[0]) if len(preds) == 1 else -1
+        while cur >= 0:
+            if layer_of[cur] >= 0:
+                src = int(layer_of[cur])
+                s = graph.shape[src]
+                code = ((int(cls[src]) * 1_000_003 + int(s[1])) * 1_000_003 + int(s[2])) * 1_000_003 \
+                    + int(s[3]) * 1_009 + int(s[4])
+                code &= (1 << 62) - 1  # non-negative: never one of the tokens
+                break
+            up = graph.predecessors(cur)
+            if graph.kind[cur] in _MERGE_KINDS or len(up) != 1:
+                code = _CONTEXT_INPUT if len(up) == 0 else _CONTEXT_MERGE
+                break
+            cur = int(up[0])
+        out[li] = code
+    return out
 
 
 def _skip_costs(graph: LayerGraph) -> np.ndarray:
@@ -240,21 +280,23 @@ def _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, cols, gains):
 
 # The alignment maximises inherited elements first. Among alignments inheriting equally many it prefers, second,
 # the one with the fewest runs of unmatched layers (an affine gap cost, as in Gotoh's alignment) plus the most
-# dimensions agreeing exactly: a stem conv (16,3,3,3) inherits as much from any (16,16,3,3) conv as from its true
-# counterpart, and a final LayerNorm as much from the first block's; only structure tells them apart, and new
-# blocks then come as whole contiguous runs, which is what lets them start as identities. Both orders live in one
-# int64 (value = inherited * K + secondary) with K above any secondary sum for graphs of up to ~50,000 layers.
+# dimensions agreeing exactly plus the most matched layers fed alike (_context_codes): a stem conv (16,3,3,3)
+# inherits as much from any (16,16,3,3) conv as from its true counterpart, a final LayerNorm as much from the first
+# block's, and a stem's BatchNorm as much from a block's; only structure tells them apart, and new blocks then come
+# (and dropped ones go) as whole contiguous runs, which is what lets them start as identities. Both orders live in
+# one int64 (value = inherited * K + secondary) with K above any secondary sum for graphs of up to ~50,000 layers.
 _TIE_K = 1 << 20
 _GAP_OPEN = 4
 _EDGE_INSIDE = 8
 _EDGE_NONLINEAR = 4
 _SKIP_NOT_IDENTITY = 16  # skipping a layer that cannot be an identity outweighs gaps and dims
+_CONTEXT = 2             # a match whose two layers are fed alike (see _context_codes)
 _NEG = -(1 << 62)
 
 
 @numba.njit(cache=True, inline="always")
-def _bonus(shp_c, i, shp_p, j):
-    b = 1
+def _bonus(shp_c, ctx_c, i, shp_p, ctx_p, j):
+    b = _CONTEXT + 1 if ctx_c[i] == ctx_p[j] else 1
     if shp_c[i, 0] == shp_p[j, 0]:
         b += 1
     if shp_c[i, 1] == shp_p[j, 1]:
@@ -275,13 +317,14 @@ def _max3(a, b, c):
 
 
 @numba.njit(cache=True)
-def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, cls_p, shp_p, vec_p):
+def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, cls_p, shp_p, vec_p, edge_p, ctx_p):
     m = cls_c.shape[0]
     n = cls_p.shape[0]
     # M: last step matched; X: last step skipped a child layer; Y: last step skipped a parent layer.
     # Skipping child layer i also costs skip_c[i] (a layer that cannot start as an identity should rather match);
     # a run of skipped child layers costs edge_c[i] more where it starts or ends at a layer i that is not on a
-    # block boundary (new blocks belong between nonlinearities or merges, not between a conv and its norm).
+    # block boundary (new blocks belong between nonlinearities or merges, not between a conv and its norm), and
+    # a run of skipped parent layers edge_p[j] likewise (a dropped block goes whole, not half of two blocks).
     M = np.full((m + 1, n + 1), _NEG, dtype=np.int64)
     X = np.full((m + 1, n + 1), _NEG, dtype=np.int64)
     Y = np.full((m + 1, n + 1), _NEG, dtype=np.int64)
@@ -291,13 +334,15 @@ def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, cls_p, shp_p, vec_p):
             if i > 0 and j > 0 and cls_p[j - 1] == cls_c[i - 1]:
                 g = _gain(shp_c, vec_c, i - 1, shp_p, vec_p, j - 1)
                 if g > 0:
-                    M[i, j] = _max3(M[i - 1, j - 1], X[i - 1, j - 1] - edge_c[i - 1], Y[i - 1, j - 1]) \
-                        + g * _TIE_K + _bonus(shp_c, i - 1, shp_p, j - 1)
+                    M[i, j] = _max3(M[i - 1, j - 1], X[i - 1, j - 1] - edge_c[i - 1],
+                                    Y[i - 1, j - 1] - edge_p[j - 1]) \
+                        + g * _TIE_K + _bonus(shp_c, ctx_c, i - 1, shp_p, ctx_p, j - 1)
             if i > 0:
                 X[i, j] = _max3(M[i - 1, j] - _GAP_OPEN - edge_c[i - 1], X[i - 1, j],
                                 Y[i - 1, j] - _GAP_OPEN - edge_c[i - 1]) - skip_c[i - 1]
             if j > 0:
-                Y[i, j] = _max3(M[i, j - 1] - _GAP_OPEN, X[i, j - 1] - _GAP_OPEN, Y[i, j - 1])
+                Y[i, j] = _max3(M[i, j - 1] - _GAP_OPEN - edge_p[j - 1], X[i, j - 1] - _GAP_OPEN - edge_p[j - 1],
+                                Y[i, j - 1])
     pairs = np.full(m, -1, dtype=np.int64)
     inherited = 0
     i, j = m, n
@@ -308,7 +353,7 @@ def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, cls_p, shp_p, vec_p):
             g = _gain(shp_c, vec_c, i - 1, shp_p, vec_p, j - 1)
             pairs[i - 1] = j - 1
             inherited += g
-            v = M[i, j] - g * _TIE_K - _bonus(shp_c, i - 1, shp_p, j - 1)
+            v = M[i, j] - g * _TIE_K - _bonus(shp_c, ctx_c, i - 1, shp_p, ctx_p, j - 1)
             i -= 1
             j -= 1
             state = 0 if M[i, j] == v else (1 if i > 0 and X[i, j] - edge_c[i] == v else 2)
@@ -319,7 +364,7 @@ def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, cls_p, shp_p, vec_p):
         else:
             v = Y[i, j]
             j -= 1
-            state = 2 if Y[i, j] == v else (0 if M[i, j] - _GAP_OPEN == v else 1)
+            state = 2 if Y[i, j] == v else (0 if M[i, j] - _GAP_OPEN - edge_p[j] == v else 1)
     return inherited, pairs
 
 
@@ -391,7 +436,8 @@ def align(parent: GraphLike, child: GraphLike, rules: MatchRules = DEFAULT_RULES
         >>> a.score, a.pairs[:4]                          # doctest: +SKIP
     """
     p, c = _arrays(parent, rules), _arrays(child, rules)
-    v, pairs = _dp_pairs(c.cls, c.shape, c.vectors, c.skip, c.edge, p.cls, p.shape, p.vectors)
+    v, pairs = _dp_pairs(c.cls, c.shape, c.vectors, c.skip, c.edge, c.context, p.cls, p.shape, p.vectors, p.edge,
+                         p.context)
     score = min(1.0, int(v) / c.total) if c.total > 0 else 0.0
     return Alignment(score, int(v), c.total, pairs)
 

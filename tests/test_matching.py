@@ -306,6 +306,33 @@ def test_unrelated_models_score_near_zero(cnn):
     assert similarity(a, tokens) < 0.1 and similarity(tokens, a) < 0.1
 
 
+def _role(name: str) -> str:
+    """A layer's role in its block: its name without the block or stage index (``blocks.3/bn1`` -> ``bn1``)."""
+    return name.rsplit("/", 2)[-2]
+
+
+def _block(name: str) -> str:
+    return name.split("/")[2] if name.startswith("/blocks/") else name
+
+
+@pytest.mark.parametrize("parent_blocks,child_blocks", [([2, 2], [1, 2]), ([2, 2], [2, 1]), ([1, 3], [1, 2])])
+def test_a_dropped_residual_block_goes_whole_and_every_layer_keeps_its_role(parent_blocks, child_blocks):
+    # every BatchNorm of one width inherits equally from every other, so only structure (what feeds a layer,
+    # where a run of dropped layers may start and end) keeps the stem's norm on the stem's and a block whole
+    base = dict(family="resnet", dim=1, in_channels=1, num_classes=10, input_length=32, widths=[8, 16], kernel=3)
+    parent = load_graph(nets.family_onnx({**base, "blocks": parent_blocks}))
+    child = load_graph(nets.family_onnx({**base, "blocks": child_blocks}))
+    al = align(parent, child)
+    assert al.score == 1.0  # a sub-network inherits everything
+    matched = set(al.pairs.tolist())
+    for ci, pi in enumerate(al.pairs.tolist()):
+        assert pi >= 0 and _role(child.layer_names[ci]) == _role(parent.layer_names[pi]), \
+            (child.layer_names[ci], parent.layer_names[pi] if pi >= 0 else None)
+    dropped = [parent.layer_names[j] for j in range(parent.num_layers) if j not in matched]
+    assert len({_block(n) for n in dropped}) == 1 and sorted(_role(n) for n in dropped) == \
+        ["bn1", "bn2", "conv1", "conv2"], dropped
+
+
 def test_partial_match_new_head_and_extra_layers():
     parent = graph_of("resnet")
     child = graph_of("resnet", num_classes=9, blocks=[3, 1])
