@@ -91,12 +91,13 @@ _CONTEXT_MERGE = -2
 
 
 def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
-    """What feeds each layer, as a code equal across two graphs when the feeding is alike: the class, fan-in
-    (shape[1]) and kernel of the nearest weighted layer upstream (through activations, pools and reshapes), or
-    a token for the graph input or a merge (residual add, concatenation, several inputs).
+    """What feeds each layer, as a code equal across two graphs when the feeding is alike: the class and fan-in
+    (shape[1]) of the nearest weighted layer upstream (through activations, pools and reshapes), or a token for
+    the graph input or a merge (residual add, concatenation, several inputs).
 
-    Fan-in and kernel, not the output width, so the code survives widening: a stem's norm is fed by a
-    1-channel conv in a wider child too, while a block's last norm is fed by a conv of the stream's width.
+    The fan-in, not the output width or the kernel, so the code survives widening and kernel growth: a stem's
+    norm is fed by a 1-channel conv in a wider child too, while a block's last norm is fed by a conv of the
+    stream's width.
     Two BatchNorms of equal width inherit equally from each other wherever they sit; this tells the stem's
     from a residual block's when a child drops a block.
     """
@@ -110,10 +111,7 @@ def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
         while cur >= 0:
             if layer_of[cur] >= 0:
                 src = int(layer_of[cur])
-                s = graph.shape[src]
-                code = ((int(cls[src]) * 1_000_003 + int(s[1])) * 1_000_003 + int(s[2])) * 1_000_003 \
-                    + int(s[3]) * 1_009 + int(s[4])
-                code &= (1 << 62) - 1  # non-negative: never one of the tokens
+                code = int(cls[src]) * 1_000_003 + int(graph.shape[src][1])  # >= 0: never one of the tokens
                 break
             up = graph.predecessors(cur)
             if graph.kind[cur] in _MERGE_KINDS or len(up) != 1:
@@ -317,14 +315,16 @@ def _max3(a, b, c):
 
 
 @numba.njit(cache=True)
-def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, cls_p, shp_p, vec_p, edge_p, ctx_p):
+def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, cls_p, shp_p, vec_p, skip_p, edge_p, ctx_p):
     m = cls_c.shape[0]
     n = cls_p.shape[0]
     # M: last step matched; X: last step skipped a child layer; Y: last step skipped a parent layer.
     # Skipping child layer i also costs skip_c[i] (a layer that cannot start as an identity should rather match);
     # a run of skipped child layers costs edge_c[i] more where it starts or ends at a layer i that is not on a
     # block boundary (new blocks belong between nonlinearities or merges, not between a conv and its norm), and
-    # a run of skipped parent layers edge_p[j] likewise (a dropped block goes whole, not half of two blocks).
+    # a run of skipped parent layers edge_p[j] likewise (a dropped block goes whole, not half of two blocks), and
+    # skipping parent layer j costs skip_p[j] (dropping a parent's stem or head loses its function, dropping a
+    # residual branch or a square layer need not).
     M = np.full((m + 1, n + 1), _NEG, dtype=np.int64)
     X = np.full((m + 1, n + 1), _NEG, dtype=np.int64)
     Y = np.full((m + 1, n + 1), _NEG, dtype=np.int64)
@@ -342,7 +342,7 @@ def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, cls_p, shp_p, vec_p, e
                                 Y[i - 1, j] - _GAP_OPEN - edge_c[i - 1]) - skip_c[i - 1]
             if j > 0:
                 Y[i, j] = _max3(M[i, j - 1] - _GAP_OPEN - edge_p[j - 1], X[i, j - 1] - _GAP_OPEN - edge_p[j - 1],
-                                Y[i, j - 1])
+                                Y[i, j - 1]) - skip_p[j - 1]
     pairs = np.full(m, -1, dtype=np.int64)
     inherited = 0
     i, j = m, n
@@ -362,7 +362,7 @@ def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, cls_p, shp_p, vec_p, e
             i -= 1
             state = 1 if X[i, j] == v else (0 if M[i, j] - _GAP_OPEN - edge_c[i] == v else 2)
         else:
-            v = Y[i, j]
+            v = Y[i, j] + skip_p[j - 1]
             j -= 1
             state = 2 if Y[i, j] == v else (0 if M[i, j] - _GAP_OPEN - edge_p[j] == v else 1)
     return inherited, pairs
@@ -436,8 +436,8 @@ def align(parent: GraphLike, child: GraphLike, rules: MatchRules = DEFAULT_RULES
         >>> a.score, a.pairs[:4]                          # doctest: +SKIP
     """
     p, c = _arrays(parent, rules), _arrays(child, rules)
-    v, pairs = _dp_pairs(c.cls, c.shape, c.vectors, c.skip, c.edge, c.context, p.cls, p.shape, p.vectors, p.edge,
-                         p.context)
+    v, pairs = _dp_pairs(c.cls, c.shape, c.vectors, c.skip, c.edge, c.context, p.cls, p.shape, p.vectors, p.skip,
+                         p.edge, p.context)
     score = min(1.0, int(v) / c.total) if c.total > 0 else 0.0
     return Alignment(score, int(v), c.total, pairs)
 

@@ -333,6 +333,23 @@ def test_a_dropped_residual_block_goes_whole_and_every_layer_keeps_its_role(pare
         ["bn1", "bn2", "conv1", "conv2"], dropped
 
 
+@pytest.mark.parametrize("parent,child", [
+    (dict(family="mlp", widths=[48, 48, 24, 24, 24, 24]), dict(family="mlp", widths=[48, 48, 48, 24, 24])),
+    (dict(family="vgg", widths=[15, 40], depths=[2, 2], kernel=5), dict(family="vgg", widths=[15, 40], depths=[1, 2],
+                                                                       kernel=7)),
+])
+def test_a_shorter_child_keeps_the_parents_stem_and_head(parent, child):
+    # the head's and the stem's shapes fit inside hidden layers too, with equal inheritance; dropping the parent's
+    # head or stem instead of a hidden layer loses the function (the head is the classifier)
+    base = dict(dim=1, in_channels=1, num_classes=10, input_length=32)
+    pg = load_graph(nets.family_onnx({**base, **parent}))
+    cg = load_graph(nets.family_onnx({**base, **child}))
+    pairs = align(pg, cg).pairs
+    assert pairs[0] == 0 and pairs[-1] == pg.num_layers - 1, [pg.layer_names[j] for j in pairs]
+    if parent["family"] == "vgg":  # the stem's norm too
+        assert _role(pg.layer_names[pairs[1]]) == _role(cg.layer_names[1])
+
+
 def test_partial_match_new_head_and_extra_layers():
     parent = graph_of("resnet")
     child = graph_of("resnet", num_classes=9, blocks=[3, 1])
