@@ -139,7 +139,8 @@ def layer_sequence(spec: dict) -> list[tuple[int, tuple[int, ...], int]]:
 def synth_arrays(spec: dict) -> MatchArrays:
     """MatchArrays of ``spec`` without building or exporting it (default node rule: class = kind * 8 + rank).
 
-    The tie-break arrays of MatchArrays (``skip``/``edge``, read only by the mapping, never by scoring) are 0.
+    The tie-break arrays of MatchArrays (``skip``, ``edge``, ``context``: read only by the mapping, never by
+    scoring) are 0.
     """
     seq = layer_sequence(spec)
     n = len(seq)
