@@ -97,8 +97,7 @@ def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
 
     The fan-in, not the output width or the kernel, so the code survives widening and kernel growth: a stem's
     norm is fed by a 1-channel conv in a wider child too, while a block's last norm is fed by a conv of the
-    stream's width.
-    Two BatchNorms of equal width inherit equally from each other wherever they sit; this tells the stem's
+    stream's width. Two BatchNorms of equal width inherit equally from each other wherever they sit; this tells the stem's
     from a residual block's when a child drops a block.
     """
     layer_of = np.full(graph.num_nodes, -1, dtype=np.int64)
@@ -282,7 +281,8 @@ def _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, cols, gains):
 # inherits as much from any (16,16,3,3) conv as from its true counterpart, a final LayerNorm as much from the first
 # block's, and a stem's BatchNorm as much from a block's; only structure tells them apart, and new blocks then come
 # (and dropped ones go) as whole contiguous runs, which is what lets them start as identities. Both orders live in
-# one int64 (value = inherited * K + secondary) with K above any secondary sum for graphs of up to ~50,000 layers.
+# one int64 (value = inherited * K + secondary) with K above any secondary sum (bonuses up to 6 per match; skip,
+# gap and edge costs up to ~36 per layer) while the two graphs hold fewer than ~25,000 layers together.
 _TIE_K = 1 << 20
 _GAP_OPEN = 4
 _EDGE_INSIDE = 8

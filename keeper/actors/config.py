@@ -237,6 +237,7 @@ def _check(cfg: ServiceConfig) -> None:
     try:
         SelectionPolicy(**cfg.selection)
     except TypeError as exc:
-        raise ConfigError(f"config key 'selection': {exc}; allowed keys: floor, buckets, accuracy_aware, min_coverage") from None
+        raise ConfigError(f"config key 'selection': {exc}; allowed keys: floor, buckets, accuracy_aware, "
+                          "min_coverage") from None
     except KeeperError as exc:
         raise ConfigError(f"config key 'selection': {exc}") from None

@@ -143,8 +143,8 @@ class Keeper:
 
         Returns:
             ``{"parent", "score", "uri", "noise", "seed", "candidates": [[name, score, accuracy, coverage],
-            ...] (best five)}``; run ``keeper.actors.transfer.warm_from_store(uri, parent, model, noise, seed)`` to warm in
-            the caller's process.
+            ...] (best five)}``; run ``keeper.actors.transfer.warm_from_store(uri, parent, model, noise, seed)``
+            to warm in the caller's process.
         """
         from keeper.graph import graph_from_proto
         from keeper.onnx_safety import load_model
