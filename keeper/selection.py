@@ -19,7 +19,7 @@ Invariants:
     * among those considered, the result lies in the highest non-empty bucket (accuracy-aware) or has the
       highest score (plain);
     * the result depends only on the set of candidates, never on their order (ties: higher score or accuracy,
-      then the smaller name).
+      then higher coverage, then the smaller name).
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def choose_parent(candidates: Iterable[Candidate], policy: SelectionPolicy = Sel
     Candidates below ``policy.floor`` are dropped; if any of the rest has coverage ``>= policy.min_coverage``,
     those with less are dropped too. Accuracy-aware (the default): the remaining candidates are bucketed by
     similarity normalised over ``[floor, 1]``, and the most accurate of the highest non-empty bucket wins (ties:
-    higher score, then smaller name). Otherwise the highest score wins (ties: higher accuracy, then smaller
-    name). The result does not depend on input order.
+    higher score, higher coverage, then smaller name). Otherwise the highest score wins (ties: higher accuracy,
+    higher coverage, then smaller name). The result does not depend on input order.
 
     Args:
         candidates: scored zoo models.
@@ -155,6 +155,7 @@ def choose_parent(candidates: Iterable[Candidate], policy: SelectionPolicy = Sel
         return None
     eligible = [c for c in eligible if c.coverage >= policy.min_coverage] or eligible
     if not policy.accuracy_aware:
-        return min(eligible, key=lambda c: (-c.score, -c.accuracy, c.name))
+        return min(eligible, key=lambda c: (-c.score, -c.accuracy, -c.coverage, c.name))
     top = max(policy.bucket(c.score) for c in eligible)
-    return min((c for c in eligible if policy.bucket(c.score) == top), key=lambda c: (-c.accuracy, -c.score, c.name))
+    return min((c for c in eligible if policy.bucket(c.score) == top),
+               key=lambda c: (-c.accuracy, -c.score, -c.coverage, c.name))

@@ -121,6 +121,13 @@ def test_ties_break_on_score_then_name():
                          plain).name == "c"
 
 
+def test_ties_break_on_coverage_before_the_name():
+    # equal name, score and accuracy: only coverage tells them apart, whatever the input order
+    full, sliced = Candidate("a", 1.0, 0.0, coverage=1.0), Candidate("a", 1.0, 0.0, coverage=0.0)
+    for policy in (SelectionPolicy(0.0, 1, False, 0.0), SelectionPolicy(0.0, 1, True, 0.0)):
+        assert choose_parent([full, sliced], policy) == choose_parent([sliced, full], policy) == full
+
+
 def test_numpy_scalars_are_accepted():
     best = choose_parent([Candidate("a", np.float32(0.8), np.float64(0.5))])
     assert best is not None and best.name == "a"
