@@ -153,6 +153,10 @@ class LayerGraph:
     tensors: list[tuple[TensorRef, ...]] = field(default_factory=list)
     attrs: list[dict[str, Any]] = field(default_factory=list)
 
+    # Version of what extraction records; 2 added packed projections (attrs["packed"]). A stored graph of an
+    # older version is re-extracted from its model (see keeper.zoo.graph_from_blob).
+    FORMAT = 2
+
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",
                "params", "conv_groups", "in_group", "out_group", "group_size", "group_parts_indptr",
                "group_parts")
@@ -190,6 +194,7 @@ class LayerGraph:
         meta = {"layer_names": self.layer_names, "tensors": [[t.to_json() for t in ts] for ts in self.tensors],
                 "attrs": self.attrs}
         out["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        out["format"] = np.array(self.FORMAT, dtype=np.int64)
         return out
 
     @classmethod
@@ -467,7 +472,7 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
         in_group[li], out_group[li] = groups.layer_groups.get(i, (-1, -1))
         names.append(data_nodes[i].name or data_nodes[i].output[0])
         tensors.append(tuple(d["refs"]))
-        attrs.append(d.get("attrs", {}))
+        attrs.append({**d.get("attrs", {}), **({"packed": groups.packed[i]} if i in groups.packed else {})})
     return LayerGraph(
         kind=kind, pred_indptr=np.array(indptr, dtype=np.int64), pred_indices=np.array(indices, dtype=np.int32),
         layer_node=np.array([pos[i] for i in layers], dtype=np.int32),
@@ -641,6 +646,31 @@ class _Groups:
     parts_indptr: list[int]
     parts: list[int]
     layer_groups: dict[int, tuple[int, int]]
+    # data node index of a projection whose output is unpacked into parts -> its "packed" attrs
+    packed: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+# ops a packed projection's output passes through before it is unpacked by Gather (torch's MultiheadAttention
+# unflattens (..., 3 * d) to (..., 3, d) and moves the 3 to the front)
+_UNPACK_CHAIN_OPS = {"Reshape", "Unsqueeze", "Squeeze", "Transpose", "Identity"}
+
+
+def _reshape_last_dim(ex: _Extractor, n: onnx.NodeProto) -> int:
+    """The last dimension a Reshape produces, from inferred shapes or from its constant target; -1 if unknown."""
+    shp = ex.shapes.get(n.output[0]) if n.output else None
+    if shp and shp[-1] > 0:
+        return int(shp[-1])
+    cur = n.input[1] if len(n.input) > 1 else ""
+    for _ in range(8):  # Concat(..., Unsqueeze(Constant)) as TorchScript writes a target with a dynamic batch
+        v = ex.const_value(cur)
+        if v is not None:
+            v = np.asarray(v).reshape(-1)
+            return int(v[-1]) if v.size and v[-1] > 0 else -1
+        p = ex.producer.get(cur)
+        if p is None or p.op_type not in ("Concat", "Unsqueeze") or not p.input:
+            return -1
+        cur = p.input[-1] if p.op_type == "Concat" else p.input[0]
+    return -1
 
 
 def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[dict], out_of: dict,
@@ -690,6 +720,45 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
         g = tensor_group.get(name)
         return new() if g is None else g
 
+    # Packed projections (q, k and v computed by one linear layer): the layer's output group becomes a composite
+    # of k equal parts when its output reaches k Gathers with constant indices 0..k-1, so each part gets its own
+    # unit map; heads and dot products between parts are recorded for the transforms.
+    linear_out: dict[str, int] = {}   # output tensor of a linear layer -> its data node index
+    gathers: dict[str, set[int]] = {}  # tensor -> constant scalar indices it is gathered at
+    for n in nodes:
+        if n.op_type == "Gather" and len(n.input) == 2 and int(_attr(n, "axis", 0)) == 0:
+            v = ex.const_value(n.input[1])
+            if v is not None and np.asarray(v).ndim == 0:
+                gathers.setdefault(n.input[0], set()).add(int(v))
+    part_of: dict[int, tuple[int, int]] = {}  # part group -> (data node of the projection, part index)
+    part_heads: dict[int, int] = {}
+    dots: set[tuple[int, int, int]] = set()
+
+    def unpacked_part(n: onnx.NodeProto) -> int | None:
+        src, idx = n.input[0], ex.const_value(n.input[1])
+        ks = gathers.get(src, set())
+        cur = src
+        while cur not in linear_out:
+            p = ex.producer.get(cur)
+            if p is None or p.op_type not in _UNPACK_CHAIN_OPS or not p.input:
+                return None
+            cur = p.input[0]
+        li = linear_out[cur]
+        k, units = len(ks), int(info[li]["shape"][0])
+        if k < 2 or ks != set(range(k)) or units % k:
+            return None
+        g = find(tensor_group[cur])
+        if g not in parts:
+            if size[g] != units:
+                return None
+            parts[g] = [new(units // k) for _ in range(k)]
+            for j, pg in enumerate(parts[g]):
+                part_of[pg] = (li, j)
+        return parts[g][int(idx)]
+
+    def part(g: int) -> tuple[int, int] | None:
+        return part_of.get(find(g))
+
     data_inputs = lambda n: [x for x in n.input if x and x not in const and x not in meta]  # noqa: E731
     for i in order:
         n, d = nodes[i], info[i]
@@ -705,6 +774,8 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
                 cin = s[1] * d.get("groups", 1)
                 gi = sized(group_in(ins[0]), cin) if ins else -1
                 g_out = new(s[0])
+                if k == Kind.LINEAR and out:
+                    linear_out[out] = i
             elif k == Kind.EMBEDDING:
                 gi, g_out = -1, new(s[0])
             else:  # depthwise conv, norms, learned params act per channel: in and out share the group
@@ -717,8 +788,27 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
                 g_out = union(g_out, group_in(x))
         elif k in _PASS_GROUP or (k in (Kind.ADD, Kind.MUL) and ins):
             g_out = group_in(ins[0]) if ins else new()
+        elif k == Kind.SPLIT and n.op_type == "Gather" and len(n.input) == 2 and n.input[0] in gathers \
+                and (pg := unpacked_part(n)) is not None:
+            g_out = pg
         elif k == Kind.MATMUL and len(ins) == 2:
-            g_out = group_in(ins[1])
+            pa, pb = part(group_in(ins[0])), part(group_in(ins[1]))
+            if pa and pb and pa[0] == pb[0] and pa[1] != pb[1]:
+                # q @ k^T of one packed projection: its output is indexed by positions, not by units
+                dots.add((pa[0], min(pa[1], pb[1]), max(pa[1], pb[1])))
+                g_out = new()
+            else:
+                g_out = group_in(ins[1])
+        elif k == Kind.RESHAPE and ins and n.op_type == "Reshape" and part(group_in(ins[0])):
+            # a part split into heads (..., heads, d / heads) or merged back keeps its unit indexing
+            # (an unknown target passes the group on, as elsewhere)
+            g, last = find(group_in(ins[0])), _reshape_last_dim(ex, n)
+            if last <= 0 or (size[g] > 0 and size[g] % last == 0):
+                g_out = g
+                if 0 < last < size[g]:
+                    part_heads[g] = size[g] // last
+            else:
+                g_out = new()
         elif k == Kind.RESHAPE and ins:
             a, b = ex.shapes.get(ins[0]), ex.shapes.get(out or "")
             g_out = group_in(ins[0]) if _keeps_channels(a, b) else new()
@@ -753,7 +843,13 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
         indptr.append(len(flat))
     remap = {i: (roots[find(a)] if a >= 0 else -1, roots[find(b)] if b >= 0 else -1)
              for i, (a, b) in layer_groups.items()}
-    return _Groups(sizes, indptr, flat, remap)
+    packed: dict[int, dict[str, Any]] = {}
+    for g, members in parts.items():
+        if members and members[0] in part_of:
+            li = part_of[members[0]][0]
+            packed[li] = {"parts": len(members), "heads": [part_heads.get(find(m), 1) for m in members],
+                          "dots": sorted([a, b] for (l2, a, b) in dots if l2 == li)}
+    return _Groups(sizes, indptr, flat, remap, packed)
 
 
 def _keeps_channels(a: tuple | None, b: tuple | None) -> bool:

@@ -15,12 +15,12 @@ import io
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from keeper.errors import AdmissionError, ModelNotFoundError
-from keeper.graph import LayerGraph, as_graph, graph_from_proto
+from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage
@@ -54,9 +54,14 @@ def graph_blob(graph: LayerGraph) -> bytes:
     return buf.getvalue()
 
 
-def graph_from_blob(blob: bytes) -> LayerGraph:
+def graph_from_blob(blob: bytes, model: Callable[[], ModelInput] | None = None) -> LayerGraph:
+    """The LayerGraph stored by :func:`graph_blob`; re-extracted from ``model()`` (the ONNX it was made from)
+    when the blob predates ``LayerGraph.FORMAT``, since an older graph lacks what the transforms now read."""
     with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        return LayerGraph.from_arrays({k: z[k] for k in z.files})
+        fmt = int(z["format"]) if "format" in z.files else 1
+        if fmt < LayerGraph.FORMAT and model is not None:
+            return load_graph(model())
+        return LayerGraph.from_arrays({k: z[k] for k in z.files if k != "format"})
 
 
 def check_accuracy(accuracy: float, name: str) -> float:
@@ -95,7 +100,8 @@ class Zoo:
         self.store.reload()
         self._graphs.clear(), self._arrays.clear(), self._sigs.clear()
         for rec in self.store.records():
-            self._cache(rec.name, graph_from_blob(self.store.get_extra(rec.name, GRAPH_EXTRA)))
+            self._cache(rec.name, graph_from_blob(self.store.get_extra(rec.name, GRAPH_EXTRA),
+                                                  lambda: self.store.get(rec.name)))
 
     def _cache(self, name: str, graph: LayerGraph) -> None:
         self._graphs[name] = graph

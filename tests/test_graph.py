@@ -189,6 +189,15 @@ def test_embedding_attention_and_encoder_layers(extra_graphs, exporter):
     assert all(int(g.in_group[i]) == stream for i in norms)
     assert all(int(g.out_group[i]) == stream for i, s in enumerate(sh) if s == (d, d))
     assert int(g.group_size[stream]) == d
+    # each packed q/k/v projection: its output is a composite of three d-unit parts, two heads each, q . k
+    # recorded, and the out-projection reads the v part
+    packed = [i for i, s in enumerate(sh) if s == (3 * d, d)]
+    out_proj = [i for i, s in enumerate(sh) if s == (d, d)]
+    for i, o in zip(packed, out_proj):
+        assert g.attrs[i]["packed"] == {"parts": 3, "heads": [2, 2, 2], "dots": [[0, 1]]}
+        parts = g.group_of_parts(int(g.out_group[i])).tolist()
+        assert len(parts) == 3 and all(int(g.group_size[p]) == d for p in parts)
+        assert int(g.in_group[o]) == parts[2]
 
 
 def test_eval_export_of_attention_equals_keep_export(extra_graphs):

@@ -151,6 +151,40 @@ def test_warm_child_computes_the_parents_function(name, parent, child, dynamo):
     assert 0.0 < score <= 1.0
 
 
+class AttentionNet(torch.nn.Module):
+    """Linear -> nn.MultiheadAttention -> ReLU -> mean -> Linear: attention without a LayerNorm, so a wider
+    d_model (and so wider heads) can compute exactly the narrower parent's function."""
+
+    def __init__(self, d: int, heads: int = 2):
+        super().__init__()
+        self.embed = torch.nn.Linear(6, d)
+        self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+        self.head = torch.nn.Linear(d, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        a, _ = self.attn(h, h, h, need_weights=False)
+        return self.head(torch.relu(a).mean(dim=1))
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+@pytest.mark.parametrize("heads,parent_d,child_d", [(2, 8, 12), (2, 8, 16), (4, 8, 12)])
+def test_widening_attention_keeps_q_k_v_and_heads_apart(heads, parent_d, child_d, dynamo):
+    # q, k and v come from one packed projection: each part, head by head, gets its own map; k's copies are
+    # divided and q rescaled for the wider head size, so the wider child computes the parent's function
+    torch.manual_seed(0)
+    parent, child = AttentionNet(parent_d, heads).eval(), AttentionNet(child_d, heads).eval()
+    nets.randomize(parent, 0)
+    x = torch.randn(3, 7, 6)
+    pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
+    result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
+    load_warm(child, result, ce.keys)
+    with torch.no_grad():
+        a, b = parent(x), child(x)
+    assert float((a - b).abs().max() / a.abs().max()) <= 1e-5
+    assert any("attention-scale" in op for _, op in result.mapping.values())
+
+
 def test_identical_architecture_is_copied_exactly():
     dev, score = _deviation(RESNET, RESNET, dynamo=True)
     assert dev == 0.0 and score == 1.0

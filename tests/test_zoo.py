@@ -320,3 +320,30 @@ def test_warm_counts_hits_durably(zoo):
     again = Zoo(zoo.uri)
     assert again.record("parent").hits == pytest.approx(2.0, abs=1e-4)
     assert "hit_time" in again.record("parent").summary
+
+
+def test_a_graph_stored_by_an_older_version_is_extracted_again(tmp_path):
+    # graphs stored before packed projections were recorded lack attrs["packed"]; the zoo re-reads the model
+    # rather than warm attention layers without it
+    import io
+
+    from keeper.graph import load_graph
+    from keeper.zoo import GRAPH_EXTRA, graph_blob, graph_from_blob
+
+    blob = nets.extra_onnx("tokens")
+    current = load_graph(blob)
+    assert any("packed" in a for a in current.attrs)
+    arrays = current.to_arrays()
+    del arrays["format"]
+    old = current.__class__.from_arrays(arrays)
+    old.attrs = [{k: v for k, v in a.items() if k != "packed"} for a in old.attrs]
+    buf = io.BytesIO()
+    np.savez(buf, **{k: v for k, v in old.to_arrays().items() if k != "format"})
+    assert graph_from_blob(buf.getvalue(), lambda: blob).attrs == current.attrs
+    assert not any("packed" in a for a in graph_from_blob(buf.getvalue()).attrs)  # no model: as stored
+    assert graph_from_blob(graph_blob(current)).attrs == current.attrs
+
+    zoo = Zoo(str(tmp_path / "zoo"))  # a zoo written by the older version
+    zoo.store.put("tokens", blob, accuracy=0.9, num_params=current.total_params, summary=current.summary(),
+                  extras={GRAPH_EXTRA: buf.getvalue()})
+    assert Zoo(str(tmp_path / "zoo")).graph("tokens").attrs == current.attrs

@@ -57,5 +57,5 @@ def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: floa
         # registered after this process opened the catalog: read it again once
         store = _store(uri, fresh=True)
         blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
-    return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph_from_blob(graph_blob),
+    return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph_from_blob(graph_blob, lambda: blob),
                             noise=noise, seed=seed, **options)

@@ -51,6 +51,10 @@ class _GroupMaps:
         self._through_new_layers(pairs)
         self._maps: dict[int, np.ndarray | None] = {}
         self._importance: dict[int, np.ndarray | None] = {}
+        self._factors: dict[int, np.ndarray | None] = {}
+        # packed projections (q, k, v from one layer): composite group -> the "packed" attrs of its layer
+        self.child_packed, self.parent_packed = _packed_groups(child), _packed_groups(parent)
+        self._owner = {int(p): g for g in self.child_packed for p in child.group_of_parts(g).tolist()}
 
     def _through_new_layers(self, pairs: np.ndarray) -> None:
         """A new square layer that can be an identity passes its units through: its other side copies the same
@@ -72,15 +76,30 @@ class _GroupMaps:
     def map(self, cg: int) -> np.ndarray | None:
         if cg < 0:
             return None
+        if cg in self._owner and cg not in self._maps:
+            self.map(self._owner[cg])  # a part of a packed projection: its map is the composite's slice
         if cg not in self._maps:
             self._maps[cg] = self._build(cg)
         return self._maps[cg]
+
+    def factors(self, cg: int) -> np.ndarray | None:
+        """Per-output-unit factors for the layer producing packed group ``cg`` (None: all 1).
+
+        For each dot-product pair of parts (q, k) sharing one map, k's copies are divided by their replication
+        count (so q . k sums each parent term once) and q is scaled by sqrt(child head size / parent head size)
+        (the child's attention divides by the square root of its own head size)."""
+        if cg not in self._factors:
+            self.map(cg)
+            self._factors.setdefault(cg, None)
+        return self._factors[cg]
 
     def _build(self, cg: int) -> np.ndarray | None:
         pg = self.corr.get(cg)
         if pg is None:
             return None
         cparts, pparts = self.child.group_of_parts(cg), self.parent.group_of_parts(pg)
+        if cg in self.child_packed and pg in self.parent_packed and len(cparts) == len(pparts):
+            return self._packed_map(cg, pg, cparts.tolist(), pparts.tolist())
         if len(cparts) and len(cparts) == len(pparts):
             maps, offset = [], 0
             for cp, pp in zip(cparts.tolist(), pparts.tolist()):
@@ -94,6 +113,46 @@ class _GroupMaps:
         if cs <= 0 or ps <= 0 or len(cparts) or len(pparts):
             return None
         return unit_map(ps, cs, self._ranking(pg, cs, ps), seed=self.seed, key=pg)
+
+    def _packed_map(self, cg: int, pg: int, cparts: list[int], pparts: list[int]) -> np.ndarray | None:
+        """Per-part maps of a packed projection, head by head when both sides have the same number of heads;
+        parts joined by a dot product share one map. Each part's own group gets its slice of the map."""
+        ca, pa = self.child_packed[cg], self.parent_packed[pg]
+        csz = [int(self.child.group_size[g]) for g in cparts]
+        psz = [int(self.parent.group_size[g]) for g in pparts]
+        if min(csz + psz) <= 0:
+            return None
+        partner = {b: a for a, b in ca.get("dots", []) if [a, b] in pa.get("dots", [])}
+        imp = self.importance(pg) if any(c < p for c, p in zip(csz, psz)) else None
+        offs = np.concatenate([[0], np.cumsum(psz)]).astype(np.int64)
+        maps: list[np.ndarray] = []
+        heads: list[int] = []
+        for j, (cs, ps) in enumerate(zip(csz, psz)):
+            hc, hp = int(ca["heads"][j]), int(pa["heads"][j])
+            h = hc if hc == hp and hc >= 1 and cs % hc == 0 and ps % hc == 0 else 1
+            heads.append(h)
+            if j in partner:
+                maps.append(maps[partner[j]])
+                continue
+            rank = None
+            if imp is not None:
+                rank = imp[offs[j]:offs[j + 1]].copy()
+                for a, b in partner.items():  # a dot product keeps the units that matter to both sides
+                    if b == j:
+                        rank += imp[offs[a]:offs[a + 1]]
+            hs, hcs = ps // h, cs // h
+            maps.append(np.concatenate([
+                unit_map(hs, hcs, None if rank is None or hcs >= hs else rank[k * hs:(k + 1) * hs],
+                         seed=self.seed, key=pg * 1009 + j * 31 + k) + k * hs for k in range(h)]))
+        f = np.ones(sum(csz))
+        coffs = np.concatenate([[0], np.cumsum(csz)]).astype(np.int64)
+        for b, a in partner.items():
+            f[coffs[b]:coffs[b + 1]] = 1.0 / np.bincount(maps[b], minlength=psz[b])[maps[b]]
+            f[coffs[a]:coffs[a + 1]] *= np.sqrt((csz[a] / heads[a]) / (psz[a] / heads[a]))
+        self._factors[cg] = None if np.all(f == 1.0) else f
+        for g, m in zip(cparts, maps):
+            self._maps[g] = m
+        return np.concatenate([m + o for m, o in zip(maps, offs[:-1])])
 
     def _ranking(self, pg: int, cs: int, ps: int) -> np.ndarray | None:
         # only shrinking ranks units; importance reads every weight producing the group in float64, which was
@@ -112,6 +171,12 @@ class _GroupMaps:
                 total = sq if total is None else total + sq
             self._importance[pg] = None if total is None else np.sqrt(total)
         return self._importance[pg]
+
+
+def _packed_groups(g: LayerGraph) -> dict[int, dict]:
+    """Output group -> "packed" attrs, for the layers whose output :mod:`keeper.graph` found unpacked into parts."""
+    return {int(g.out_group[i]): a["packed"] for i, a in enumerate(g.attrs)
+            if isinstance(a, dict) and "packed" in a and g.out_group[i] >= 0 and len(g.group_of_parts(int(g.out_group[i])))}
 
 
 def _fit(parent_t: np.ndarray, child_t: np.ndarray) -> np.ndarray:
@@ -190,6 +255,11 @@ def transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: Lay
                 else:
                     values[role], ops = _inherit(kind, role, P[p][role], ct, out_map, in_map,
                                                  maps.parent_size(int(child.in_group[c])))
+                    f = maps.factors(int(child.out_group[c])) if role in ("weight", "bias") else None
+                    if f is not None and values[role].shape[:1] == f.shape:
+                        values[role] = (values[role] * f.reshape((-1,) + (1,) * (values[role].ndim - 1))
+                                        ).astype(ct.dtype)
+                        ops.append("attention-scale")
                     op, src = "+".join(ops), pkeys[role]
                     if noise > 0 and role == "weight":
                         values[role] = values[role] + rng.normal(0.0, noise * float(values[role].std() or 1.0),
