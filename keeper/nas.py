@@ -265,21 +265,28 @@ def _Progress(arm, specs, fn):  # noqa: N802 - a factory that reads like the cla
     return _progress_class()(arm, specs, fn)
 
 
-def steps_to_target(record: TrialRecord, target: float, budget: int) -> tuple[int, bool]:
-    """(first evaluated step with accuracy >= target, reached?) ; (budget, False) when never reached."""
+def steps_to_target(record: TrialRecord, target: float, budget: int, every: int | None = None) -> tuple[int, bool]:
+    """(first evaluated step with accuracy >= target, reached?) ; (budget, False) when never reached.
+
+    ``every``: consider only the evaluations at multiples of ``every`` steps (and the last one), which reads a
+    run evaluated more often as if it had been evaluated on that coarser grid."""
+    last = record.steps[-1] if record.steps else None
     for s, a in zip(record.steps, record.accuracies):
+        if every and s % every and s != last:
+            continue
         if a >= target:
             return int(s), True
     return int(budget), False
 
 
-def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun) -> dict:
-    """Totals of one arm against cold over the same architectures (same order)."""
+def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun, every: int | None = None) -> dict:
+    """Totals of one arm against cold over the same architectures (same order); ``every`` as in
+    :func:`steps_to_target`, for both arms."""
     cold_steps, arm_steps, reached, per_trial = [], [], 0, []
     for c, a in zip(cold, arm):
         target = c.final_accuracy - run.margin
-        cs, _ = steps_to_target(c, target, run.steps)
-        ws, ok = steps_to_target(a, target, run.steps)
+        cs, _ = steps_to_target(c, target, run.steps, every)
+        ws, ok = steps_to_target(a, target, run.steps, every)
         cold_steps.append(cs)
         arm_steps.append(ws)
         reached += ok

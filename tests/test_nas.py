@@ -49,6 +49,18 @@ def test_steps_to_target_and_summary():
     assert s["warmed"] == 1 and s["warmed_speedup"] == pytest.approx(100 / 20)
 
 
+def test_a_finer_run_read_on_a_coarser_grid():
+    run = NasRun(steps=60, margin=0.0)
+    fine = _rec([0.2, 0.5, 0.6, 0.8, 0.85, 0.9], steps=[10, 20, 30, 40, 50, 60])
+    assert steps_to_target(fine, 0.8, 60) == (40, True)
+    assert steps_to_target(fine, 0.6, 60) == (30, True)
+    assert steps_to_target(fine, 0.6, 60, every=20) == (40, True)  # step 30 is not on the 20-step grid
+    assert steps_to_target(fine, 0.9, 60, every=40) == (60, True)  # the last evaluation always counts
+    cold = [_rec([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], steps=[10, 20, 30, 40, 50, 60])]
+    assert summarize(cold, [fine], run)["arm_steps"] == [30]
+    assert summarize(cold, [fine], run, every=20)["arm_steps"] == [40]
+
+
 def _outputs(module, x):
     module.eval()
     with torch.no_grad():

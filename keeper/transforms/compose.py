@@ -175,8 +175,12 @@ class _GroupMaps:
 
 def _packed_groups(g: LayerGraph) -> dict[int, dict]:
     """Output group -> "packed" attrs, for the layers whose output :mod:`keeper.graph` found unpacked into parts."""
-    return {int(g.out_group[i]): a["packed"] for i, a in enumerate(g.attrs)
-            if isinstance(a, dict) and "packed" in a and g.out_group[i] >= 0 and len(g.group_of_parts(int(g.out_group[i])))}
+    out = {}
+    for i, a in enumerate(g.attrs):
+        grp = int(g.out_group[i]) if i < g.num_layers else -1
+        if isinstance(a, dict) and "packed" in a and grp >= 0 and len(g.group_of_parts(grp)):
+            out[grp] = a["packed"]
+    return out
 
 
 def _fit(parent_t: np.ndarray, child_t: np.ndarray) -> np.ndarray:
