@@ -141,9 +141,12 @@ class _GroupMaps:
                     if b == j:
                         rank += imp[offs[a]:offs[a + 1]]
             hs, hcs = ps // h, cs // h
-            maps.append(np.concatenate([
-                unit_map(hs, hcs, None if rank is None or hcs >= hs else rank[k * hs:(k + 1) * hs],
-                         seed=self.seed, key=pg * 1009 + j * 31 + k) + k * hs for k in range(h)]))
+            if rank is None or hcs >= hs:  # growing (or equal): one map serves every head, one generator drawn
+                head = unit_map(hs, hcs, seed=self.seed, key=pg * 1009 + j)
+                maps.append(np.concatenate([head + k * hs for k in range(h)]))
+            else:  # shrinking: each head keeps its own most important units
+                maps.append(np.concatenate([unit_map(hs, hcs, rank[k * hs:(k + 1) * hs]) + k * hs
+                                            for k in range(h)]))
         f = np.ones(sum(csz))
         coffs = np.concatenate([[0], np.cumsum(csz)]).astype(np.int64)
         for b, a in partner.items():
@@ -261,8 +264,8 @@ def transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: Lay
                                                  maps.parent_size(int(child.in_group[c])))
                     f = maps.factors(int(child.out_group[c])) if role in ("weight", "bias") else None
                     if f is not None and values[role].shape[:1] == f.shape:
-                        values[role] = (values[role] * f.reshape((-1,) + (1,) * (values[role].ndim - 1))
-                                        ).astype(ct.dtype)
+                        # one pass in the tensor's own dtype (a float64 product and a cast back cost three)
+                        values[role] = values[role] * f.astype(ct.dtype).reshape((-1,) + (1,) * (ct.ndim - 1))
                         ops.append("attention-scale")
                     op, src = "+".join(ops), pkeys[role]
                     if noise > 0 and role == "weight":
