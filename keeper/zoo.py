@@ -61,7 +61,7 @@ def graph_from_blob(blob: bytes, model: Callable[[], ModelInput] | None = None) 
         fmt = int(z["format"]) if "format" in z.files else 1
         if fmt < LayerGraph.FORMAT and model is not None:
             return load_graph(model())
-        return LayerGraph.from_arrays({k: z[k] for k in z.files if k != "format"})
+        return LayerGraph.from_arrays({k: z[k] for k in z.files})
 
 
 def check_accuracy(accuracy: float, name: str) -> float:

@@ -137,9 +137,9 @@ class _GroupMaps:
             rank = None
             if imp is not None:
                 rank = imp[offs[j]:offs[j + 1]].copy()
-                for a, b in partner.items():  # a dot product keeps the units that matter to both sides
-                    if b == j:
-                        rank += imp[offs[a]:offs[a + 1]]
+                for second, first in partner.items():  # a dot product keeps the units that matter to both
+                    if first == j:
+                        rank += imp[offs[second]:offs[second + 1]]
             hs, hcs = ps // h, cs // h
             if rank is None or hcs >= hs:  # growing (or equal): one map serves every head, one generator drawn
                 head = unit_map(hs, hcs, seed=self.seed, key=pg * 1009 + j)
@@ -180,8 +180,8 @@ def _packed_groups(g: LayerGraph) -> dict[int, dict]:
     """Output group -> "packed" attrs, for the layers whose output :mod:`keeper.graph` found unpacked into parts."""
     out = {}
     for i, a in enumerate(g.attrs):
-        grp = int(g.out_group[i]) if i < g.num_layers else -1
-        if isinstance(a, dict) and "packed" in a and grp >= 0 and len(g.group_of_parts(grp)):
+        grp = int(g.out_group[i])
+        if "packed" in a and grp >= 0 and len(g.group_of_parts(grp)):
             out[grp] = a["packed"]
     return out
 
