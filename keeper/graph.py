@@ -11,7 +11,9 @@ This is the only module that knows ONNX node conventions. A LayerGraph holds:
   reads the same as a TorchScript one;
 * channel groups: layers whose unit axes must share one channel indexing (a conv's output, the BatchNorm after
   it, the residual stream it is added to, the next conv's input) get one group id; concatenations are composite
-  groups made of their parts.
+  groups made of their parts;
+* resolution levels: how many strided convs and pools (less strided transposed convs) stand between the graph
+  input and a layer's input and output, so a CNN's stages can be told apart whatever their widths.
 
 Every array is a flat numpy array (no Python objects in them), so a LayerGraph moves zero-copy through Ray.
 """
@@ -129,7 +131,9 @@ class LayerGraph:
     Layer arrays (length ``num_layers``, layers in canonical order): ``layer_node`` (node index),
     ``layer_kind``, ``shape`` (``num_layers x 5`` canonical parameter shape, padded with 1), ``rank``,
     ``vectors`` (trainable per-output-unit vectors besides the main tensor, e.g. 1 for a bias),
-    ``params`` (trainable elements), ``conv_groups``, ``in_group``/``out_group`` (channel group or -1).
+    ``params`` (trainable elements), ``conv_groups``, ``in_group``/``out_group`` (channel group or -1),
+    ``in_level``/``out_level`` (resolution level of the layer's input and output; they differ only across a
+    strided layer).
     Group arrays: ``group_size`` (units, or -1 when unknown/inconsistent), ``group_parts_indptr`` /
     ``group_parts`` (the parts of a concatenation group, in order; empty for plain groups).
     """
@@ -146,6 +150,8 @@ class LayerGraph:
     conv_groups: np.ndarray
     in_group: np.ndarray
     out_group: np.ndarray
+    in_level: np.ndarray
+    out_level: np.ndarray
     group_size: np.ndarray
     group_parts_indptr: np.ndarray
     group_parts: np.ndarray
@@ -153,13 +159,13 @@ class LayerGraph:
     tensors: list[tuple[TensorRef, ...]] = field(default_factory=list)
     attrs: list[dict[str, Any]] = field(default_factory=list)
 
-    # Version of what extraction records; 2 added packed projections (attrs["packed"]). A stored graph of an
-    # older version is re-extracted from its model (see keeper.zoo.graph_from_blob).
-    FORMAT = 2
+    # Version of what extraction records; 2 added packed projections (attrs["packed"]), 3 resolution levels. A
+    # stored graph of an older version is re-extracted from its model (see keeper.zoo.graph_from_blob).
+    FORMAT = 3
 
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",
-               "params", "conv_groups", "in_group", "out_group", "group_size", "group_parts_indptr",
-               "group_parts")
+               "params", "conv_groups", "in_group", "out_group", "in_level", "out_level", "group_size",
+               "group_parts_indptr", "group_parts")
 
     @property
     def num_nodes(self) -> int:
@@ -452,6 +458,9 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
 
     layers = [i for i in order if info[i]["kind"] < Kind.WEIGHTED_END]
     groups = _channel_groups(ex, data_nodes, order, info, out_of, const, meta)
+    level: dict[int, int] = {}  # data node -> resolution level of its output
+    for i in order:
+        level[i] = max((level[j] for j in preds_raw[i]), default=0) + _resolution_step(data_nodes[i])
     nl = len(layers)
     shape = np.ones((nl, _MAX_RANK), dtype=np.int64)
     rank = np.zeros(nl, dtype=np.int8)
@@ -460,6 +469,8 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
     conv_groups = np.ones(nl, dtype=np.int64)
     in_group = np.full(nl, -1, dtype=np.int32)
     out_group = np.full(nl, -1, dtype=np.int32)
+    in_level = np.zeros(nl, dtype=np.int16)
+    out_level = np.zeros(nl, dtype=np.int16)
     names, tensors, attrs = [], [], []
     for li, i in enumerate(layers):
         d = info[i]
@@ -470,6 +481,8 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
         params[li] = int(np.prod(s)) + d["vectors"] * s[0]
         conv_groups[li] = d.get("groups", 1)
         in_group[li], out_group[li] = groups.layer_groups.get(i, (-1, -1))
+        in_level[li] = max((level[j] for j in preds_raw[i]), default=0)
+        out_level[li] = level[i]
         names.append(data_nodes[i].name or data_nodes[i].output[0])
         tensors.append(tuple(d["refs"]))
         attrs.append({**d.get("attrs", {}), **({"packed": groups.packed[i]} if i in groups.packed else {})})
@@ -478,10 +491,19 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
         layer_node=np.array([pos[i] for i in layers], dtype=np.int32),
         layer_kind=np.array([info[i]["kind"] for i in layers], dtype=np.int8), shape=shape, rank=rank,
         vectors=vectors, params=params, conv_groups=conv_groups, in_group=in_group, out_group=out_group,
-        group_size=np.array(groups.sizes, dtype=np.int64),
+        in_level=in_level, out_level=out_level, group_size=np.array(groups.sizes, dtype=np.int64),
         group_parts_indptr=np.array(groups.parts_indptr, dtype=np.int64),
         group_parts=np.array(groups.parts, dtype=np.int32),
         layer_names=names, tensors=tensors, attrs=attrs)
+
+
+def _resolution_step(n: onnx.NodeProto) -> int:
+    """+1 for a strided conv or pool (it lowers the resolution), -1 for a strided transposed conv, else 0.
+    Global pools and reductions are left out: a head after them should match a head whatever the stage count."""
+    if n.op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"):
+        if any(int(s) > 1 for s in (_attr(n, "strides", []) or [])):
+            return -1 if n.op_type == "ConvTranspose" else 1
+    return 0
 
 
 def _layer_info(ex: _Extractor, n: onnx.NodeProto, const: set, users: dict, absorbed: dict, i: int) -> dict:

@@ -46,8 +46,27 @@ SIGNATURE_SIZE = 64
 
 
 def class_by_kind_and_rank(graph: LayerGraph) -> np.ndarray:
-    """Default node rule: layers match only when kind and parameter rank agree (a 1-D conv never feeds a 2-D one)."""
+    """Layers match only when kind and parameter rank agree (a 1-D conv never feeds a 2-D one)."""
     return (graph.layer_kind.astype(np.int32) * 8 + graph.rank.astype(np.int32)).astype(np.int32)
+
+
+_LEVELLED_KINDS = (Kind.CONV, Kind.DWCONV, Kind.CONVT, Kind.BATCHNORM)
+_LEVELS = 64  # resolution levels told apart; deeper ones share the last code
+
+
+def class_by_kind_rank_and_level(graph: LayerGraph) -> np.ndarray:
+    """Default node rule: kind and rank agree, and convolutions and BatchNorms also sit at the same resolution
+    levels (input and output; see :mod:`keeper.graph`).
+
+    Without the levels the alignment maximises inherited elements by pairing a child's widened stage-1 block
+    with the parent's wider stage-2 block, whose channels belong to another residual stream and another
+    resolution: many elements, no function. Linear layers, norms other than BatchNorm and embeddings are not
+    levelled, so a head after global pooling matches a head whatever the number of stages.
+    """
+    base = class_by_kind_and_rank(graph).astype(np.int64) * _LEVELS * _LEVELS
+    lo, hi = np.clip(graph.in_level, -1, _LEVELS - 2) + 1, np.clip(graph.out_level, -1, _LEVELS - 2) + 1
+    levelled = np.isin(graph.layer_kind, _LEVELLED_KINDS)
+    return (base + np.where(levelled, lo * _LEVELS + hi, 0)).astype(np.int32)
 
 
 @dataclass(frozen=True)
@@ -55,7 +74,7 @@ class MatchRules:
     """Pluggable node comparison: ``node_class`` maps a graph's layers to integer classes; only equal classes
     may be matched."""
 
-    node_class: Callable[[LayerGraph], np.ndarray] = class_by_kind_and_rank
+    node_class: Callable[[LayerGraph], np.ndarray] = class_by_kind_rank_and_level
 
 
 DEFAULT_RULES = MatchRules()
@@ -474,10 +493,12 @@ def score_many(parents: Sequence[GraphLike | MatchArrays] | PackedParents, child
 
 
 def signature(g: GraphLike | MatchArrays, rules: MatchRules = DEFAULT_RULES) -> np.ndarray:
-    """Trainable elements per layer class, folded into ``SIGNATURE_SIZE`` bins (int64)."""
+    """Trainable elements per layer class, folded into ``SIGNATURE_SIZE`` bins (int64) by a multiplicative hash
+    (classes are sparse codes; folding them by a modulus would put whole families of them in one bin)."""
     a = _scored(g, rules)
     per_layer = np.prod(a.shape, axis=1) + a.vectors * a.shape[:, 0]
-    return np.bincount(a.cls % SIGNATURE_SIZE, weights=per_layer, minlength=SIGNATURE_SIZE).astype(np.int64)
+    bins = ((a.cls.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(65 - SIGNATURE_SIZE.bit_length())).astype(np.int64)
+    return np.bincount(bins, weights=per_layer, minlength=SIGNATURE_SIZE).astype(np.int64)
 
 
 def upper_bounds(parent_signatures: np.ndarray, child: GraphLike | MatchArrays,

@@ -75,7 +75,22 @@ def test_dynamo_and_torchscript_exports_read_the_same(family_graphs, family, mod
     for key in ("vectors", "params", "conv_groups"):
         np.testing.assert_array_equal(getattr(ts, key), getattr(dyn, key), err_msg=key)
     assert group_partition(ts) == group_partition(dyn)
+    for key in ("in_level", "out_level"):
+        np.testing.assert_array_equal(getattr(ts, key), getattr(dyn, key), err_msg=key)
     assert similarity(ts, dyn) == 1.0 and similarity(dyn, ts) == 1.0
+
+
+def test_resolution_levels_count_strided_convs_and_pools(family_graphs):
+    r = family_graphs["resnet", "torchscript", "keep"]
+    step = [(k, int(a), int(b)) for k, a, b in zip(kinds(r), r.in_level, r.out_level) if a != b]
+    # each stage after the first starts with a strided conv1 and a strided projection, nothing else downsamples
+    assert step == [("conv", s, s + 1) for s in range(len(nets.spec("resnet")["blocks"]) - 1) for _ in range(2)]
+    assert r.out_level[0] == 0 and r.in_level[-1] == r.out_level[-1] == len(nets.spec("resnet")["blocks"]) - 1
+    v = family_graphs["vgg", "torchscript", "keep"]  # stages end in strided max pools
+    conv_levels = [int(a) for k, a in zip(kinds(v), v.in_level) if k == "conv"]
+    assert conv_levels == sorted(conv_levels) and conv_levels[-1] == len(nets.spec("vgg")["widths"]) - 1
+    t = family_graphs["transformer", "torchscript", "keep"]
+    assert not t.in_level.any() and not t.out_level.any()
 
 
 @pytest.mark.parametrize("exporter", nets.EXPORTERS)

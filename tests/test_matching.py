@@ -333,6 +333,26 @@ def test_a_dropped_residual_block_goes_whole_and_every_layer_keeps_its_role(pare
         ["bn1", "bn2", "conv1", "conv2"], dropped
 
 
+def test_a_widened_stage_keeps_its_own_blocks_and_streams():
+    # widening stage 1 and dropping a stage-2 block: the parent's stage-2 blocks are wider than its stage-1 ones,
+    # so pairing the child's stage-1 blocks with them inherits more elements, but those channels belong to
+    # another residual stream at another resolution (the warmed child started at chance that way)
+    base = dict(family="resnet", dim=1, in_channels=1, num_classes=10, input_length=32, kernel=7)
+    parent = load_graph(nets.family_onnx({**base, "widths": [24, 32], "blocks": [2, 3]}))
+    child = load_graph(nets.family_onnx({**base, "widths": [36, 32], "blocks": [2, 2]}))
+    pairs = align(parent, child).pairs.tolist()
+    stage_of = {"blocks.0": 1, "blocks.1": 1, "blocks.2": 2, "blocks.3": 2, "blocks.4": 2}
+    for ci, pi in enumerate(pairs):
+        cb, pb = _block(child.layer_names[ci]), _block(parent.layer_names[pi]) if pi >= 0 else None
+        assert pi >= 0, f"{child.layer_names[ci]} is left unmatched"
+        assert _role(child.layer_names[ci]) == _role(parent.layer_names[pi])
+        assert stage_of.get(cb, cb) == stage_of.get(pb, pb), (child.layer_names[ci], parent.layer_names[pi])
+        if cb in ("blocks.0", "blocks.1", "blocks.2"):  # the same blocks up to the transition; block 3 or 4 after
+            assert cb == pb, (child.layer_names[ci], parent.layer_names[pi])
+    assert np.array_equal(child.in_level, parent.in_level[pairs]) and \
+        np.array_equal(child.out_level, parent.out_level[pairs])
+
+
 @pytest.mark.parametrize("parent,child", [
     (dict(family="mlp", widths=[48, 48, 24, 24, 24, 24]), dict(family="mlp", widths=[48, 48, 48, 24, 24])),
     (dict(family="vgg", widths=[15, 40], depths=[2, 2], kernel=5), dict(family="vgg", widths=[15, 40], depths=[1, 2],
