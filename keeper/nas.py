@@ -25,7 +25,7 @@ import json
 import os
 import tempfile
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -48,6 +48,7 @@ class NasRun:
     concurrency: int = 2         # trials at once
     noise: float = 0.01          # keeper's symmetry-breaking noise
     margin: float = 0.01         # target = cold final accuracy - margin
+    precise_bn: bool = True      # evaluate with BatchNorm statistics of the current weights (workload.with_precise_bn)
     dynamo: bool = False         # exporter for warm starts (TorchScript is the faster of the two)
 
 
@@ -65,6 +66,14 @@ class TrialRecord:
     accuracies: list[float] = field(default_factory=list)
     final_accuracy: float = 0.0
     seconds: float = 0.0
+    running_accuracies: list[float] = field(default_factory=list)  # with precise_bn: read with running statistics
+
+    def read_with_running_statistics(self) -> "TrialRecord":
+        """This trial as the model's running BatchNorm statistics read it (itself when nothing else was read)."""
+        if not self.running_accuracies:
+            return self
+        return replace(self, accuracies=list(self.running_accuracies), final_accuracy=self.running_accuracies[-1],
+                       running_accuracies=[])
 
 
 def arch_label(spec: dict) -> str:
@@ -168,12 +177,12 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
             info = _warm(arm, model, example_input(spec), service, run, states, seed)
         data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
         h = train(model, data, steps=run.steps, eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
-                  seed=seed * 7_919 + i)
+                  seed=seed * 7_919 + i, precise_bn=run.precise_bn)
         with tempfile.TemporaryDirectory() as d:
             torch.save(model.state_dict(), os.path.join(d, "model.pt"))
             if arm == "name-shape":  # later trials of this arm load parents by name
                 torch.save(model.state_dict(), os.path.join(states, f"{prefix}{tune.get_context().get_trial_id()}.pt"))
-            tune.report({"accuracy": h.final_accuracy, "index": i, "history": json.dumps([h.steps, h.accuracies]),
+            tune.report({"accuracy": h.final_accuracy, "index": i, "history": json.dumps([h.steps, h.accuracies, h.running_accuracies]),
                          "seconds": h.seconds, **info}, checkpoint=tune.Checkpoint.from_directory(d))
     return trial
 
@@ -240,9 +249,9 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
 
 def _record(specs: list[dict], m: dict, num_params: Callable[[dict], int]) -> TrialRecord:
     i = int(m["index"])
-    steps, accs = json.loads(m["history"])
+    steps, accs, running = json.loads(m["history"])
     return TrialRecord(i, specs[i]["family"], arch_label(specs[i]), num_params(specs[i]), m["parent"],
-                       float(m["score"]), steps, accs, float(m["accuracy"]), float(m["seconds"]))
+                       float(m["score"]), steps, accs, float(m["accuracy"]), float(m["seconds"]), running)
 
 
 def _progress_class():
@@ -279,9 +288,14 @@ def steps_to_target(record: TrialRecord, target: float, budget: int, every: int 
     return int(budget), False
 
 
-def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun, every: int | None = None) -> dict:
+def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun, every: int | None = None,
+              running_statistics: bool = False) -> dict:
     """Totals of one arm against cold over the same architectures (same order); ``every`` as in
-    :func:`steps_to_target`, for both arms."""
+    :func:`steps_to_target`, for both arms; ``running_statistics``: read both arms' evaluations as the models'
+    running BatchNorm statistics saw them (:meth:`TrialRecord.read_with_running_statistics`)."""
+    if running_statistics:
+        cold = [c.read_with_running_statistics() for c in cold]
+        arm = [a.read_with_running_statistics() for a in arm]
     cold_steps, arm_steps, reached, per_trial = [], [], 0, []
     for c, a in zip(cold, arm):
         target = c.final_accuracy - run.margin

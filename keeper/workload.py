@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import random
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["Dataset", "TrainHistory", "mnist1d_dataset", "train", "evaluate"]
+__all__ = ["Dataset", "TrainHistory", "mnist1d_dataset", "train", "evaluate", "with_precise_bn"]
 
 
 @dataclass
@@ -53,6 +54,8 @@ class TrainHistory:
     Attributes:
         steps: the optimizer step after which each evaluation ran.
         accuracies: test accuracy at each of those steps.
+        running_accuracies: with ``precise_bn``, the same evaluations read with the model's running BatchNorm
+            statistics (empty otherwise).
         losses: mean training loss over the steps since the previous evaluation.
         final_accuracy: test accuracy after the last step run.
         steps_to_target: the first evaluated step whose accuracy reached ``target``; None if none did.
@@ -61,6 +64,7 @@ class TrainHistory:
 
     steps: list[int] = field(default_factory=list)
     accuracies: list[float] = field(default_factory=list)
+    running_accuracies: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     final_accuracy: float = 0.0
     steps_to_target: int | None = None
@@ -120,9 +124,37 @@ def evaluate(model: nn.Module, data: Dataset, device: torch.device | str | None 
     return correct / max(1, len(data.y_test))
 
 
+@torch.no_grad()
+def with_precise_bn(model: nn.Module, data: Dataset, batches: int = 4, batch_size: int = 256) -> nn.Module:
+    """A copy of ``model`` whose BatchNorm statistics are re-estimated from the first ``batches * batch_size``
+    training samples (a plain average over those batches, in train mode, without gradients); ``model`` itself
+    is untouched, and returned as is when it has no BatchNorm.
+
+    Running statistics are an exponential average (momentum 0.1) over the last ~10-20 steps' batches. Read
+    every few steps, accuracy then lags the weights: a model whose weights moved in the last steps is judged
+    with statistics of older weights. Re-estimating them reads the accuracy of the weights as they are, the
+    way an evaluation once per epoch (hundreds of steps, statistics long converged) does.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model
+    fresh = copy.deepcopy(model)
+    for m in fresh.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average over the batches below
+    device = _device_of(fresh)
+    fresh.train()
+    for i in range(batches):
+        x = data.x_train[i * batch_size:(i + 1) * batch_size]
+        if len(x):
+            fresh(x.to(device))
+    return fresh
+
+
 def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128, lr: float = 3e-3,
           eval_every: int = 50, target: float | None = None, stop_at_target: bool = False, seed: int = 0,
-          device: torch.device | str | None = None,
+          device: torch.device | str | None = None, precise_bn: bool = False,
           report: Callable[[dict], None] | None = None) -> TrainHistory:
     """Train ``model`` in place with Adam (cosine decay to zero over ``steps``) and cross-entropy.
 
@@ -135,6 +167,8 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
         target: the test accuracy that ``steps_to_target`` records reaching.
         stop_at_target: stop at the first evaluation that reaches ``target``.
         device: where to train; None keeps the model where it is. The model is moved there.
+        precise_bn: evaluate with BatchNorm statistics re-estimated for the current weights
+            (:func:`with_precise_bn`); training and the model's own running statistics are unaffected.
         report: called after each evaluation with ``{"step", "accuracy", "loss", "seconds"}`` (a Tune
             ``report`` fits).
 
@@ -175,7 +209,11 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
         running, count = running + loss.item(), count + 1
         if step % eval_every and step != steps:
             continue
-        acc = evaluate(model, data, device)
+        if precise_bn:
+            history.running_accuracies.append(evaluate(model, data, device))
+            acc = evaluate(with_precise_bn(model, data), data, device)
+        else:
+            acc = evaluate(model, data, device)
         history.steps.append(step)
         history.accuracies.append(acc)
         history.losses.append(running / count)

@@ -19,7 +19,7 @@ from onnx.reference import ReferenceEvaluator
 from keeper.errors import InvalidModelError
 from keeper.families import (FAMILIES, SCALES, build, default_spec, example_input, neighbours, num_macs, num_params,
                              sample_spec, sized_spec)
-from keeper.workload import Dataset, evaluate, mnist1d_dataset, train
+from keeper.workload import Dataset, evaluate, mnist1d_dataset, train, with_precise_bn
 
 IMAGE = {"dim": 2, "in_channels": 3, "input_length": 16}
 
@@ -224,3 +224,25 @@ def test_train_stops_at_target_and_checks_arguments():
     with pytest.raises(ValueError, match="steps"):
         train(model, data, steps=0)
     assert isinstance(data, Dataset)
+
+
+def test_precise_bn_reads_the_weights_as_they_are_and_leaves_the_model_alone():
+    data = mnist1d_dataset(seed=0, num_samples=2000)
+    torch.manual_seed(0)
+    model = build({**default_spec("resnet"), "dim": 1, "in_channels": 1, "input_length": 40, "num_classes": 10})
+    train(model, data, steps=60, eval_every=60)
+    bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d))
+    bn.running_mean.add_(5.0)  # stale statistics, as after weights moved faster than the average follows
+    stale_mean = bn.running_mean.clone()
+    precise = with_precise_bn(model, data)
+    assert precise is not model and torch.equal(bn.running_mean, stale_mean) and model.training
+    fresh = next(m for m in precise.modules() if isinstance(m, torch.nn.BatchNorm1d))
+    # the first BatchNorm follows the stem conv: its statistics are that conv's output over the batches used
+    with torch.no_grad():
+        stem = model.stem[0](data.x_train[:1024])
+    torch.testing.assert_close(fresh.running_mean, stem.mean(dim=(0, 2)), rtol=1e-4, atol=1e-5)
+    assert evaluate(precise, data) > evaluate(model, data) + 0.2
+    mlp = build(default_spec("mlp"))
+    assert with_precise_bn(mlp, data) is mlp  # nothing to re-estimate
+    history = train(model, data, steps=10, eval_every=10, precise_bn=True)
+    assert history.final_accuracy == evaluate(with_precise_bn(model, data), data)

@@ -61,6 +61,23 @@ def test_a_finer_run_read_on_a_coarser_grid():
     assert summarize(cold, [fine], run, every=20)["arm_steps"] == [40]
 
 
+def test_the_same_runs_read_with_running_statistics():
+    run = NasRun(steps=60, margin=0.0)
+    cold = _rec([0.2, 0.5, 0.8], steps=[20, 40, 60])
+    cold.running_accuracies = [0.1, 0.3, 0.7]
+    warm = _rec([0.8, 0.8, 0.9], steps=[20, 40, 60])
+    warm.running_accuracies = [0.4, 0.7, 0.9]
+    plain = _rec([0.3, 0.6, 0.7], steps=[20, 40, 60])  # no BatchNorm: one reading serves both
+    assert warm.read_with_running_statistics().accuracies == [0.4, 0.7, 0.9]
+    assert plain.read_with_running_statistics() is plain and warm.accuracies == [0.8, 0.8, 0.9]
+    precise = summarize([cold, cold], [warm, plain], run)
+    running = summarize([cold, cold], [warm, plain], run, running_statistics=True)
+    # targets are cold's final accuracy in each reading: 0.8 read precisely, 0.7 with running statistics
+    assert precise["cold_steps"] == [60, 60] and precise["arm_steps"] == [20, 60]
+    assert running["cold_steps"] == [60, 60] and running["arm_steps"] == [40, 60]
+    assert running["accuracy_delta"] == pytest.approx(((0.9 - 0.7) + (0.7 - 0.7)) / 2)
+
+
 def _outputs(module, x):
     module.eval()
     with torch.no_grad():
