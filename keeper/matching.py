@@ -50,8 +50,9 @@ def class_by_kind_and_rank(graph: LayerGraph) -> np.ndarray:
     return (graph.layer_kind.astype(np.int32) * 8 + graph.rank.astype(np.int32)).astype(np.int32)
 
 
-_LEVELLED_KINDS = (Kind.CONV, Kind.DWCONV, Kind.CONVT, Kind.BATCHNORM)
 _LEVELS = 64  # resolution levels told apart; deeper ones share the last code
+_LEVELLED = np.zeros(256, dtype=np.int64)  # by kind (int8 codes): 1 where the class carries levels
+_LEVELLED[[Kind.CONV, Kind.DWCONV, Kind.CONVT, Kind.BATCHNORM]] = 1
 
 
 def class_by_kind_rank_and_level(graph: LayerGraph) -> np.ndarray:
@@ -63,10 +64,10 @@ def class_by_kind_rank_and_level(graph: LayerGraph) -> np.ndarray:
     resolution: many elements, no function. Linear layers, norms other than BatchNorm and embeddings are not
     levelled, so a head after global pooling matches a head whatever the number of stages.
     """
-    base = class_by_kind_and_rank(graph).astype(np.int64) * _LEVELS * _LEVELS
-    lo, hi = np.clip(graph.in_level, -1, _LEVELS - 2) + 1, np.clip(graph.out_level, -1, _LEVELS - 2) + 1
-    levelled = np.isin(graph.layer_kind, _LEVELLED_KINDS)
-    return (base + np.where(levelled, lo * _LEVELS + hi, 0)).astype(np.int32)
+    kind = graph.layer_kind.astype(np.int64)
+    lo, hi = np.minimum(np.maximum(np.stack((graph.in_level, graph.out_level)), -1), _LEVELS - 2) + 1
+    code = (kind * 8 + graph.rank) * (_LEVELS * _LEVELS) + _LEVELLED[kind & 255] * (lo * _LEVELS + hi)
+    return code.astype(np.int32)
 
 
 @dataclass(frozen=True)
