@@ -64,9 +64,14 @@ def class_by_kind_rank_and_level(graph: LayerGraph) -> np.ndarray:
     resolution: many elements, no function. Linear layers, norms other than BatchNorm and embeddings are not
     levelled, so a head after global pooling matches a head whatever the number of stages.
     """
-    kind = graph.layer_kind.astype(np.int64)
-    lo, hi = np.minimum(np.maximum(np.stack((graph.in_level, graph.out_level)), -1), _LEVELS - 2) + 1
-    code = (kind * 8 + graph.rank) * (_LEVELS * _LEVELS) + _LEVELLED[kind & 255] * (lo * _LEVELS + hi)
+    return level_classes(graph.layer_kind, graph.rank, graph.in_level, graph.out_level)
+
+
+def level_classes(kind: np.ndarray, rank: np.ndarray, in_level: np.ndarray, out_level: np.ndarray) -> np.ndarray:
+    """:func:`class_by_kind_rank_and_level` from the four per-layer arrays it reads (int32)."""
+    kind = np.asarray(kind).astype(np.int64)
+    lo, hi = np.minimum(np.maximum(np.stack((in_level, out_level)), -1), _LEVELS - 2) + 1
+    code = (kind * 8 + rank) * (_LEVELS * _LEVELS) + _LEVELLED[kind & 255] * (lo * _LEVELS + hi)
     return code.astype(np.int32)
 
 

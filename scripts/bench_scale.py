@@ -46,7 +46,7 @@ from keeper.actors.indexing import fit_index  # noqa: E402
 from keeper.clustering import two_stage_search  # noqa: E402
 from keeper.families import FAMILIES, neighbours  # noqa: E402
 from keeper.graph import Kind  # noqa: E402
-from keeper.matching import MatchArrays, PackedParents, score_many  # noqa: E402
+from keeper.matching import MatchArrays, PackedParents, level_classes, score_many  # noqa: E402
 
 REPORT = Path(__file__).resolve().parents[1] / "reports" / "bench_scale.md"
 COMMON = {"dim": 1, "in_channels": 1, "num_classes": 10, "input_length": 40}
@@ -79,56 +79,60 @@ def random_spec(rng: np.random.Generator, family: str) -> dict:
             "norm": str(rng.choice(["none", "layernorm", "batchnorm"]))}
 
 
-def layer_sequence(spec: dict) -> list[tuple[int, tuple[int, ...], int]]:
-    """(kind, canonical shape, vectors) of every weighted layer, in keeper.graph's canonical order."""
+def layer_sequence(spec: dict) -> list[tuple[int, tuple[int, ...], int, int, int]]:
+    """(kind, canonical shape, vectors, input level, output level) of every weighted layer, in keeper.graph's
+    canonical order; levels count the strided convs and pools before the layer (keeper.graph)."""
     f, k, cin0 = spec["family"], spec.get("kernel"), spec["in_channels"]
-    conv = lambda o, i, kk: (Kind.CONV, (o, i, kk), 0)  # noqa: E731
-    bn = lambda c: (Kind.BATCHNORM, (c,), 1)  # noqa: E731
-    lin = lambda o, i: (Kind.LINEAR, (o, i), 1)  # noqa: E731
-    out: list[tuple[int, tuple[int, ...], int]] = []
+    conv = lambda o, i, kk, a=0, b=None: (Kind.CONV, (o, i, kk), 0, a, a if b is None else b)  # noqa: E731
+    bn = lambda c, a=0: (Kind.BATCHNORM, (c,), 1, a, a)  # noqa: E731
+    lin = lambda o, i: (Kind.LINEAR, (o, i), 1, 0, 0)  # noqa: E731 - linear layers carry no level
+    out: list[tuple[int, tuple[int, ...], int, int, int]] = []
     if f == "resnet":
         w = spec["widths"]
         out += [conv(w[0], cin0, k), bn(w[0])]
         cin = w[0]
         for i, (c, n) in enumerate(zip(w, spec["blocks"])):
             for j in range(n):
+                a = i - 1 if i > 0 and j == 0 else i  # the first block of a later stage has stride 2
                 if (i > 0 and j == 0) or cin != c:  # downsampling block: the 1x1 shortcut sits beside conv1
-                    out += [conv(c, cin, k), conv(c, cin, 1), bn(c), bn(c)]
+                    out += [conv(c, cin, k, a, i), conv(c, cin, 1, a, i), bn(c, i), bn(c, i)]
                 else:
-                    out += [conv(c, cin, k), bn(c)]
-                out += [conv(c, c, k), bn(c)]
+                    out += [conv(c, cin, k, i), bn(c, i)]
+                out += [conv(c, c, k, i), bn(c, i)]
                 cin = c
         out.append(lin(spec["num_classes"], cin))
     elif f == "vgg":
         cin = cin0
-        for c, n in zip(spec["widths"], spec["depths"]):
+        for i, (c, n) in enumerate(zip(spec["widths"], spec["depths"])):  # a max pool before each later stage
             for _ in range(n):
-                out += [conv(c, cin, k), bn(c)]
+                out += [conv(c, cin, k, i), bn(c, i)]
                 cin = c
         out.append(lin(spec["num_classes"], cin))
     elif f == "mobilenetv2":
         cin = spec["stem_width"]
         out += [conv(cin, cin0, 3), bn(cin)]
-        for c, n in zip(spec["widths"], spec["blocks"]):
-            for _ in range(n):
-                h = cin * spec["expansion"]
-                out += [conv(h, cin, 1), bn(h), (Kind.DWCONV, (h, 1, k), 0), bn(h), conv(c, h, 1), bn(c)]
+        for i, (c, n) in enumerate(zip(spec["widths"], spec["blocks"])):
+            for j in range(n):
+                h, a = cin * spec["expansion"], i - 1 if i > 0 and j == 0 else i  # a strided depthwise conv
+                out += [conv(h, cin, 1, a), bn(h, a), (Kind.DWCONV, (h, 1, k), 0, a, i), bn(h, i), conv(c, h, 1, i),
+                        bn(c, i)]
                 cin = c
-        out += [conv(spec["head_width"], cin, 1), bn(spec["head_width"]), lin(spec["num_classes"],
-                                                                                spec["head_width"])]
+        last = len(spec["widths"]) - 1
+        out += [conv(spec["head_width"], cin, 1, last), bn(spec["head_width"], last),
+                lin(spec["num_classes"], spec["head_width"])]
     elif f == "transformer":
         d, p = spec["d_model"], spec["patch"]
-        out += [lin(d, cin0 * p), (Kind.PARAM, (d, 1, spec["input_length"] // p), 0)]
+        ln = (Kind.LAYERNORM, (d,), 1, 0, 0)
+        out += [lin(d, cin0 * p), (Kind.PARAM, (d, 1, spec["input_length"] // p), 0, 0, 0)]
         for _ in range(spec["layers"]):
-            out += [(Kind.LAYERNORM, (d,), 1), lin(3 * d, d), lin(d, d), (Kind.LAYERNORM, (d,), 1),
-                    lin(spec["ffn"], d), lin(d, spec["ffn"])]
-        out += [(Kind.LAYERNORM, (d,), 1), lin(spec["num_classes"], d)]
+            out += [ln, lin(3 * d, d), lin(d, d), ln, lin(spec["ffn"], d), lin(d, spec["ffn"])]
+        out += [ln, lin(spec["num_classes"], d)]
     else:
         cin = cin0 * spec["input_length"]
         for c in spec["widths"]:
             out.append(lin(c, cin))
             if spec["norm"] == "layernorm":
-                out.append((Kind.LAYERNORM, (c,), 1))
+                out.append((Kind.LAYERNORM, (c,), 1, 0, 0))
             elif spec["norm"] == "batchnorm":
                 out.append(bn(c))
             cin = c
@@ -137,7 +141,8 @@ def layer_sequence(spec: dict) -> list[tuple[int, tuple[int, ...], int]]:
 
 
 def synth_arrays(spec: dict) -> MatchArrays:
-    """MatchArrays of ``spec`` without building or exporting it (default node rule: class = kind * 8 + rank).
+    """MatchArrays of ``spec`` without building or exporting it (default node rule: kind, rank and, for convs and
+    BatchNorms, resolution levels; keeper.matching.level_classes).
 
     The tie-break arrays of MatchArrays (``skip``, ``edge``, ``context``: read only by the mapping, never by
     scoring) are 0.
@@ -145,11 +150,12 @@ def synth_arrays(spec: dict) -> MatchArrays:
     seq = layer_sequence(spec)
     n = len(seq)
     shape = np.ones((n, 5), np.int64)
-    for i, (_, s, _) in enumerate(seq):
+    for i, (_, s, _, _, _) in enumerate(seq):
         shape[i, :len(s)] = s
-    cls = np.array([kind * 8 + len(s) for kind, s, _ in seq], np.int32)
-    vectors = np.array([v for _, _, v in seq], np.int64)
-    total = int(sum(int(np.prod(s)) + v * s[0] for _, s, v in seq))
+    cls = level_classes(np.array([r[0] for r in seq]), np.array([len(r[1]) for r in seq]),
+                        np.array([r[3] for r in seq]), np.array([r[4] for r in seq]))
+    vectors = np.array([v for _, _, v, _, _ in seq], np.int64)
+    total = int(sum(int(np.prod(s)) + v * s[0] for _, s, v, _, _ in seq))
     fields = {f.name: np.zeros(n, np.int64) for f in dataclasses.fields(MatchArrays)}
     fields.update(cls=cls, shape=shape, vectors=vectors, total=total)
     return MatchArrays(**fields)
