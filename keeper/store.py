@@ -454,6 +454,29 @@ class ModelStore:
             self._write_record(rec)
         return rec
 
+    def replace_extra(self, name: str, extra: str, data: bytes) -> ModelRecord:
+        """Store new bytes for an existing extra of ``name`` (a derived file, such as a graph extracted again by a
+        newer version): the new blob first, the record last, so a failure leaves the old extra in place. The
+        old blob stays until :meth:`gc` (another record may share it). The model blob itself never changes."""
+        if not isinstance(data, (bytes, bytearray, memoryview)) or memoryview(data).nbytes == 0:
+            raise AdmissionError(f"model {name!r}: extra {extra!r} must be non-empty bytes")
+        with self._write_lock:
+            rec = self._read_record(name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
+            if rec is None:
+                self._forget(name)
+                raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self._uri}; nothing to replace")
+            if extra not in rec.extra_checksums:
+                raise ModelNotFoundError(f"model {name!r} has no extra {extra!r} (it has {list(rec.extras)}); "
+                                         "only an existing extra can be replaced")
+            sum_ = sha256(data)
+            if sum_ != rec.extra_checksums[extra]:
+                self._write(f"blobs/{sum_}.{extra}", data)
+                rec = replace(rec, extra_checksums={**rec.extra_checksums, extra: sum_})
+                self._write_record(rec)  # the commit point
+            with self._cache_lock:
+                self._records[name] = rec
+        return rec
+
     def remove(self, name: str) -> None:
         """Delete ``name``: its catalog entry first, then its blobs that no other record references."""
         with self._write_lock:

@@ -5,13 +5,15 @@ Invariants:
     * registering identical content again returns the stored record and stores nothing twice;
     * after every successful registration the zoo's blobs fit the byte budget; eviction removes the models of
       least value per byte (value = accuracy plus decayed parent hits), losers of near-duplicate pairs first;
-    * reopening the same URI restores every model (graphs come back from their stored arrays, not re-parsed).
+    * reopening the same URI restores every model (graphs come back from their stored arrays, not re-parsed;
+      a graph stored by an older version is extracted again from its model once and stored back).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -19,7 +21,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from keeper.errors import AdmissionError, ModelNotFoundError
+from keeper.errors import AdmissionError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
@@ -27,9 +29,10 @@ from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage
 from keeper.store import ModelRecord, ModelStore, check_name
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 
-__all__ = ["Zoo", "ZooConfig", "graph_blob", "graph_from_blob"]
+__all__ = ["Zoo", "ZooConfig", "graph_blob", "graph_format", "graph_from_blob"]
 
 GRAPH_EXTRA = "graph.npz"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,13 +57,19 @@ def graph_blob(graph: LayerGraph) -> bytes:
     return buf.getvalue()
 
 
+def graph_format(blob: bytes) -> int:
+    """The ``LayerGraph.FORMAT`` a graph blob was written with (1 for blobs that predate the field)."""
+    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        return int(z["format"]) if "format" in z.files else 1
+
+
 def graph_from_blob(blob: bytes, model: Callable[[], ModelInput] | None = None) -> LayerGraph:
     """The LayerGraph stored by :func:`graph_blob`; re-extracted from ``model()`` (the ONNX it was made from)
-    when the blob predates ``LayerGraph.FORMAT``, since an older graph lacks what the transforms now read."""
+    when the blob predates ``LayerGraph.FORMAT``, since an older graph lacks what matching and the transforms
+    now read."""
+    if model is not None and graph_format(blob) < LayerGraph.FORMAT:
+        return load_graph(model())
     with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        fmt = int(z["format"]) if "format" in z.files else 1
-        if fmt < LayerGraph.FORMAT and model is not None:
-            return load_graph(model())
         return LayerGraph.from_arrays({k: z[k] for k in z.files})
 
 
@@ -100,8 +109,20 @@ class Zoo:
         self.store.reload()
         self._graphs.clear(), self._arrays.clear(), self._sigs.clear()
         for rec in self.store.records():
-            self._cache(rec.name, graph_from_blob(self.store.get_extra(rec.name, GRAPH_EXTRA),
-                                                  lambda: self.store.get(rec.name)))
+            blob = self.store.get_extra(rec.name, GRAPH_EXTRA)
+            graph = graph_from_blob(blob, lambda: self.store.get(rec.name))
+            if graph_format(blob) < LayerGraph.FORMAT:
+                self._write_back(rec.name, graph)
+            self._cache(rec.name, graph)
+
+    def _write_back(self, name: str, graph: LayerGraph) -> None:
+        """Store a graph extracted again by this version, so later loads read it instead of parsing the model.
+        Best effort: a store this process may not write to keeps the old graph, re-extracted on each load."""
+        try:
+            self.store.replace_extra(name, GRAPH_EXTRA, graph_blob(graph))
+        except StoreError as exc:
+            log.warning("zoo %s: model %r's graph was extracted again but could not be stored (%s); it will be "
+                        "extracted again on the next load", self.uri, name, exc)
 
     def _cache(self, name: str, graph: LayerGraph) -> None:
         self._graphs[name] = graph

@@ -131,6 +131,29 @@ def test_update_rewrites_mutable_fields(tmp_path):
     assert files(tmp_path, "tmp") == set()
 
 
+def test_replace_extra_commits_last_and_loses_nothing(tmp_path):
+    store = ModelStore(tmp_path)
+    rec, _ = put(store, "m", b"model", extras={"graph.npz": b"old-graph"})
+    store._fs = Flaky(store._fs, {"move"})  # the new blob cannot be stored: the record keeps the old extra
+    with pytest.raises(StoreError):
+        store.replace_extra("m", "graph.npz", b"new-graph")
+    store._fs = store._fs.fs
+    assert ModelStore(tmp_path).get_extra("m", "graph.npz") == b"old-graph"
+    new = store.replace_extra("m", "graph.npz", b"new-graph")
+    assert new.extra_checksums["graph.npz"] != rec.extra_checksums["graph.npz"]
+    assert (new.checksum, new.accuracy, new.created) == (rec.checksum, rec.accuracy, rec.created)
+    reopened = ModelStore(tmp_path)
+    assert reopened.get_extra("m", "graph.npz") == b"new-graph" and reopened.get("m") == b"model"
+    assert store.replace_extra("m", "graph.npz", b"new-graph") == new  # same bytes: nothing written
+    assert store.gc() == 1  # the old extra, referenced by nothing now
+    with pytest.raises(ModelNotFoundError, match="no extra"):
+        store.replace_extra("m", "weights.bin", b"w")
+    with pytest.raises(ModelNotFoundError, match="nothing to replace"):
+        store.replace_extra("absent", "graph.npz", b"g")
+    with pytest.raises(AdmissionError, match="non-empty"):
+        store.replace_extra("m", "graph.npz", b"")
+
+
 def test_remove_keeps_shared_blobs(tmp_path):
     store = ModelStore(tmp_path)
     a, _ = put(store, "a", b"model-a", extras={"graph.npz": b"same-arch"})

@@ -322,13 +322,14 @@ def test_warm_counts_hits_durably(zoo):
     assert "hit_time" in again.record("parent").summary
 
 
-def test_a_graph_stored_by_an_older_version_is_extracted_again(tmp_path):
+def test_a_graph_stored_by_an_older_version_is_extracted_again_and_stored_back(tmp_path, monkeypatch, caplog):
     # graphs stored before packed projections were recorded lack attrs["packed"]; the zoo re-reads the model
     # rather than warm attention layers without it
     import io
 
     from keeper.graph import load_graph
-    from keeper.zoo import GRAPH_EXTRA, graph_blob, graph_from_blob
+    from keeper.graph import LayerGraph
+    from keeper.zoo import GRAPH_EXTRA, graph_blob, graph_format, graph_from_blob
 
     blob = nets.extra_onnx("tokens")
     current = load_graph(blob)
@@ -346,4 +347,31 @@ def test_a_graph_stored_by_an_older_version_is_extracted_again(tmp_path):
     zoo = Zoo(str(tmp_path / "zoo"))  # a zoo written by the older version
     zoo.store.put("tokens", blob, accuracy=0.9, num_params=current.total_params, summary=current.summary(),
                   extras={GRAPH_EXTRA: buf.getvalue()})
-    assert Zoo(str(tmp_path / "zoo")).graph("tokens").attrs == current.attrs
+    before = zoo.store.record("tokens")
+    assert graph_format(zoo.store.get_extra("tokens", GRAPH_EXTRA)) < LayerGraph.FORMAT
+    reopened = Zoo(str(tmp_path / "zoo"))
+    assert reopened.graph("tokens").attrs == current.attrs
+    # the graph extracted again is stored back once; the model, its accuracy and name are as they were
+    after = Zoo(str(tmp_path / "zoo")).store.record("tokens")
+    assert graph_format(reopened.store.get_extra("tokens", GRAPH_EXTRA)) == LayerGraph.FORMAT
+    assert after.extra_checksums != before.extra_checksums
+    assert (after.checksum, after.accuracy, after.name) == (before.checksum, before.accuracy, before.name)
+    assert reopened.store.get("tokens") == blob
+    import keeper.zoo as zoo_module
+    from keeper.errors import StoreError
+    from keeper.store import ModelStore
+
+    class ReadOnly(ModelStore):
+        def replace_extra(self, *a, **k):
+            raise StoreError("the store is read-only")
+
+    zoo.store.replace_extra("tokens", GRAPH_EXTRA, buf.getvalue())  # the old graph again
+    with caplog.at_level("WARNING", logger="keeper.zoo"):
+        assert Zoo(ReadOnly(str(tmp_path / "zoo"))).graph("tokens").attrs == current.attrs
+    assert "could not be stored" in caplog.text  # a store it cannot write keeps the old graph, and says so
+    assert graph_format(zoo.store.get_extra("tokens", GRAPH_EXTRA)) < LayerGraph.FORMAT
+    Zoo(str(tmp_path / "zoo"))
+
+    calls: list = []  # a later load reads the stored graph: no model is parsed
+    monkeypatch.setattr(zoo_module, "load_graph", lambda *a, **k: calls.append(a) or load_graph(*a, **k))
+    assert Zoo(str(tmp_path / "zoo")).graph("tokens").attrs == current.attrs and calls == []
