@@ -74,7 +74,7 @@ class Kind:
 
 _STRUCT_KINDS = {
     "Add": Kind.ADD, "Sub": Kind.ADD, "Mul": Kind.MUL, "Div": Kind.MUL, "Concat": Kind.CONCAT,
-    "Split": Kind.SPLIT, "Slice": Kind.SPLIT, "MaxPool": Kind.POOL, "AveragePool": Kind.POOL,
+    "Split": Kind.SPLIT, "Slice": Kind.SPLIT, "SplitToSequence": Kind.SPLIT, "SequenceAt": Kind.SPLIT, "MaxPool": Kind.POOL, "AveragePool": Kind.POOL,
     "GlobalAveragePool": Kind.POOL, "GlobalMaxPool": Kind.POOL, "LpPool": Kind.POOL,
     "Relu": Kind.ACTIVATION, "LeakyRelu": Kind.ACTIVATION, "Sigmoid": Kind.ACTIVATION, "Tanh": Kind.ACTIVATION,
     "Gelu": Kind.ACTIVATION, "Erf": Kind.ACTIVATION, "Clip": Kind.ACTIVATION, "Elu": Kind.ACTIVATION,
@@ -743,8 +743,10 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
         return new() if g is None else g
 
     # Packed projections (q, k and v computed by one linear layer): the layer's output group becomes a composite
-    # of k equal parts when its output reaches k Gathers with constant indices 0..k-1, so each part gets its own
-    # unit map; heads and dot products between parts are recorded for the transforms.
+    # of k equal parts when its output reaches k Gathers with constant indices 0..k-1 (torch's
+    # MultiheadAttention) or one Split into k equal outputs along the unit axis (``qkv.split(d, dim=-1)``, as in
+    # GPT-2), so each part gets its own unit map; heads and dot products between parts are recorded for the
+    # transforms.
     linear_out: dict[str, int] = {}   # output tensor of a linear layer -> its data node index
     gathers: dict[str, set[int]] = {}  # tensor -> constant scalar indices it is gathered at
     for n in nodes:
@@ -756,18 +758,24 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
     part_heads: dict[int, int] = {}
     dots: set[tuple[int, int, int]] = set()
 
-    def unpacked_part(n: onnx.NodeProto) -> int | None:
-        src, idx = n.input[0], ex.const_value(n.input[1])
-        ks = gathers.get(src, set())
+    def linear_of(src: str) -> str | None:
+        """The linear layer output that ``src`` is, through unpacking reshapes (None when it is not one)."""
         cur = src
         while cur not in linear_out:
             p = ex.producer.get(cur)
             if p is None or p.op_type not in _UNPACK_CHAIN_OPS or not p.input:
                 return None
             cur = p.input[0]
+        return cur
+
+    def packed_parts(src: str, k: int | None) -> list[int] | None:
+        """The k part groups of the linear layer whose output ``src`` is."""
+        cur = linear_of(src)
+        if cur is None or k is None:
+            return None
         li = linear_out[cur]
-        k, units = len(ks), int(info[li]["shape"][0])
-        if k < 2 or ks != set(range(k)) or units % k:
+        units = int(info[li]["shape"][0])
+        if k < 2 or units % k:
             return None
         g = find(tensor_group[cur])
         if g not in parts:
@@ -776,7 +784,43 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
             parts[g] = [new(units // k) for _ in range(k)]
             for j, pg in enumerate(parts[g]):
                 part_of[pg] = (li, j)
-        return parts[g][int(idx)]
+        return parts[g] if len(parts[g]) == k else None
+
+    def unpacked_part(n: onnx.NodeProto) -> int | None:
+        ks = gathers.get(n.input[0], set())
+        pgs = packed_parts(n.input[0], len(ks)) if ks == set(range(len(ks))) else None
+        return None if pgs is None else pgs[int(ex.const_value(n.input[1]))]
+
+    def on_last_axis(n: onnx.NodeProto) -> bool:
+        shp, axis = ex.shapes.get(n.input[0]), int(_attr(n, "axis", 0))
+        return axis == -1 or bool(shp and axis % len(shp) == len(shp) - 1)
+
+    def split_parts(n: onnx.NodeProto) -> list[int] | None:
+        """Part groups for the outputs of a Split of a linear output into equal pieces along its last axis."""
+        outs = list(n.output)
+        if len(outs) < 2 or not all(outs) or not on_last_axis(n):
+            return None
+        sizes = ex.const_value(n.input[1]) if len(n.input) > 1 and n.input[1] else _attr(n, "split", None)
+        if sizes is not None and len(set(int(v) for v in np.asarray(sizes).reshape(-1))) != 1:
+            return None
+        return packed_parts(n.input[0], len(outs))
+
+    def sequence_part(n: onnx.NodeProto) -> int | None:
+        """The part group of SequenceAt(SplitToSequence(linear output, equal pieces, last axis), constant index)
+        (the dynamo exporter's form of ``split``)."""
+        p = ex.producer.get(n.input[0])
+        if p is None or p.op_type != "SplitToSequence" or len(p.input) < 2 or not p.input[1] or not on_last_axis(p):
+            return None
+        sizes, idx, cur = ex.const_value(p.input[1]), ex.const_value(n.input[1]), linear_of(p.input[0])
+        if sizes is None or idx is None or cur is None or np.asarray(idx).ndim:
+            return None
+        sizes = np.asarray(sizes).reshape(-1)
+        units = int(info[linear_out[cur]]["shape"][0])
+        if len(set(sizes.tolist())) != 1 or int(sizes[0]) <= 0:
+            return None
+        k = (units // int(sizes[0]) if units % int(sizes[0]) == 0 else None) if sizes.size == 1 else sizes.size
+        pgs = packed_parts(p.input[0], k)
+        return None if pgs is None else pgs[int(idx) % len(pgs)]
 
     def part(g: int) -> tuple[int, int] | None:
         return part_of.get(find(g))
@@ -813,6 +857,13 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
         elif k == Kind.SPLIT and n.op_type == "Gather" and len(n.input) == 2 and n.input[0] in gathers \
                 and (pg := unpacked_part(n)) is not None:
             g_out = pg
+        elif k == Kind.SPLIT and n.op_type == "SequenceAt" and len(n.input) == 2 \
+                and (pg := sequence_part(n)) is not None:
+            g_out = pg
+        elif k == Kind.SPLIT and n.op_type == "Split" and n.input and (pgs := split_parts(n)) is not None:
+            for o, pg in zip(n.output, pgs):
+                tensor_group[o] = pg
+            continue
         elif k == Kind.MATMUL and len(ins) == 2:
             pa, pb = part(group_in(ins[0])), part(group_in(ins[1]))
             if pa and pb and pa[0] == pb[0] and pa[1] != pb[1]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 
 import nets
 from keeper import families
-from keeper.graph import Kind
+from keeper.graph import Kind, load_graph
 from keeper.torch_support import export, load_warm
 from keeper.transforms.depth import identity_fill, zero_fill
 from keeper.transforms.kernel import fit_kernel
@@ -167,16 +169,40 @@ class AttentionNet(torch.nn.Module):
         return self.head(torch.relu(a).mean(dim=1))
 
 
+class SplitAttentionNet(torch.nn.Module):
+    """AttentionNet with the attention written out as GPT-2 does: one projection, split into q, k and v along
+    its last axis, heads by view and transpose."""
+
+    def __init__(self, d: int, heads: int = 2):
+        super().__init__()
+        self.d, self.heads = d, heads
+        self.embed = torch.nn.Linear(6, d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.out = torch.nn.Linear(d, d)
+        self.head = torch.nn.Linear(d, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        b, t, dh = x.shape[0], x.shape[1], self.d // self.heads
+        q, k, v = (z.reshape(b, t, self.heads, dh).transpose(1, 2) for z in self.qkv(h).split(self.d, dim=-1))
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(dh), dim=-1)
+        a = self.out((att @ v).transpose(1, 2).reshape(b, t, self.d))
+        return self.head(torch.relu(a).mean(dim=1))
+
+
 @pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+@pytest.mark.parametrize("net", [AttentionNet, SplitAttentionNet], ids=["gathered", "split"])
 @pytest.mark.parametrize("heads,parent_d,child_d", [(2, 8, 12), (2, 8, 16), (4, 8, 12)])
-def test_widening_attention_keeps_q_k_v_and_heads_apart(heads, parent_d, child_d, dynamo):
+def test_widening_attention_keeps_q_k_v_and_heads_apart(heads, parent_d, child_d, net, dynamo):
     # q, k and v come from one packed projection: each part, head by head, gets its own map; k's copies are
     # divided and q rescaled for the wider head size, so the wider child computes the parent's function
     torch.manual_seed(0)
-    parent, child = AttentionNet(parent_d, heads).eval(), AttentionNet(child_d, heads).eval()
+    parent, child = net(parent_d, heads).eval(), net(child_d, heads).eval()
     nets.randomize(parent, 0)
     x = torch.randn(3, 7, 6)
     pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
+    packed = [a["packed"] for a in load_graph(ce.onnx).attrs if "packed" in a]
+    assert packed == [{"parts": 3, "heads": [heads] * 3, "dots": [[0, 1]]}]
     result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
     load_warm(child, result, ce.keys)
     with torch.no_grad():
