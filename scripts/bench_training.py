@@ -9,7 +9,7 @@ running statistics, and on a grid twice as coarse, too. Writes a markdown report
 PNG plots.
 
 Usage:
-    python scripts/bench_training.py            # 40 archs, 3 seeds for cold/keeper, baselines on seed 0 (~20 min, 2 cores)
+    python scripts/bench_training.py            # 40 archs, 5 seeds for cold/keeper, baselines on seed 0 (~30 min, 2 cores)
     python scripts/bench_training.py --quick    # 12 archs, 1 seed, cold/keeper/published (< 5 min)
     python scripts/bench_training.py --baseline-seeds 3   # every arm on every seed
 """
@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--archs", type=int, default=40)
-    p.add_argument("--seeds", type=int, default=3, help="seeds for the cold and keeper arms")
+    p.add_argument("--seeds", type=int, default=5, help="seeds for the cold and keeper arms")
     p.add_argument("--baseline-seeds", type=int, default=1, help="seeds for the baseline arms")
     p.add_argument("--steps", type=int, default=200, help="training steps per trial (the budget)")
     p.add_argument("--concurrency", type=int, default=2)
