@@ -278,3 +278,23 @@ def test_two_stage_recall_against_brute_force(zoo_2000):
     print(f"recall@1 {recall:.3f}; items scored mean {np.mean(scored):.0f}, max {max(scored)} of {len(x)}")
     assert recall >= 0.95, f"recall@1 {recall:.3f}"
     assert np.mean(scored) <= 0.1 * len(x) and max(scored) <= 0.2 * len(x)
+
+
+def test_score_bounds_make_the_search_exact(zoo_2000):
+    x, names, scale, index, centres, rng = zoo_2000
+    queries = centres[rng.integers(0, 40, 200)] + rng.normal(0.0, 0.05, (200, 2))
+    extra = []
+    for q in queries:
+        f = CountingScore(x, names, q, scale)
+        # valid bounds, loose by up to 0.1, in index order
+        bounds = np.minimum(f.all[[f.pos[n] for n in index.names]] + rng.uniform(0.0, 0.1, len(names)), 1.0)
+        plain, _ = two_stage_search(index, CountingScore(x, names, q, scale), clusters_to_probe=1, early_stop=2.0)
+        got, scores = two_stage_search(index, f, clusters_to_probe=1, early_stop=2.0, bounds=bounds)
+        assert scores.max() == f.all.max()  # always the brute-force best
+        assert len(f.calls) <= 3 and len(set(got)) == len(got) and got[:len(plain)] == plain
+        best = scores.max()
+        assert all(b <= best for n, b in zip(index.names, bounds) if n not in set(got))
+        extra.append(len(got) - len(plain))
+    assert np.mean(extra) < 0.1 * len(names)  # the bounds add a few members, not the zoo
+    with pytest.raises(KeeperError, match="one bound per member"):
+        two_stage_search(index, f, bounds=np.zeros(3))

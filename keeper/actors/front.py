@@ -326,7 +326,7 @@ class Keeper:
                     for sid in v.shards}
             index = ClusterIndex.from_arrays(v.index) if v.index else None
             medoids = frozenset(index.medoid_names) if index is not None else frozenset()
-            self._state = _State(v, index, medoids, refs)
+            self._state = _State(v, index, medoids, refs, _member_sigs(v, index))
             self.metrics.zoo_size(v.n)
             return self._state
 
@@ -363,9 +363,14 @@ class Keeper:
             names = view.names.tolist()
             return names, score(names), scored[0]
         from keeper.clustering import two_stage_search
+        from keeper.matching import upper_bounds
 
+        # score bounds make the search exact: a member outside the probed clusters is aligned too when its
+        # signature bound exceeds the best score the clusters gave
+        bounds = upper_bounds(state.member_sigs, child) if state.member_sigs is not None else None
         names, scores = two_stage_search(state.index, score, clusters_to_probe=c.clusters_to_probe,
-                                         early_stop=c.early_stop, brute_force_below=c.brute_force_below)
+                                         early_stop=c.early_stop, brute_force_below=c.brute_force_below,
+                                         bounds=bounds)
         return list(names), np.asarray(scores, dtype=np.float64), scored[0]
 
     def _score(self, child: MatchArrays, view: View, refs: dict[str, Any], names: list[str], deadline: float,
@@ -393,12 +398,22 @@ class Keeper:
 
 
 class _State(NamedTuple):
-    """What one query reads, swapped as a whole: the view, its index, its medoids, its shard references."""
+    """What one query reads, swapped as a whole: the view, its index, its medoids, its shard references, and
+    the signatures of the index's members in index order (None without an index, or with one behind the view)."""
 
     view: View
     index: Any
     medoids: frozenset
     refs: dict
+    member_sigs: np.ndarray | None = None
+
+
+def _member_sigs(view: View, index: Any) -> np.ndarray | None:
+    if index is None or view.n == 0:
+        return None
+    members = np.asarray(index.names, dtype=view.names.dtype)
+    pos = np.minimum(view.positions(members), view.n - 1)
+    return view.sigs[pos] if bool(np.all(view.names[pos] == members)) else None
 
 
 def _as_bytes(model: ModelInput) -> bytes:

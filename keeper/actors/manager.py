@@ -35,7 +35,7 @@ from keeper.actors.config import ServiceConfig
 from keeper.actors.indexing import fit_index, symmetric_distance
 from keeper.actors.snapshot import Shard, View
 from keeper.errors import AdmissionError, ModelNotFoundError, ServiceError, StoreError
-from keeper.matching import MatchArrays, match_arrays
+from keeper.matching import SIGNATURE_SIZE, MatchArrays, match_arrays
 from keeper.onnx_safety import ModelInput
 
 __all__ = ["ZooManager"]
@@ -300,6 +300,8 @@ class ZooManager:
             params=np.array([self._arrays[n].total for n in names], dtype=np.int64),
             shard=np.array([pos[self._loc[n][0]] for n in names], dtype=np.int32),
             row=np.array([self._loc[n][1] for n in names], dtype=np.int64),
+            sigs=(np.stack([self._shards[self._loc[n][0]].sigs[self._loc[n][1]] for n in names]) if names
+                  else np.zeros((0, SIGNATURE_SIZE), np.int64)),
             shards=shard_ids,
             index=self._index.to_arrays() if self._index is not None else {},
             uri=self.zoo.uri)

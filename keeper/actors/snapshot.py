@@ -78,6 +78,7 @@ class View:
     params: np.ndarray         # int64 (n,): trainable elements of each model (for the parent's coverage)
     shard: np.ndarray          # int32 (n,): index into ``shards``
     row: np.ndarray            # int64 (n,): row within that shard
+    sigs: np.ndarray           # int64 (n, SIGNATURE_SIZE): each model's signature, for the search's score bounds
     shards: tuple[str, ...]
     index: dict[str, np.ndarray] = field(default_factory=dict)
     uri: str = ""
@@ -102,5 +103,5 @@ class View:
     @classmethod
     def empty(cls, key: str = "empty", uri: str = "") -> "View":
         return cls(key, np.array([], dtype=str), np.zeros(0), np.zeros(0, bool), np.zeros(0, np.int64),
-                   np.zeros(0, np.int32),
-                   np.zeros(0, np.int64), (), {}, uri)
+                   np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros((0, SIGNATURE_SIZE), np.int64), (), {},
+                   uri)
