@@ -74,7 +74,8 @@ class Kind:
 
 _STRUCT_KINDS = {
     "Add": Kind.ADD, "Sub": Kind.ADD, "Mul": Kind.MUL, "Div": Kind.MUL, "Concat": Kind.CONCAT,
-    "Split": Kind.SPLIT, "Slice": Kind.SPLIT, "SplitToSequence": Kind.SPLIT, "SequenceAt": Kind.SPLIT, "MaxPool": Kind.POOL, "AveragePool": Kind.POOL,
+    "Split": Kind.SPLIT, "Slice": Kind.SPLIT, "SplitToSequence": Kind.SPLIT, "SequenceAt": Kind.SPLIT,
+    "MaxPool": Kind.POOL, "AveragePool": Kind.POOL,
     "GlobalAveragePool": Kind.POOL, "GlobalMaxPool": Kind.POOL, "LpPool": Kind.POOL,
     "Relu": Kind.ACTIVATION, "LeakyRelu": Kind.ACTIVATION, "Sigmoid": Kind.ACTIVATION, "Tanh": Kind.ACTIVATION,
     "Gelu": Kind.ACTIVATION, "Erf": Kind.ACTIVATION, "Clip": Kind.ACTIVATION, "Elu": Kind.ACTIVATION,
@@ -458,9 +459,11 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
 
     layers = [i for i in order if info[i]["kind"] < Kind.WEIGHTED_END]
     groups = _channel_groups(ex, data_nodes, order, info, out_of, const, meta)
-    level: dict[int, int] = {}  # data node -> resolution level of its output
+    level_in: dict[int, int] = {}  # data node -> resolution level of its input, and of its output
+    level: dict[int, int] = {}
     for i in order:
-        level[i] = max((level[j] for j in preds_raw[i]), default=0) + _resolution_step(data_nodes[i])
+        level_in[i] = max((level[j] for j in preds_raw[i]), default=0)
+        level[i] = level_in[i] + _resolution_step(data_nodes[i])
     nl = len(layers)
     shape = np.ones((nl, _MAX_RANK), dtype=np.int64)
     rank = np.zeros(nl, dtype=np.int8)
@@ -481,8 +484,7 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
         params[li] = int(np.prod(s)) + d["vectors"] * s[0]
         conv_groups[li] = d.get("groups", 1)
         in_group[li], out_group[li] = groups.layer_groups.get(i, (-1, -1))
-        in_level[li] = max((level[j] for j in preds_raw[i]), default=0)
-        out_level[li] = level[i]
+        in_level[li], out_level[li] = level_in[i], level[i]
         names.append(data_nodes[i].name or data_nodes[i].output[0])
         tensors.append(tuple(d["refs"]))
         attrs.append({**d.get("attrs", {}), **({"packed": groups.packed[i]} if i in groups.packed else {})})

@@ -503,7 +503,8 @@ def signature(g: GraphLike | MatchArrays, rules: MatchRules = DEFAULT_RULES) -> 
     (classes are sparse codes; folding them by a modulus would put whole families of them in one bin)."""
     a = _scored(g, rules)
     per_layer = np.prod(a.shape, axis=1) + a.vectors * a.shape[:, 0]
-    bins = ((a.cls.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(65 - SIGNATURE_SIZE.bit_length())).astype(np.int64)
+    mixed = a.cls.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits are mixed
+    bins = (mixed >> np.uint64(65 - SIGNATURE_SIZE.bit_length())).astype(np.int64)
     return np.bincount(bins, weights=per_layer, minlength=SIGNATURE_SIZE).astype(np.int64)
 
 

@@ -182,7 +182,8 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
             torch.save(model.state_dict(), os.path.join(d, "model.pt"))
             if arm == "name-shape":  # later trials of this arm load parents by name
                 torch.save(model.state_dict(), os.path.join(states, f"{prefix}{tune.get_context().get_trial_id()}.pt"))
-            tune.report({"accuracy": h.final_accuracy, "index": i, "history": json.dumps([h.steps, h.accuracies, h.running_accuracies]),
+            history = json.dumps([h.steps, h.accuracies, h.running_accuracies])
+            tune.report({"accuracy": h.final_accuracy, "index": i, "history": history,
                          "seconds": h.seconds, **info}, checkpoint=tune.Checkpoint.from_directory(d))
     return trial
 

@@ -135,8 +135,7 @@ def with_precise_bn(model: nn.Module, data: Dataset, batches: int = 4, batch_siz
     with statistics of older weights. Re-estimating them reads the accuracy of the weights as they are, the
     way an evaluation once per epoch (hundreds of steps, statistics long converged) does.
     """
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not norms:
+    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         return model
     fresh = copy.deepcopy(model)
     for m in fresh.modules():

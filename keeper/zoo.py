@@ -110,9 +110,11 @@ class Zoo:
         self._graphs.clear(), self._arrays.clear(), self._sigs.clear()
         for rec in self.store.records():
             blob = self.store.get_extra(rec.name, GRAPH_EXTRA)
-            graph = graph_from_blob(blob, lambda: self.store.get(rec.name))
             if graph_format(blob) < LayerGraph.FORMAT:
+                graph = load_graph(self.store.get(rec.name))
                 self._write_back(rec.name, graph)
+            else:
+                graph = graph_from_blob(blob)
             self._cache(rec.name, graph)
 
     def _write_back(self, name: str, graph: LayerGraph) -> None:
