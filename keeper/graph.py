@@ -770,9 +770,8 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
             cur = p.input[0]
         return cur
 
-    def packed_parts(src: str, k: int | None) -> list[int] | None:
-        """The k part groups of the linear layer whose output ``src`` is."""
-        cur = linear_of(src)
+    def packed_parts(cur: str | None, k: int | None) -> list[int] | None:
+        """The k part groups of the linear layer output ``cur`` (found by ``linear_of``)."""
         if cur is None or k is None:
             return None
         li = linear_out[cur]
@@ -790,7 +789,7 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
 
     def unpacked_part(n: onnx.NodeProto) -> int | None:
         ks = gathers.get(n.input[0], set())
-        pgs = packed_parts(n.input[0], len(ks)) if ks == set(range(len(ks))) else None
+        pgs = packed_parts(linear_of(n.input[0]), len(ks)) if ks == set(range(len(ks))) else None
         return None if pgs is None else pgs[int(ex.const_value(n.input[1]))]
 
     def on_last_axis(n: onnx.NodeProto) -> bool:
@@ -805,7 +804,7 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
         sizes = ex.const_value(n.input[1]) if len(n.input) > 1 and n.input[1] else _attr(n, "split", None)
         if sizes is not None and len(set(int(v) for v in np.asarray(sizes).reshape(-1))) != 1:
             return None
-        return packed_parts(n.input[0], len(outs))
+        return packed_parts(linear_of(n.input[0]), len(outs))
 
     def sequence_part(n: onnx.NodeProto) -> int | None:
         """The part group of SequenceAt(SplitToSequence(linear output, equal pieces, last axis), constant index)
@@ -821,7 +820,7 @@ def _channel_groups(ex: _Extractor, nodes: list, order: list[int], info: list[di
         if len(set(sizes.tolist())) != 1 or int(sizes[0]) <= 0:
             return None
         k = (units // int(sizes[0]) if units % int(sizes[0]) == 0 else None) if sizes.size == 1 else sizes.size
-        pgs = packed_parts(p.input[0], k)
+        pgs = packed_parts(cur, k)
         return None if pgs is None else pgs[int(idx) % len(pgs)]
 
     def part(g: int) -> tuple[int, int] | None:

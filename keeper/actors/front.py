@@ -32,7 +32,7 @@ from keeper.actors.metrics import ServiceMetrics
 from keeper.actors.pool import MatcherPool
 from keeper.actors.snapshot import View
 from keeper.errors import ModelNotFoundError, ServiceError
-from keeper.matching import MatchArrays, match_arrays
+from keeper.matching import MatchArrays, match_arrays, upper_bounds
 from keeper.onnx_safety import ModelInput
 from keeper.warm import WarmResult
 
@@ -363,7 +363,6 @@ class Keeper:
             names = view.names.tolist()
             return names, score(names), scored[0]
         from keeper.clustering import two_stage_search
-        from keeper.matching import upper_bounds
 
         # score bounds make the search exact: a member outside the probed clusters is aligned too when its
         # signature bound exceeds the best score the clusters gave
