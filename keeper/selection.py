@@ -31,7 +31,7 @@ from typing import Iterable
 
 from keeper.errors import KeeperError
 
-__all__ = ["Candidate", "SelectionPolicy", "choose_parent", "coverage"]
+__all__ = ["Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "coverage"]
 
 
 def _is_real(x: object) -> bool:
@@ -77,6 +77,23 @@ def coverage(score: float, child_params: int, parent_params: int) -> float:
     if parent_params <= 0:
         return 0.0
     return min(1.0, float(score) * float(child_params) / float(parent_params))
+
+
+@dataclass(frozen=True)
+class ParentChoice:
+    """The answer of a parent search: the chosen ``parent`` (None: the child keeps its own weights) and its
+    ``score``, the zoo ``uri`` to read it from, the ``noise`` and ``seed`` the transfer is to use, and the best
+    ``candidates`` the choice considered (by score, at most five).
+
+    Plain data (strings, floats, a tuple of Candidates), so it crosses Ray without pickling user objects.
+    """
+
+    parent: str | None
+    score: float
+    uri: str
+    noise: float
+    seed: int
+    candidates: tuple[Candidate, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from keeper.errors import KeeperError, ServiceError
+from keeper.errors import KeeperError
 from keeper.graph import graph_from_proto
 from keeper.onnx_safety import load_model
 from keeper.onnx_weights import read_initializers, write_weights
 from keeper.warm import WarmResult
 
 __all__ = ["Exported", "export", "load_warm", "load_result", "warm_start", "warm_exported", "architecture_template",
-           "fill_template", "service_call"]
+           "fill_template"]
 
 
 @dataclass
@@ -265,7 +265,10 @@ def warm_exported(module: torch.nn.Module, exported: Exported, zoo_or_handle: An
     """:func:`warm_start` for a module already exported (``exported = export(module, ...)``)."""
     kwargs = {} if noise is None else {"noise": noise}
     if hasattr(zoo_or_handle, "warm") and hasattr(zoo_or_handle.warm, "remote"):
-        result = service_call(zoo_or_handle.warm.remote(exported.onnx, **kwargs), timeout_s, "warm_start")
+        from keeper.actors.remote import Demand, get
+
+        need = Demand("warm_start: the keeper service's warm", actor=zoo_or_handle)
+        result = get(zoo_or_handle.warm.remote(exported.onnx, **kwargs), timeout_s, need)
     else:
         result = zoo_or_handle.warm(exported.onnx, **kwargs)
     return load_result(module, result, exported.keys)
@@ -279,16 +282,3 @@ def load_result(module: torch.nn.Module, result: WarmResult, keys: dict[str, tup
     return load_warm(module, result, keys)
 
 
-def service_call(ref: Any, timeout_s: float, what: str) -> Any:
-    """``ray.get(ref)`` bounded by ``timeout_s``, with the service's failures as ServiceError naming ``what``."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
-
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except GetTimeoutError:
-        raise ServiceError(f"{what}: the keeper service did not answer within {timeout_s:.0f} s; "
-                           "check `keeper stats` or raise timeout_s") from None
-    except RayActorError as exc:
-        raise ServiceError(f"{what}: the keeper service died while answering ({exc}); "
-                           "restart it with keeper.actors.start()") from None

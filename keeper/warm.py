@@ -61,10 +61,10 @@ class WarmResult:
                 "from_parent": inherited, "operators": dict(sorted(ops.items()))}
 
 
-def cold_result(child: ModelInput) -> WarmResult:
-    """The child's own weights, no parent."""
+def cold_result(child: ModelInput, graph: LayerGraph | None = None) -> WarmResult:
+    """The child's own weights, no parent (``graph``: the child's, when the caller has extracted it)."""
     proto = load_model(child, what="child model")
-    graph = graph_from_proto(proto)
+    graph = graph if graph is not None else graph_from_proto(proto)
     weights = dict(read_initializers(proto))
     mapping = {r.key: (None, "init") for refs in graph.tensors for r in refs}
     _add_aliases(graph, weights)

@@ -274,7 +274,7 @@ class Zoo:
         graph = graph_from_proto(proto)
         best = choose_parent(self.candidates(graph), self.config.selection)
         if best is None:
-            return cold_result(proto)
+            return cold_result(proto, graph)
         return self.warm_from(best.name, proto, graph, noise=noise, seed=seed)
 
     def warm_from(self, parent: str, child: ModelInput, child_graph: LayerGraph | None = None, *,

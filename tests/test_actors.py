@@ -267,7 +267,7 @@ def test_warm_through_the_service_equals_the_embedded_warm(service):
     ref = get(handle.warm_ref.remote(child, noise=0.0))
     assert get(ref).parent == "cnn-parent"
     choice = get(handle.choose.remote(child))
-    assert choice["parent"] == "cnn-parent" and choice["uri"] == str(zoo)
+    assert choice.parent == "cnn-parent" and choice.uri == str(zoo)
     # nothing similar enough: the child keeps its own weights
     assert get(handle.warm.remote(conv2d_onnx())).parent is None
 

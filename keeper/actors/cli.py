@@ -48,16 +48,10 @@ def _handle(args: argparse.Namespace):
     return handle, ctx["config"]
 
 
-def _get(ref, timeout_s: float):
-    import ray
-    from ray.exceptions import GetTimeoutError
+def _get(ref, handle, timeout_s: float):
+    from keeper.actors.remote import Demand, get
 
-    from keeper.errors import ServiceError
-
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except GetTimeoutError:
-        raise ServiceError(f"keeper: the service did not answer within {timeout_s:.0f} s") from None
+    return get(ref, timeout_s, Demand("the keeper service's answer (timeouts.control_s)", actor=handle))
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -66,7 +60,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     ctx = _connect(args)
     cfg = ctx["config"]
     handle = start(cfg)
-    stats = _get(handle.stats.remote(), cfg.timeouts.control_s)
+    stats = _get(handle.stats.remote(), handle, cfg.timeouts.control_s)
     print(f"keeper serving {stats['models']} models from {stats['uri']} with {stats['matchers']} matchers "
           f"(actor {cfg.name!r}, namespace {cfg.namespace!r})", flush=True)
     block = args.block if args.block is not None else args.address is None
@@ -75,7 +69,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         while True:  # a local Ray ends with this process: stay, and report now and then
             time.sleep(args.interval)
-            s = _get(handle.stats.remote(), cfg.timeouts.control_s)
+            s = _get(handle.stats.remote(), handle, cfg.timeouts.control_s)
             print(json.dumps({k: s[k] for k in ("models", "matchers", "clusters", "queries", "p50", "p99")}),
                   flush=True)
     except KeyboardInterrupt:
@@ -84,14 +78,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_scale(args: argparse.Namespace) -> int:
     handle, cfg = _handle(args)
-    out = _get(handle.scale.remote(matchers=args.n), cfg.timeouts.control_s)
+    out = _get(handle.scale.remote(matchers=args.n), handle, cfg.timeouts.control_s)
     print(f"matchers: {out['matchers']}")
     return 0
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
     handle, cfg = _handle(args)
-    print(json.dumps(_get(handle.stats.remote(), cfg.timeouts.control_s), indent=1, sort_keys=True, default=str))
+    print(json.dumps(_get(handle.stats.remote(), handle, cfg.timeouts.control_s), indent=1, sort_keys=True,
+                     default=str))
     return 0
 
 

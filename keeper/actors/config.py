@@ -7,7 +7,7 @@ the environment for settings. Unknown keys are refused (a typo must not silently
 Example:
     >>> cfg = load_config(None, zoo="/tmp/zoo", matchers=4)
     >>> cfg.matchers, cfg.actor_options("matcher")["num_cpus"]
-    (4, 1.0)
+    (4, 0.0)
 """
 
 from __future__ import annotations
@@ -44,9 +44,12 @@ _DEFAULT_ACTORS: dict[str, dict[str, Any]] = {
     # The single writer: restarts reload the zoo from the store; retried calls are idempotent by content.
     "zoo_manager": {"num_cpus": 0.0, "max_restarts": -1, "max_task_retries": -1, "max_concurrency": 8},
     # Matchers are replaced by the pool, not restarted by Ray, so a dead one's batch is redone elsewhere at once.
-    "matcher": {"num_cpus": 1.0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1,
+    # No CPU reserved: a matcher computes in bursts of milliseconds between long waits, and a reservation would
+    # take from Tune trials a CPU they need (on a 2-CPU Ray, two 1-CPU matchers starve every trial).
+    "matcher": {"num_cpus": 0.0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1,
                 "scheduling_strategy": "SPREAD"},
-    "transfer": {"num_cpus": 1.0, "max_retries": 2},
+    # No CPU reserved either: a warm must never wait for a CPU that trials hold.
+    "transfer": {"num_cpus": 0.0, "max_retries": 2},
 }
 
 

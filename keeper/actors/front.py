@@ -4,7 +4,8 @@ A query parses the child once, refreshes the zoo View from the ZooManager (one s
 restarting is not waited for: the last view keeps serving), plans the two-stage search (medoids first, then the
 members of the closest clusters, early stop), scores each stage in parallel on the Matcher pool (one batch per
 matcher), picks the parent with the selection policy, and hands the weight transfer to a Ray task that reads the
-parent straight from the store.
+parent straight from the store. The child's LayerGraph travels to that task as flat arrays, so a warm parses and
+extracts the child once.
 
 Data path and sizes: parents' weights never pass through this actor. ``warm`` waits for the transfer task and
 returns its WarmResult, so the *child's* warmed weights pass through this actor once (the size of the child's
@@ -12,7 +13,8 @@ initializers); ``warm_ref`` returns the task's ObjectRef instead, so the result 
 only; ``choose`` returns the parent choice alone, for callers that run
 :func:`keeper.actors.transfer.warm_from_store` themselves.
 
-Plain class: the launcher makes it a detached, named Ray actor.
+Plain class: the launcher makes it a detached, named Ray actor and injects what it starts (matchers, the
+transfer task), so this module never imports the launcher.
 """
 
 from __future__ import annotations
@@ -22,18 +24,24 @@ import hashlib
 import os
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from keeper.actors.config import ServiceConfig
 from keeper.actors.matcher import Matcher
 from keeper.actors.metrics import ServiceMetrics
 from keeper.actors.pool import MatcherPool
+from keeper.actors.remote import Demand, demand_of, get, shortfall
 from keeper.actors.snapshot import View
+from keeper.clustering import ClusterIndex, two_stage_search
 from keeper.errors import ModelNotFoundError, ServiceError
+from keeper.graph import as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds
-from keeper.onnx_safety import ModelInput
+from keeper.onnx_safety import ModelInput, load_model
+from keeper.selection import Candidate, ParentChoice, SelectionPolicy, choose_parent, coverage
 from keeper.warm import WarmResult
 
 __all__ = ["Keeper"]
@@ -55,20 +63,23 @@ class Keeper:
         >>> result.parent, result.score                                                # doctest: +SKIP
     """
 
-    def __init__(self, config: ServiceConfig, manager: Any = None):
-        import ray
-
-        from keeper.actors import launcher
-        from keeper.selection import SelectionPolicy
-
+    def __init__(self, config: ServiceConfig, *, spawn_matcher: Callable[[], Any],
+                 transfer_task: Callable[[], Any], manager: Any = None):
+        """
+        Args:
+            spawn_matcher: starts one Matcher actor and returns its handle (the launcher's ``launch_matcher``).
+            transfer_task: returns the weight transfer as a Ray remote function with its options applied.
+            manager: the ZooManager's handle (default: the named one of ``config``).
+        """
         self.config = config
         self.policy = SelectionPolicy(**config.selection)
         self.manager = manager if manager is not None else ray.get_actor(config.manager_name,
                                                                           namespace=config.namespace)
-        self._transfer = launcher.transfer_task(config)
+        self._transfer = transfer_task()
+        self._transfer_need = demand_of("the weight-transfer task", "transfer", config.actor_options("transfer"))
+        self._matcher_need = demand_of("a matcher", "matcher", config.actor_options("matcher"))
         self._local = Matcher(fetch_timeout_s=config.timeouts.batch_s)
-        self.pool = MatcherPool(lambda: launcher.launch_matcher(config), config.matchers,
-                                config.timeouts.batch_s, self._local.score)
+        self.pool = MatcherPool(spawn_matcher, config.matchers, config.timeouts.batch_s, self._local.score)
         self.metrics = ServiceMetrics(config.name)
         self.metrics.matchers(config.matchers)
         self._state = _State(View.empty(), None, frozenset(), {})
@@ -91,19 +102,15 @@ class Keeper:
         Raises:
             ServiceError: a bound passed (search, transfer); InvalidModelError: ``model`` is not usable ONNX.
         """
-        import ray
-        from ray.exceptions import GetTimeoutError
-
         t0 = time.perf_counter()
         try:
             for attempt in (0, 1):
                 ref, choice = self._start_warm(model, noise, seed)
+                need = Demand(f"the weight-transfer task from {choice.parent!r} (timeouts.transfer_s)",
+                              self._transfer_need.setting, self._transfer_need.resources)
                 try:
-                    result = ray.get(ref, timeout=self.config.timeouts.transfer_s)
+                    result = get(ref, self.config.timeouts.transfer_s, need)
                     break
-                except GetTimeoutError:
-                    raise ServiceError(f"keeper: the weight transfer from {choice['parent']!r} took over "
-                                       f"{self.config.timeouts.transfer_s:.0f} s; raise timeouts.transfer_s") from None
                 except ModelNotFoundError:
                     if attempt:
                         raise
@@ -127,12 +134,12 @@ class Keeper:
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise
-        if choice["parent"] is not None:
-            self.manager.hit.remote(choice["parent"])
+        if choice.parent is not None:
+            self.manager.hit.remote(choice.parent)
         self._count(time.perf_counter() - t0, ok=True, timed=False)  # p50 / p99 are of whole warms only
         return ref
 
-    def choose(self, model: ModelInput, hit: bool = False) -> dict[str, Any]:
+    def choose(self, model: ModelInput, hit: bool = False) -> ParentChoice:
         """The parent a warm start would use, without transferring weights.
 
         Choices are cached per architecture until the zoo changes, so a ``choose`` made ahead of time (e.g. by
@@ -142,24 +149,20 @@ class Keeper:
             hit: count a hit for the chosen parent (pass True when the caller then warms from it).
 
         Returns:
-            ``{"parent", "score", "uri", "noise", "seed", "candidates": [[name, score, accuracy, coverage],
-            ...] (best five)}``; run ``keeper.actors.transfer.warm_from_store(uri, parent, model, noise, seed)``
+            The :class:`~keeper.selection.ParentChoice`; run
+            ``keeper.actors.transfer.warm_from_store(choice.uri, choice.parent, model, choice.noise, choice.seed)``
             to warm in the caller's process.
         """
-        from keeper.graph import graph_from_proto
-        from keeper.onnx_safety import load_model
-
         t0 = time.perf_counter()
         try:
-            child = match_arrays(graph_from_proto(load_model(model, what="child model")))
-            choice = self._choose(child)
+            choice = self._choose(match_arrays(as_graph(model)))
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise
-        if hit and choice["parent"] is not None:
-            self.manager.hit.remote(choice["parent"])
+        if hit and choice.parent is not None:
+            self.manager.hit.remote(choice.parent)
         self._count(time.perf_counter() - t0, ok=True, timed=False)
-        return {**choice, "noise": self.config.noise, "seed": self.config.seed}
+        return choice
 
     def search(self, child: MatchArrays | ModelInput, two_stage: bool = True) -> dict[str, Any]:
         """Scoring only: the two-stage (or, with ``two_stage=False``, whole-zoo) search for ``child``.
@@ -167,8 +170,6 @@ class Keeper:
         Returns ``{"names", "scores", "scored", "seconds"}`` with names best first.
         """
         if not isinstance(child, MatchArrays):
-            from keeper.graph import as_graph
-
             child = match_arrays(as_graph(child))
         t0 = time.perf_counter()
         _, (names, scores, scored) = self._search_fresh(child, two_stage)
@@ -208,6 +209,9 @@ class Keeper:
             manager = self._manager_call("stats", self.config.timeouts.control_s)
         except ServiceError as exc:
             manager = {"error": str(exc)}
+        pending = self.pool.pending()
+        # matchers Ray has not placed yet do no work (batches are scored here instead); say why they wait
+        why = shortfall(self._matcher_need.resources) if pending else ""
         with self._stats_lock:
             lat = np.array(self._latencies, dtype=np.float64)
             slat = np.array(self._search_latencies, dtype=np.float64)
@@ -218,6 +222,7 @@ class Keeper:
                    "p99": float(np.percentile(lat, 99)) if lat.size else None,
                    "search_p50": float(np.percentile(slat, 50)) if slat.size else None,
                    "search_p99": float(np.percentile(slat, 99)) if slat.size else None,
+                   "matchers_pending": len(pending), "matchers_pending_why": why,
                    "matcher_deaths": self.pool.deaths, "batches_redone": self.pool.redone,
                    "local_batches": self.pool.local_batches, "view": view.key, "uri": view.uri,
                    "manager": manager}
@@ -238,17 +243,9 @@ class Keeper:
 
     # ------------------------------------------------------------------------------------------- internals
     def _manager_call(self, method: str, timeout_s: float, *args: Any) -> Any:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        try:
-            return ray.get(getattr(self.manager, method).remote(*args), timeout=timeout_s)
-        except GetTimeoutError:
-            raise ServiceError(f"keeper: the zoo manager did not answer {method} within {timeout_s:.0f} s; "
-                               "check `keeper stats` and the manager's log") from None
-        except RayActorError as exc:
-            raise ServiceError(f"keeper: the zoo manager is gone ({type(exc).__name__}); restart the service "
-                               "with keeper.actors.start()") from None
+        need = demand_of(f"the zoo manager's {method}", "zoo_manager", self.config.actor_options("zoo_manager"),
+                         self.manager)
+        return get(getattr(self.manager, method).remote(*args), timeout_s, need)
 
     def _count(self, seconds: float, ok: bool, timed: bool = True) -> None:
         with self._stats_lock:
@@ -259,22 +256,17 @@ class Keeper:
                 self._latencies.append(seconds)
         self.metrics.query(seconds, "ok" if ok and timed else ("error" if not ok else "started"))
 
-    def _start_warm(self, model: ModelInput, noise: float | None, seed: int | None) -> tuple[Any, dict]:
-        from keeper.graph import graph_from_proto
-        from keeper.onnx_safety import load_model
-
+    def _start_warm(self, model: ModelInput, noise: float | None, seed: int | None) -> tuple[Any, ParentChoice]:
         proto = load_model(model, what="child model")
-        child = match_arrays(graph_from_proto(proto))
-        choice = self._choose(child)
+        graph = graph_from_proto(proto)
+        choice = self._choose(match_arrays(graph))
         blob = proto.SerializeToString() if not isinstance(model, (bytes, bytearray)) else bytes(model)
-        ref = self._transfer.remote(choice["uri"], choice["parent"], blob,
-                                    self.config.noise if noise is None else float(noise),
-                                    self.config.seed if seed is None else int(seed))
+        # the graph goes as flat arrays: the task neither extracts it again nor unpickles an object
+        ref = self._transfer.remote(choice.uri, choice.parent, blob, choice.noise if noise is None else float(noise),
+                                    choice.seed if seed is None else int(seed), graph.to_arrays())
         return ref, choice
 
-    def _choose(self, child: MatchArrays) -> dict[str, Any]:
-        from keeper.selection import Candidate, choose_parent, coverage
-
+    def _choose(self, child: MatchArrays) -> ParentChoice:
         t0 = time.perf_counter()
         digest = hashlib.blake2b(b"".join(np.ascontiguousarray(a).tobytes()
                                           for a in (child.cls, child.shape, child.vectors)), digest_size=16).digest()
@@ -282,7 +274,7 @@ class Keeper:
         with self._stats_lock:
             cached = self._choices.get(key)
         if cached is not None:
-            return dict(cached)
+            return cached
         state, (names, scores, _) = self._search_fresh(child, True)
         view = state.view
         with self._stats_lock:
@@ -291,22 +283,18 @@ class Keeper:
         cands = [Candidate(n, float(s), float(view.accuracy[p]), coverage(s, child.total, int(view.params[p])))
                  for n, s, p in zip(names, scores, pos) if view.weighted[p]]
         best = choose_parent(cands, self.policy)
-        top = sorted(cands, key=lambda c: -c.score)[:5]
+        top = tuple(sorted(cands, key=lambda c: -c.score)[:5])
         # the URI as configured (with any credentials it carries), not the store's redacted form
-        choice = {"parent": best.name if best is not None else None,
-                  "score": float(best.score) if best is not None else 0.0, "uri": self.config.zoo_uri,
-                  "candidates": [[c.name, c.score, c.accuracy, c.coverage] for c in top]}
+        choice = ParentChoice(best.name if best is not None else None, float(best.score) if best is not None else 0.0,
+                              self.config.zoo_uri, float(self.config.noise), int(self.config.seed), top)
         with self._stats_lock:
             self._choices[(view.key, digest)] = choice
             while len(self._choices) > _CHOICE_CACHE:
                 self._choices.popitem(last=False)
-        return dict(choice)
+        return choice
 
     def _refresh(self, force: bool = False) -> "_State":
         """The newest view the manager can give within a short bound, else the last one."""
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
         if not force and time.monotonic() < self._view_backoff_until:
             return self._state
         with self._view_lock:
@@ -319,8 +307,6 @@ class Keeper:
                 return old
             if v is None:
                 return old
-            from keeper.clustering import ClusterIndex
-
             # shard objects are fetched once, by reference: this actor owns them and never reads them
             refs = {sid: (old.refs[sid] if sid in old.refs and not force else self.manager.shard.remote(sid))
                     for sid in v.shards}
@@ -332,8 +318,6 @@ class Keeper:
 
     def _search_fresh(self, child: MatchArrays, two_stage: bool) -> tuple["_State", tuple]:
         """Search on the newest view; once more on a forced refresh when a shard could not be read."""
-        from ray.exceptions import RayError
-
         state = self._refresh()
         try:
             return state, self._search(child, state, two_stage)
@@ -362,8 +346,6 @@ class Keeper:
         if not two_stage or state.index is None or view.n < c.brute_force_below:
             names = view.names.tolist()
             return names, score(names), scored[0]
-        from keeper.clustering import two_stage_search
-
         # score bounds make the search exact: a member outside the probed clusters is aligned too when its
         # signature bound exceeds the best score the clusters gave
         bounds = upper_bounds(state.member_sigs, child) if state.member_sigs is not None else None
@@ -418,6 +400,4 @@ def _member_sigs(view: View, index: Any) -> np.ndarray | None:
 def _as_bytes(model: ModelInput) -> bytes:
     if isinstance(model, (bytes, bytearray, memoryview)):
         return bytes(model)
-    from keeper.onnx_safety import load_model
-
     return load_model(model).SerializeToString()

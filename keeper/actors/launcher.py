@@ -4,7 +4,12 @@ resources, scheduling strategy.
 
 The ZooManager and the Keeper front door are named, detached actors in the config's namespace, created with
 ``get_if_exists`` so two concurrent ``start()`` calls get the same actors. Matchers are unnamed actors owned by
-the front door (they end with it, and its restart makes a new pool).
+the front door (they end with it, and its restart makes a new pool); the front door gets the functions that
+start them and the transfer task from here, so it never imports this module.
+
+Resources: the shipped defaults reserve no CPU for any actor or for the transfer task (they wait far more than
+they compute), so keeper never holds a CPU a Tune trial needs and nothing it waits on can be left unscheduled.
+``start`` refuses, naming the setting, a config whose request no node of the cluster can ever hold.
 
 Example:
     >>> handle = start(zoo="/tmp/zoo", matchers=2)       # doctest: +SKIP
@@ -14,13 +19,19 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
 from typing import Any
 
-from keeper.actors.config import ConfigInput, ServiceConfig, load_config
-from keeper.errors import ServiceError
+from keeper.actors.config import ACTOR_KINDS, ConfigInput, ServiceConfig, load_config
+from keeper.actors.remote import demand_of, get, infeasible, shortfall
+from keeper.errors import ConfigError, ServiceError
 
-__all__ = ["start", "shutdown", "get_handle", "launch_manager", "launch_keeper", "launch_matcher", "transfer_task"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["start", "shutdown", "get_handle", "check_resources", "launch_manager", "launch_keeper", "launch_matcher",
+           "transfer_task"]
 
 _remote_classes: dict[type, Any] = {}
 
@@ -46,7 +57,8 @@ def launch_keeper(config: ServiceConfig) -> Any:
     from keeper.actors.front import Keeper
 
     return _actor(Keeper, config, "keeper", name=config.name, namespace=config.namespace, lifetime="detached",
-                  get_if_exists=True).remote(config)
+                  get_if_exists=True).remote(config, spawn_matcher=functools.partial(launch_matcher, config),
+                                             transfer_task=functools.partial(transfer_task, config))
 
 
 def launch_matcher(config: ServiceConfig) -> Any:
@@ -84,6 +96,32 @@ def get_handle(config: ConfigInput = None, **overrides: Any) -> Any | None:
         return None
 
 
+def check_resources(config: ServiceConfig) -> None:
+    """Refuse a config whose actors or transfer task ask for more than any node of the cluster has; warn when
+    the matchers cannot all be placed now (the pool then scores in the front door until they are).
+
+    Raises:
+        ConfigError: naming the ``actors.<kind>`` setting that no node can satisfy.
+    """
+    for kind in ACTOR_KINDS:
+        if kind == "matcher" and config.matchers == 0:
+            continue
+        need = demand_of(kind, kind, config.actor_options(kind))
+        why = infeasible(need.resources)
+        if why:
+            raise ConfigError(f"config key actors.{kind}: {why}, so keeper's {kind} could never be scheduled; "
+                              f"lower actors.{kind}.num_cpus (0 is the default: keeper's actors mostly wait) or "
+                              "add a node that has it")
+    need = demand_of("matcher", "matcher", config.actor_options("matcher"))
+    if need.resources and config.matchers:
+        total = {r: a * config.matchers for r, a in need.resources.items()}
+        short = shortfall(total)
+        if short:
+            logger.warning("keeper: %d matchers at %s each cannot all be placed now (%s); queries are scored in "
+                           "the front door until they are. Set actors.matcher.num_cpus to 0 (the default) or fewer "
+                           "matchers to avoid this", config.matchers, need.resources, short)
+
+
 def start(config: ConfigInput = None, **overrides: Any) -> Any:
     """Start the keeper service, or find the running one, and return its front door's handle.
 
@@ -95,29 +133,23 @@ def start(config: ConfigInput = None, **overrides: Any) -> Any:
     the pool). Connects to Ray (``config.address``) when it is not initialized.
 
     Raises:
-        ServiceError: the front door did not answer within ``timeouts.start_s``.
+        ConfigError: a setting asks for resources no node has (named).
+        ServiceError: the front door did not answer within ``timeouts.start_s`` (with the likely cause).
 
     Example:
         >>> keeper = start(zoo="/data/zoo", matchers=4)                 # doctest: +SKIP
         >>> ray.get(keeper.warm.remote(onnx_bytes), timeout=120).parent  # doctest: +SKIP
     """
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
-
     cfg = load_config(config, **overrides)
     _ensure_ray(cfg)
     handle = get_handle(cfg)
     if handle is None:
+        check_resources(cfg)
         launch_manager(cfg)
         handle = launch_keeper(cfg)
-    try:
-        ray.get(handle.ping.remote(), timeout=cfg.timeouts.start_s)
-    except GetTimeoutError:
-        raise ServiceError(f"keeper: the front door {cfg.name!r} did not answer within {cfg.timeouts.start_s:.0f} s; "
-                           "check the cluster has room for it (actors.keeper options) and its log") from None
-    except RayActorError as exc:
-        raise ServiceError(f"keeper: the front door {cfg.name!r} failed to start ({exc}); check the zoo URI "
-                           f"{cfg.zoo_uri!r} and the actor's log") from None
+    need = demand_of(f"the front door {cfg.name!r} answering its first ping (timeouts.start_s; zoo "
+                     f"{cfg.zoo_uri!r})", "keeper", cfg.actor_options("keeper"), handle)
+    get(handle.ping.remote(), cfg.timeouts.start_s, need)
     return handle
 
 

@@ -8,6 +8,9 @@ Invariants:
       when the deadline passes; a member that dies (``RayActorError``) or does not answer within the batch
       timeout is dropped, replaced while the pool is below its target size, and its batch is redone on another
       member that has answered before, or in the calling process when none is left;
+    * batches go only to members that have answered (a startup ping at spawn), so a matcher Ray cannot place
+      (its CPUs held by trials, or asked for more than any node has) never holds a query: until one answers,
+      batches are scored in the calling process;
     * ``resize`` never fails a batch in flight: members leaving the pool take no new batches and are killed once
       their batches are back (or once a batch timeout has passed).
 """
@@ -29,6 +32,7 @@ class _Member:
     handle: Any
     inflight: int = 0
     ready: bool = False       # answered at least once: its worker is up and its numba code is loaded
+    probe: Any = None         # the startup ping's ObjectRef until it is back
     retiring_since: float | None = None
     born: float = field(default_factory=time.monotonic)
 
@@ -81,7 +85,7 @@ class MatcherPool:
         with self._lock:
             self.target = n
             while len(self._members) < n:
-                self._members.append(_Member(self._spawn()))
+                self._members.append(self._new_member())
             now = time.monotonic()
             while len(self._members) > n:
                 # the youngest leave first: the older ones have their shards cached
@@ -98,7 +102,7 @@ class MatcherPool:
                 self._members.remove(member)
                 self.deaths += 1
                 if len(self._members) < self.target:
-                    self._members.append(_Member(self._spawn()))
+                    self._members.append(self._new_member())
             elif member in self._retiring:
                 self._retiring.remove(member)
         self._kill(member.handle)
@@ -113,13 +117,43 @@ class MatcherPool:
         for m in done:
             self._kill(m.handle)
 
-    def _pick(self, exclude: set[int], redo: bool) -> _Member | None:
-        """The least busy member not excluded; a redo only goes to members that have answered before."""
+    def _new_member(self) -> _Member:
+        handle = self._spawn()
+        return _Member(handle, probe=handle.ping.remote())
+
+    def pending(self) -> list[Any]:
+        """Handles of the members that have not answered yet (not placed by Ray, or still starting)."""
+        self._check_probes()
         with self._lock:
-            pool = [m for m in self._members if id(m) not in exclude and (m.ready or not redo)]
+            return [m.handle for m in self._members if not m.ready]
+
+    def _check_probes(self) -> None:
+        """Mark members whose startup ping is back as ready; drop those whose ping failed. Never waits."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        with self._lock:
+            waiting = {m.probe: m for m in self._members if not m.ready and m.probe is not None}
+        if not waiting:
+            return
+        done, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
+        for ref in done:
+            m = waiting[ref]
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError:
+                self._drop(m, "dead at start")
+                continue
+            m.ready, m.probe = True, None
+
+    def _pick(self, exclude: set[int]) -> _Member | None:
+        """The least busy member that has answered and is not excluded; None sends the batch to ``local``."""
+        self._check_probes()
+        with self._lock:
+            pool = [m for m in self._members if id(m) not in exclude and m.ready]
             if not pool:
                 return None
-            m = min(pool, key=lambda m: (not m.ready, m.inflight, m.born))
+            m = min(pool, key=lambda m: (m.inflight, m.born))
             m.inflight += 1
             return m
 
@@ -137,8 +171,8 @@ class MatcherPool:
         results: list[Any] = [None] * len(requests)
         pending: dict[Any, tuple[int, _Member, float, set[int]]] = {}
 
-        def submit(i: int, tried: set[int], redo: bool) -> None:
-            m = self._pick(tried, redo)
+        def submit(i: int, tried: set[int]) -> None:
+            m = self._pick(tried)
             if m is None:
                 self.local_batches += 1
                 results[i] = self._local(*requests[i])
@@ -148,11 +182,11 @@ class MatcherPool:
 
         def redo(i: int, tried: set[int]) -> None:
             self.redone += 1
-            submit(i, tried, redo=True)
+            submit(i, tried)
 
         try:
             for i in range(len(requests)):
-                submit(i, set(), redo=False)
+                submit(i, set())
             while pending:
                 now = time.monotonic()
                 if now >= deadline:
@@ -167,7 +201,6 @@ class MatcherPool:
                         m.inflight -= 1
                     try:
                         results[i] = ray.get(ref, timeout=self.batch_timeout_s)
-                        m.ready = True
                     except (RayActorError, ObjectLostError, OwnerDiedError, GetTimeoutError) as exc:
                         self._drop(m, f"{type(exc).__name__}")
                         redo(i, tried)

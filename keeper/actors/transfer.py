@@ -9,7 +9,7 @@ counts no parent hit (the service counts hits in the ZooManager, its single writ
 
 Example:
     >>> choice = ray.get(keeper.choose.remote(child_bytes), timeout=60)                 # doctest: +SKIP
-    >>> result = warm_from_store(choice["uri"], choice["parent"], child_bytes, noise=0)  # doctest: +SKIP
+    >>> result = warm_from_store(choice.uri, choice.parent, child_bytes, noise=0)        # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from keeper.errors import ModelNotFoundError
+from keeper.graph import LayerGraph
 from keeper.onnx_safety import ModelInput
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 
@@ -38,16 +41,20 @@ def _store(uri: str, fresh: bool = False):
 
 
 def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
-                    seed: int = 0, **options: Any) -> WarmResult:
+                    seed: int = 0, child_graph: LayerGraph | dict[str, np.ndarray] | None = None,
+                    **options: Any) -> WarmResult:
     """Warm ``child`` from the zoo model ``parent`` stored at ``uri`` (the child's own weights when None).
 
-    ``options`` go to :func:`keeper.warm.warm_from_parent` (e.g. ``transfer_fn``).
+    ``child_graph``: the child's LayerGraph (or its ``to_arrays()``) when the caller has already extracted it,
+    so it is not extracted twice. ``options`` go to :func:`keeper.warm.warm_from_parent` (e.g. ``transfer_fn``).
 
     Raises:
         ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
     """
+    if isinstance(child_graph, dict):
+        child_graph = LayerGraph.from_arrays(child_graph)
     if parent is None:
-        return cold_result(child)
+        return cold_result(child, child_graph)
     from keeper.zoo import GRAPH_EXTRA, graph_from_blob
 
     store = _store(uri)
@@ -58,4 +65,4 @@ def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: floa
         store = _store(uri, fresh=True)
         blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
     return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph_from_blob(graph_blob, lambda: blob),
-                            noise=noise, seed=seed, **options)
+                            child_graph=child_graph, noise=noise, seed=seed, **options)

@@ -179,7 +179,7 @@ class KeeperCallback(Callback):
         return (prefix + trial.trial_id)[-128:].lstrip(".")
 
     def _collect(self, wait: bool, only: str | None = None) -> None:
-        import ray
+        from keeper.actors.remote import Demand, get
 
         for tid in [only] if only is not None else list(self._pending):
             ref, name = self._pending[tid]
@@ -187,7 +187,8 @@ class KeeperCallback(Callback):
                 continue
             del self._pending[tid]
             try:
-                record = ray.get(ref, timeout=self.config.timeouts.register_s)
+                record = get(ref, self.config.timeouts.register_s,
+                             Demand(f"registering trial {tid} (timeouts.register_s)"))
             except Exception as exc:  # refused by admission, or a Ray failure: report it, never fail the experiment
                 cause = getattr(exc, "cause", None) or exc
                 self.outcomes[tid] = f"refused: {cause}"

@@ -85,7 +85,7 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
 
     Returns the zoo's record of the model as a dict.
     """
-    from keeper.torch_support import service_call
+    from keeper.actors.remote import Demand, get
     from keeper.tune_integration.trainable import ARCHITECTURE_FILE
 
     what = f"trial {name}"
@@ -99,4 +99,5 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
     with checkpoint.as_directory() as directory:
         blob = checkpoint_onnx(directory, template, what,
                                (lambda: builder(config)) if builder is not None else None)
-    return service_call(handle.register.remote(blob, float(accuracy), name), timeout_s, f"registering {what}")
+    need = Demand(f"registering {what} (timeouts.register_s)", actor=handle)
+    return get(handle.register.remote(blob, float(accuracy), name), timeout_s, need)

@@ -61,8 +61,8 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
 
     exported, choice = ask_parent(model, example_input, config=config, dynamo=dynamo, trainable=trainable,
                                   timeout_s=timeout_s)
-    result = warm_from_store(choice["uri"], choice["parent"], exported.onnx,
-                             choice["noise"] if noise is None else float(noise), int(choice["seed"]))
+    result = warm_from_store(choice.uri, choice.parent, exported.onnx,
+                             choice.noise if noise is None else float(noise), choice.seed)
     return load_result(model, result, exported.keys)
 
 
@@ -70,9 +70,11 @@ def ask_parent(model: Any, example_input: Any, *, config: Any = None, dynamo: bo
                trainable: Any = None, timeout_s: float = 300.0) -> tuple[Any, dict]:
     """The first half of :func:`warm_start`: export ``model``, save its architecture template to the trial
     directory, and ask the service for a parent (counting a hit). Returns ``(Exported, choice)``, where
-    ``choice`` is what ``Keeper.choose`` returns; the model is not changed."""
+    ``choice`` is the :class:`~keeper.selection.ParentChoice` ``Keeper.choose`` returns; the model is not
+    changed."""
     from keeper.actors.launcher import get_handle
-    from keeper.torch_support import architecture_template, export, service_call
+    from keeper.actors.remote import Demand, get
+    from keeper.torch_support import architecture_template, export
 
     handle = get_handle(config)
     if handle is None:
@@ -80,7 +82,8 @@ def ask_parent(model: Any, example_input: Any, *, config: Any = None, dynamo: bo
                            "tune.RunConfig callbacks, or run `keeper serve` first")
     exported = export(model, example_input, dynamo=dynamo)
     _save_architecture(architecture_template(exported), trainable)
-    choice = service_call(handle.choose.remote(exported.onnx, True), timeout_s, "warm_start")
+    choice = get(handle.choose.remote(exported.onnx, True), timeout_s,
+                 Demand("warm_start: the keeper service's parent choice", actor=handle))
     return exported, choice
 
 
