@@ -1,5 +1,6 @@
-"""The Ray Tune integration on a real local Ray: real trials train small MNIST-1D MLPs, call warm_start, save
-model.pt checkpoints, and KeeperCallback registers them through the real keeper service. Ray starts once."""
+"""The Ray Tune integration on a real local Ray with 2 CPUs: real trials train small MNIST-1D MLPs, call
+warm_start, save model.pt checkpoints, and KeeperCallback registers them through the real keeper service, run
+with the shipped defaults (only the zoo's place and a namespace of its own per test are set). Ray starts once."""
 
 from __future__ import annotations
 
@@ -26,14 +27,13 @@ def local_ray():
     import sys
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
 
 def _service(tmp_path) -> dict:
-    return {"zoo": str(tmp_path / "zoo"), "namespace": f"tune-{uuid.uuid4().hex[:8]}", "matchers": 1,
-            "actors": {"matcher": {"num_cpus": 0.0}, "transfer": {"num_cpus": 0.0}}}
+    return {"zoo": str(tmp_path / "zoo"), "namespace": f"tune-{uuid.uuid4().hex[:8]}"}
 
 
 def _spec(widths: list[int]) -> dict:
@@ -251,3 +251,89 @@ def test_warm_start_outside_a_service_says_how_to_start_one(tmp_path):
     spec = _spec([16])
     with pytest.raises(KeeperError, match="KeeperCallback"):
         warm_start(build(spec), example_input(spec), config={"namespace": "nobody-here"})
+
+
+def _train_loop(config: dict) -> None:
+    """One Ray Train worker: a model whose initial weights differ per rank, warm_start, then every rank's
+    weights compared on rank 0 (all-gathered), and rank 0's checkpoint reported."""
+    import ray.train
+    import torch.distributed as dist
+
+    rank = ray.train.get_context().get_world_rank()
+    torch.manual_seed(100 + rank)  # unequal inits: equal weights afterwards prove the broadcast
+    spec = _spec(config["widths"])
+    model = build(spec)
+    result = warm_start(model, example_input(spec), config=config["service"])
+    flat = torch.cat([t.detach().flatten() for t in model.state_dict().values()])
+    gathered = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flat)
+    same = all(torch.equal(g, gathered[0]) for g in gathered)
+    metrics = {"accuracy": 0.5 + 0.01 * len(config["widths"]), "same": same, "parent": result.parent or ""}
+    if rank == 0:
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+    else:
+        ray.train.report(metrics)
+
+
+def test_a_ray_train_trial_warms_once_and_every_worker_gets_the_same_weights(tmp_path):
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    service = _service(tmp_path)
+    storage = str(tmp_path / "train")
+
+    def trial(config):
+        trainer = TorchTrainer(_train_loop, train_loop_config={**config, "service": service},
+                               # two workers and this trial's own 0.01 CPU fit a 2-CPU Ray with keeper beside them
+                               scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+                               run_config=ray.train.RunConfig(name=f"train-{tune.get_context().get_trial_id()}",
+                                                              storage_path=storage))
+        result = trainer.fit()
+        tune.report(dict(result.metrics), checkpoint=result.checkpoint)
+
+    cb = KeeperCallback(metric="accuracy", mode="max", config=service)
+    tuner = tune.Tuner(tune.with_resources(trial, {"CPU": 0.01}),
+                       param_space={"widths": tune.grid_search([[64, 32], [64, 48]])},
+                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                       run_config=tune.RunConfig(name="train", storage_path=str(tmp_path / "results"),
+                                                 callbacks=[cb], verbose=0))
+    grid = tuner.fit()
+    assert not grid.errors
+    rows = grid.get_dataframe().sort_values("trial_id")
+    assert list(rows["same"]) == [True, True], "every worker ends with rank 0's weights"
+    assert list(rows["parent"])[0] == "" and list(rows["parent"])[1], "the second trial inherits from the first"
+    # one parent choice per trial, not one per worker (the choice is the front door's only query here)
+    from keeper.actors.launcher import get_handle
+
+    assert ray.get(get_handle(service).stats.remote(), timeout=30)["queries"] == 2
+    # the template was written into each run's directory, beside its checkpoints, and both trials registered
+    templates = sorted(p.parent.name for p in (tmp_path / "train").glob(f"*/{ARCHITECTURE_FILE}"))
+    assert len(templates) == 2
+    assert len(cb.registered) == 2 and len(Zoo(service["zoo"])) == 2
+
+
+class KillsTheManagerMidRun(KeeperCallback):
+    """Kills the ZooManager (SIGKILL) when the second trial completes, before that trial is registered."""
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if len(self.registered) == 1 and not getattr(self, "killed", None):
+            from keeper.actors.launcher import get_handle
+
+            self.killed = ray.get(get_handle(self.config).manager_pid.remote(), timeout=30)
+            os.kill(self.killed, 9)
+        super().on_trial_complete(iteration, trials, trial, **info)
+
+
+def test_a_manager_killed_mid_run_loses_nothing(tmp_path):
+    service = _service(tmp_path)
+    cb = KillsTheManagerMidRun(metric="accuracy", mode="max", config=service)
+    grid = _tuner(service, tmp_path, [[64, 32], [64, 48], [96, 32], [64, 32, 32]], cb, concurrent=2,
+                  name="kill").fit()
+    assert not grid.errors and cb.killed
+    from keeper.actors.launcher import get_handle
+
+    assert ray.get(get_handle(service).manager_pid.remote(), timeout=60) != cb.killed
+    assert len(cb.registered) == 4 and len(Zoo(service["zoo"])) == 4, cb.outcomes
+    assert sum(1 for p in grid.get_dataframe()["parent"] if p) >= 2

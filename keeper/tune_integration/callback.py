@@ -119,7 +119,8 @@ class KeeperCallback(Callback):
         from keeper.tune_integration.checkpoint import register_trial
 
         name = self._name(trial)
-        ref = ray.remote(register_trial).options(num_cpus=0, max_retries=0).remote(
+        # retried when its worker or node dies: registration is idempotent by content, so a retry stores nothing twice
+        ref = ray.remote(register_trial).options(num_cpus=0, max_retries=3).remote(
             self._service(), checkpoint, trial.storage.storage_filesystem, trial.storage.trial_fs_path, accuracy,
             name, self.model_builder, dict(trial.config), self.config.timeouts.register_s)
         self._pending[tid] = (ref, name)

@@ -14,6 +14,7 @@ when the callback has a ``model_builder``, the model that builder makes from the
 from __future__ import annotations
 
 import os
+import posixpath
 from typing import Any, Callable
 
 from keeper.errors import KeeperError
@@ -89,13 +90,19 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
     from keeper.tune_integration.trainable import ARCHITECTURE_FILE
 
     what = f"trial {name}"
+    # the trial's directory (warm_start in a Tune trial), else the directory holding the checkpoint (warm_start
+    # in a Ray Train worker writes into the run's directory, where its checkpoints live)
+    places = [(storage_fs, f"{trial_fs_path}/{ARCHITECTURE_FILE}")]
+    if getattr(checkpoint, "path", None) and getattr(checkpoint, "filesystem", None) is not None:
+        places.append((checkpoint.filesystem, f"{posixpath.dirname(checkpoint.path.rstrip('/'))}/{ARCHITECTURE_FILE}"))
     template = None
-    path = f"{trial_fs_path}/{ARCHITECTURE_FILE}"
-    try:
-        with storage_fs.open_input_file(path) as f:
-            template = f.read()
-    except (FileNotFoundError, OSError):
-        template = None
+    for fs, path in places:
+        try:
+            with fs.open_input_file(path) as f:
+                template = f.read()
+            break
+        except (FileNotFoundError, OSError):
+            continue
     with checkpoint.as_directory() as directory:
         blob = checkpoint_onnx(directory, template, what,
                                (lambda: builder(config)) if builder is not None else None)

@@ -57,13 +57,30 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
             or it did not answer within ``timeout_s``.
     """
     from keeper.actors.transfer import warm_from_store
-    from keeper.torch_support import load_result
+    from keeper.torch_support import export, load_result
+    from keeper.tune_integration import distributed
 
-    exported, choice = ask_parent(model, example_input, config=config, dynamo=dynamo, trainable=trainable,
-                                  timeout_s=timeout_s)
+    rank, size = distributed.rank_and_size()
+    if size == 1:
+        exported, choice = ask_parent(model, example_input, config=config, dynamo=dynamo, trainable=trainable,
+                                      timeout_s=timeout_s)
+    elif rank == 0:  # one choice, one hit and one template per Ray Train trial
+        try:
+            exported, choice = ask_parent(model, example_input, config=config, dynamo=dynamo,
+                                          trainable=trainable, timeout_s=timeout_s)
+        except BaseException as exc:
+            distributed.share_choice(exc)  # raises it here too, once the other ranks know
+            raise
+        choice = distributed.share_choice(choice)
+    else:
+        exported = export(model, example_input, dynamo=dynamo)
+        choice = distributed.share_choice(None)
     result = warm_from_store(choice.uri, choice.parent, exported.onnx,
                              choice.noise if noise is None else float(noise), choice.seed)
-    return load_result(model, result, exported.keys)
+    result = load_result(model, result, exported.keys)
+    if size > 1:
+        distributed.sync_module(model)
+    return result
 
 
 def ask_parent(model: Any, example_input: Any, *, config: Any = None, dynamo: bool | None = None,
@@ -113,15 +130,31 @@ def _storage(trainable: Any) -> Any:
     return None
 
 
-def _save_architecture(template: bytes, trainable: Any) -> None:
+def _template_dir(trainable: Any) -> tuple[Any, str] | None:
+    """(filesystem, directory) where this trial's architecture template goes: the Tune trial's directory, or in a
+    Ray Train worker the run's directory, which holds the run's checkpoints (the callback looks beside them)."""
     storage = _storage(trainable)
-    if storage is None:
-        logger.warning("warm_start: not inside a Tune trial, so the architecture was not saved; "
-                       "KeeperCallback cannot register this model (register it with keeper.Zoo.register)")
+    if storage is not None:
+        return storage.storage_filesystem, storage.trial_fs_path
+    from keeper.tune_integration.distributed import train_context
+
+    ctx = train_context()
+    try:
+        train = ctx.get_storage() if ctx is not None else None
+        return (train.storage_filesystem, train.experiment_fs_path) if train is not None else None
+    except AttributeError:  # an older Ray Train whose storage has no run directory
+        return None
+
+
+def _save_architecture(template: bytes, trainable: Any) -> None:
+    place = _template_dir(trainable)
+    if place is None:
+        logger.warning("warm_start: not inside a Tune trial or Ray Train worker, so the architecture was not "
+                       "saved; KeeperCallback cannot register this model (register it with keeper.Zoo.register)")
         return
-    path = f"{storage.trial_fs_path}/{ARCHITECTURE_FILE}"
-    fs = storage.storage_filesystem
-    fs.create_dir(storage.trial_fs_path, recursive=True)
+    fs, directory = place
+    path = f"{directory}/{ARCHITECTURE_FILE}"
+    fs.create_dir(directory, recursive=True)
     tmp = f"{path}.tmp"
     with fs.open_output_stream(tmp) as f:
         f.write(template)

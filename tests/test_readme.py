@@ -1,0 +1,132 @@
+"""The README's examples, run as written: each block marked ``<!-- readme-test: NAME -->`` is executed in a fresh
+process, on a local Ray with 2 CPUs and the shipped defaults (no config override of any kind), with the zoo in
+``$KEEPER_ZOO`` and ``$HOME`` in a temporary directory. An example that stops working fails here.
+
+The only thing a test adds is what the README leaves to the reader's machine: the 2-CPU Ray itself (the Python
+blocks start none; keeper and Tune connect to the one running), and for the shell blocks the two ONNX files they
+name and, for ``--address auto``, a running Ray (the README's ``ray start --head``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+MARKER = re.compile(r"<!-- readme-test: ([\w-]+) -->\s*\n```(\w+)\n(.*?)\n```", re.S)
+FENCE = re.compile(r"```(\w+)\n(.*?)\n```", re.S)
+PRELUDE = "import ray\nray.init(num_cpus=2, include_dashboard=False)\n"
+
+
+def blocks() -> dict[str, tuple[str, str]]:
+    return {m.group(1): (m.group(2), m.group(3)) for m in MARKER.finditer(README.read_text())}
+
+
+def _env(tmp_path: Path, home: bool = True, **extra: str) -> dict[str, str]:
+    """The example's environment: the zoo in ``$KEEPER_ZOO``, and (``home``) ``$HOME`` in ``tmp_path`` so Tune's
+    default results directory lands there. A shell joining the test's Ray keeps the real ``$HOME``, where Ray
+    keeps the cluster's authentication token."""
+    (tmp_path / "home").mkdir(exist_ok=True)
+    env = {**os.environ, "KEEPER_ZOO": str(tmp_path / "zoo"),
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if home:
+        env["HOME"] = str(tmp_path / "home")
+    env.pop("RAY_ADDRESS", None)
+    env.update(extra)
+    return env
+
+
+def run_python(name: str, tmp_path: Path, ray: bool = True) -> str:
+    lang, code = blocks()[name]
+    assert lang == "python", f"README block {name!r} is {lang}, expected python"
+    script = tmp_path / f"readme_{name}.py"
+    script.write_text((PRELUDE if ray else "") + code + "\n")
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, f"README example {name!r} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    return out.stdout
+
+
+def run_shell(name: str, tmp_path: Path, **env: str) -> str:
+    lang, code = blocks()[name]
+    assert lang == "bash", f"README block {name!r} is {lang}, expected bash"
+    (tmp_path / "configs").exists() or (tmp_path / "configs").symlink_to(ROOT / "configs")
+    bindir = Path(sys.executable).parent  # the `keeper` script installed beside this interpreter
+    out = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], cwd=tmp_path,
+                         env=_env(tmp_path, home="RAY_ADDRESS" not in env,
+                                  PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", **env),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"README example {name!r} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    return out.stdout
+
+
+def test_every_python_and_keeper_shell_block_is_tested():
+    text = README.read_text()
+    marked = {m.start(2) - len("```") for m in MARKER.finditer(text)}
+    for m in FENCE.finditer(text):
+        lang, code = m.group(1), m.group(2)
+        needs = lang == "python" or (lang == "bash" and "keeper " in code and "pip install" not in code)
+        assert not needs or m.start() in marked, f"README block at char {m.start()} runs untested:\n{code[:200]}"
+    assert {"service", "tune", "cli", "cli-service", "zoo"} <= set(blocks())
+
+
+def test_service_example(tmp_path):
+    out = run_python("service", tmp_path)
+    parent, score = out.split()[-2:]
+    assert parent == "mlp-a" and 0.3 <= float(score) <= 1.0
+
+
+def test_tune_example_warms_later_trials_and_registers_all_four(tmp_path):
+    out = run_python("tune", tmp_path).strip().splitlines()[-1]
+    found = re.fullmatch(r"(\[.*\]) (\d+) registered", out)
+    assert found, out
+    parents = eval(found.group(1), {})  # noqa: S307 - a list of strings this test's own subprocess printed
+    assert len(parents) == 4 and int(found.group(2)) == 4
+    # 2 CPUs: the first two trials run together with nothing to inherit; the two after them are warmed
+    assert sum(1 for p in parents if p) >= 2, parents
+
+
+def test_embedded_zoo_example(tmp_path):
+    out = run_python("zoo", tmp_path, ray=False)
+    assert out.split()[-2:] == ["mlp-a", "1"]
+
+
+def _write_models(tmp_path: Path) -> None:
+    import torch
+
+    from keeper.torch_support import export
+
+    def mlp(width: int) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, 4))
+
+    (tmp_path / "trained.onnx").write_bytes(export(mlp(32), torch.randn(1, 16)).onnx)
+    (tmp_path / "new.onnx").write_bytes(export(mlp(64), torch.randn(1, 16)).onnx)
+
+
+def test_cli_example(tmp_path):
+    _write_models(tmp_path)
+    out = run_shell("cli", tmp_path)
+    assert (tmp_path / "new-warm.onnx").stat().st_size > 0
+    assert "mlp-a" in out
+
+
+def test_cli_service_example_on_a_running_two_cpu_ray(tmp_path):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="readme-cli")
+    try:
+        address = ray.get_runtime_context().gcs_address
+        out = run_shell("cli-service", tmp_path, RAY_ADDRESS=address)
+        assert "keeper serving" in out and "matchers: 4" in out
+        assert '"matchers": 4' in out
+    finally:
+        import keeper.actors as ka
+
+        ka.shutdown()
+        ray.shutdown()
