@@ -198,7 +198,7 @@ class ModelStore:
         self._cache_lock = threading.Lock()
         self._write_lock = threading.RLock()  # put / update / remove / gc of this instance run one at a time
         if self._renames:  # object stores have no directories to make
-            for sub in ("blobs", "catalog", "tmp"):
+            for sub in ("blobs", "catalog", "tmp", "templates"):
                 self._call("create directory", sub, lambda p=self._path(sub): fs.create_dir(p, recursive=True))
         self.reload()
 
@@ -514,6 +514,25 @@ class ModelStore:
                     if key not in used and not young and self._delete(key):
                         count += 1
         return count
+
+    # -- architecture templates (not zoo models: how to read a trained state_dict back into ONNX)
+    def put_template(self, key: str, data: bytes) -> bool:
+        """Store an architecture template under ``key`` (a content signature) once; False when it was there.
+
+        Templates are small and content-addressed: two writers of one key write the same architecture, so the
+        first write stands and a race between them stores the same bytes.
+        """
+        if self.get_template(key) is not None:
+            return False
+        self._write(f"templates/{check_name(key, 'template key')}.onnx", data)
+        return True
+
+    def get_template(self, key: str) -> bytes | None:
+        """The template stored under ``key``, or None."""
+        try:
+            return self._read(f"templates/{check_name(key, 'template key')}.onnx", missing_ok=True)
+        except FileNotFoundError:
+            return None
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):

@@ -393,3 +393,49 @@ def test_cli_stats_and_scale(service, capsys):
     assert main(["stats", "--namespace", NAMESPACE]) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["matchers"] == 2 and {"models", "clusters", "queries", "p50", "p99"} <= set(s)
+
+
+def test_a_request_no_node_can_hold_fails_at_start_naming_the_key(cluster, tmp_path):
+    import keeper.actors as ka
+    from keeper.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"actors\.matcher.*64 CPU"):
+        ka.start(zoo=str(tmp_path / "zoo"), namespace="too-big", actors={"matcher": {"num_cpus": 64}})
+    assert ka.get_handle(namespace="too-big") is None, "nothing was started"
+
+
+def test_unplaced_matchers_never_hold_a_query(service, tmp_path):
+    """Matchers asking for a resource that is all taken stay pending; queries are scored in the front door,
+    answer at once, and stats() says what the matchers wait for."""
+    import keeper.actors as ka
+
+    on_head = {"resources": {"head": 0.01}}
+    handle = ka.start(zoo=str(tmp_path / "zoo"), namespace="pending-matchers", matchers=2,
+                      actors={"keeper": on_head, "zoo_manager": on_head, "matcher": {"resources": {"head": 1.0}}})
+    try:
+        get(handle.register.remote(mlp_onnx([32, 16, 10], seed=1), 0.9, "p"))
+        t0 = time.monotonic()
+        result = get(handle.warm.remote(mlp_onnx([40, 16, 10], seed=2), noise=0.0))
+        assert result.parent == "p" and time.monotonic() - t0 < 15.0
+        s = get(handle.stats.remote())
+        assert s["matchers_pending"] == 2 and s["local_batches"] >= 1
+        assert "1 head" in s["matchers_pending_why"]
+    finally:
+        ka.shutdown(namespace="pending-matchers")
+
+
+def test_a_wait_that_runs_out_names_the_resource_and_the_key(cluster):
+    import ray
+
+    from keeper.actors.remote import demand_of, get as bounded_get
+    from keeper.errors import ServiceError
+
+    blocker = ray.remote(lambda: 1).options(resources={"head": 1.0})
+    ref = blocker.remote()  # the service's actors hold part of the only "head", so this never runs
+    try:
+        need = demand_of("the weight-transfer task", "transfer", {"num_cpus": 0, "resources": {"head": 1.0}})
+        with pytest.raises(ServiceError, match=r"weight-transfer task was not back within 2 s.*asks for 1 head.*"
+                                               r"lower actors\.transfer"):
+            bounded_get(ref, 2.0, need)
+    finally:
+        ray.cancel(ref, force=True)

@@ -419,3 +419,16 @@ def test_s3_server_stopped_mid_commit(moto):
     assert [r.name for r in again] == ["one", "two"] and again.get("two") == b"blob-two"
     assert again.gc() == 2  # the orphan blob and extra of "three"
     assert [r.name for r in again] == ["one", "two"] and again.get("one") == b"blob-one"
+
+
+def test_templates_are_written_once_and_survive_gc(tmp_path):
+    from keeper.store import ModelStore
+
+    store = ModelStore(str(tmp_path / "zoo"))
+    assert store.get_template("abc123") is None
+    assert store.put_template("abc123", b"first") is True
+    assert store.put_template("abc123", b"second") is False, "a signature's template is written once"
+    store.gc()
+    assert ModelStore(str(tmp_path / "zoo")).get_template("abc123") == b"first"
+    with pytest.raises(AdmissionError):
+        store.put_template("../escape", b"x")

@@ -38,7 +38,7 @@ from keeper.actors.remote import Demand, demand_of, get, shortfall
 from keeper.actors.snapshot import View
 from keeper.clustering import ClusterIndex, two_stage_search
 from keeper.errors import ModelNotFoundError, ServiceError
-from keeper.graph import as_graph, graph_from_proto
+from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.selection import Candidate, ParentChoice, SelectionPolicy, choose_parent, coverage
@@ -139,13 +139,15 @@ class Keeper:
         self._count(time.perf_counter() - t0, ok=True, timed=False)  # p50 / p99 are of whole warms only
         return ref
 
-    def choose(self, model: ModelInput, hit: bool = False) -> ParentChoice:
+    def choose(self, model: ModelInput | dict[str, np.ndarray], hit: bool = False) -> ParentChoice:
         """The parent a warm start would use, without transferring weights.
 
         Choices are cached per architecture until the zoo changes, so a ``choose`` made ahead of time (e.g. by
         the Tune callback while a trial starts) makes the trial's own call instant.
 
         Args:
+            model: the child: ONNX (bytes, path, ModelProto), or its graph as ``LayerGraph.to_arrays()`` (plain
+                arrays) when the caller has extracted it and warms in its own process.
             hit: count a hit for the chosen parent (pass True when the caller then warms from it).
 
         Returns:
@@ -155,7 +157,8 @@ class Keeper:
         """
         t0 = time.perf_counter()
         try:
-            choice = self._choose(match_arrays(as_graph(model)))
+            graph = LayerGraph.from_arrays(model) if isinstance(model, dict) else as_graph(model)
+            choice = self._choose(match_arrays(graph))
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise

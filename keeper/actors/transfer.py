@@ -24,13 +24,13 @@ from keeper.graph import LayerGraph
 from keeper.onnx_safety import ModelInput
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 
-__all__ = ["warm_from_store"]
+__all__ = ["warm_from_store", "store_for"]
 
 _stores: dict[str, object] = {}
 _stores_lock = threading.Lock()
 
 
-def _store(uri: str, fresh: bool = False):
+def store_for(uri: str, fresh: bool = False):
     """One ModelStore per URI and process (opening one reads its catalog)."""
     from keeper.store import ModelStore
 
@@ -57,12 +57,12 @@ def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: floa
         return cold_result(child, child_graph)
     from keeper.zoo import GRAPH_EXTRA, graph_from_blob
 
-    store = _store(uri)
+    store = store_for(uri)
     try:
         blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
     except ModelNotFoundError:
         # registered after this process opened the catalog: read it again once
-        store = _store(uri, fresh=True)
+        store = store_for(uri, fresh=True)
         blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
     return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph_from_blob(graph_blob, lambda: blob),
                             child_graph=child_graph, noise=noise, seed=seed, **options)

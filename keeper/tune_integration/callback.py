@@ -122,7 +122,7 @@ class KeeperCallback(Callback):
         # retried when its worker or node dies: registration is idempotent by content, so a retry stores nothing twice
         ref = ray.remote(register_trial).options(num_cpus=0, max_retries=3).remote(
             self._service(), checkpoint, trial.storage.storage_filesystem, trial.storage.trial_fs_path, accuracy,
-            name, self.model_builder, dict(trial.config), self.config.timeouts.register_s)
+            name, self.model_builder, dict(trial.config), self.config.timeouts.register_s, self.config.zoo_uri)
         self._pending[tid] = (ref, name)
         if self.wait_for_registration:
             self._collect(wait=True, only=tid)

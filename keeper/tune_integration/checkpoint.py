@@ -14,7 +14,6 @@ when the callback has a ``model_builder``, the model that builder makes from the
 from __future__ import annotations
 
 import os
-import posixpath
 from typing import Any, Callable
 
 from keeper.errors import KeeperError
@@ -49,12 +48,14 @@ def _state_dict(directory: str, what: str) -> dict[str, Any] | None:
 
 
 def checkpoint_onnx(directory: str, template: bytes | None, what: str,
-                    builder: Callable[[], tuple[Any, Any]] | None = None) -> bytes:
+                    builder: Callable[[], tuple[Any, Any]] | None = None,
+                    find: Callable[[dict], bytes | None] | None = None) -> bytes:
     """ONNX bytes with the trained weights of the checkpoint in ``directory``.
 
     Args:
         template: the trial's architecture template, or None when warm_start did not write one.
         builder: makes ``(module, example_input)`` of the trial's architecture; used when there is no template.
+        find: looks a template up from the checkpoint's state_dict (the zoo's store) when ``template`` is None.
 
     Raises:
         KeeperError: no accepted file in ``directory``, or nothing tells the architecture, or the state_dict
@@ -70,6 +71,8 @@ def checkpoint_onnx(directory: str, template: bytes | None, what: str,
                           "as model.pt in the directory passed to tune.Checkpoint.from_directory")
     from keeper.torch_support import architecture_template, export, fill_template
 
+    if template is None and find is not None:
+        template = find(state)
     if template is None:
         if builder is None:
             raise KeeperError(f"{what}: the trial's architecture is unknown (warm_start was not called in the "
@@ -81,30 +84,25 @@ def checkpoint_onnx(directory: str, template: bytes | None, what: str,
 
 
 def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float, name: str,
-                   builder: Callable[[dict], tuple[Any, Any]] | None, config: dict, timeout_s: float) -> dict:
+                   builder: Callable[[dict], tuple[Any, Any]] | None, config: dict, timeout_s: float,
+                   zoo_uri: str | None = None) -> dict:
     """Register a finished trial's checkpoint into the zoo (runs as a Ray task, off the Tune driver).
 
     Returns the zoo's record of the model as a dict.
     """
     from keeper.actors.remote import Demand, get
+    from keeper.tune_integration.templates import find_template
     from keeper.tune_integration.trainable import ARCHITECTURE_FILE
 
     what = f"trial {name}"
-    # the trial's directory (warm_start in a Tune trial), else the directory holding the checkpoint (warm_start
-    # in a Ray Train worker writes into the run's directory, where its checkpoints live)
-    places = [(storage_fs, f"{trial_fs_path}/{ARCHITECTURE_FILE}")]
-    if getattr(checkpoint, "path", None) and getattr(checkpoint, "filesystem", None) is not None:
-        places.append((checkpoint.filesystem, f"{posixpath.dirname(checkpoint.path.rstrip('/'))}/{ARCHITECTURE_FILE}"))
-    template = None
-    for fs, path in places:
-        try:
-            with fs.open_input_file(path) as f:
-                template = f.read()
-            break
-        except (FileNotFoundError, OSError):
-            continue
+    try:
+        with storage_fs.open_input_file(f"{trial_fs_path}/{ARCHITECTURE_FILE}") as f:
+            template = f.read()
+    except (FileNotFoundError, OSError):
+        template = None  # warm_start ran elsewhere (a Ray Train worker): the zoo's store has it by signature
     with checkpoint.as_directory() as directory:
         blob = checkpoint_onnx(directory, template, what,
-                               (lambda: builder(config)) if builder is not None else None)
+                               (lambda: builder(config)) if builder is not None else None,
+                               find=(lambda state: find_template(zoo_uri, state)) if zoo_uri else None)
     need = Demand(f"registering {what} (timeouts.register_s)", actor=handle)
     return get(handle.register.remote(blob, float(accuracy), name), timeout_s, need)

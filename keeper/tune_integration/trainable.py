@@ -23,7 +23,6 @@ Example (function trainable)::
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any
 
 from keeper.errors import ServiceError
@@ -31,7 +30,6 @@ from keeper.warm import WarmResult
 
 __all__ = ["warm_start", "ask_parent", "ARCHITECTURE_FILE"]
 
-logger = logging.getLogger(__name__)
 
 #: The architecture template's file name in the trial directory.
 ARCHITECTURE_FILE = "keeper-architecture.onnx"
@@ -62,21 +60,20 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
 
     rank, size = distributed.rank_and_size()
     if size == 1:
-        exported, choice = ask_parent(model, example_input, config=config, dynamo=dynamo, trainable=trainable,
-                                      timeout_s=timeout_s)
+        exported, graph, choice = _ask(model, example_input, config, dynamo, trainable, timeout_s)
     elif rank == 0:  # one choice, one hit and one template per Ray Train trial
         try:
-            exported, choice = ask_parent(model, example_input, config=config, dynamo=dynamo,
-                                          trainable=trainable, timeout_s=timeout_s)
+            exported, graph, choice = _ask(model, example_input, config, dynamo, trainable, timeout_s)
         except BaseException as exc:
             distributed.share_choice(exc)  # raises it here too, once the other ranks know
             raise
         choice = distributed.share_choice(choice)
     else:
         exported = export(model, example_input, dynamo=dynamo)
+        graph = None
         choice = distributed.share_choice(None)
     result = warm_from_store(choice.uri, choice.parent, exported.onnx,
-                             choice.noise if noise is None else float(noise), choice.seed)
+                             choice.noise if noise is None else float(noise), choice.seed, graph)
     result = load_result(model, result, exported.keys)
     if size > 1:
         distributed.sync_module(model)
@@ -84,24 +81,38 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
 
 
 def ask_parent(model: Any, example_input: Any, *, config: Any = None, dynamo: bool | None = None,
-               trainable: Any = None, timeout_s: float = 300.0) -> tuple[Any, dict]:
+               trainable: Any = None, timeout_s: float = 300.0) -> tuple[Any, Any]:
     """The first half of :func:`warm_start`: export ``model``, save its architecture template to the trial
     directory, and ask the service for a parent (counting a hit). Returns ``(Exported, choice)``, where
     ``choice`` is the :class:`~keeper.selection.ParentChoice` ``Keeper.choose`` returns; the model is not
     changed."""
+    exported, _, choice = _ask(model, example_input, config, dynamo, trainable, timeout_s)
+    return exported, choice
+
+
+def _ask(model: Any, example_input: Any, config: Any, dynamo: bool | None, trainable: Any,
+         timeout_s: float) -> tuple[Any, Any, Any]:
+    """(Exported, its LayerGraph, ParentChoice): the graph is extracted here, once; the front door gets its
+    arrays (plain data) and the transfer in this process reuses it."""
     from keeper.actors.launcher import get_handle
     from keeper.actors.remote import Demand, get
+    from keeper.graph import load_graph
     from keeper.torch_support import architecture_template, export
+    from keeper.tune_integration.templates import save_template
 
     handle = get_handle(config)
     if handle is None:
         raise ServiceError("warm_start: no keeper service is running; add KeeperCallback(...) to the "
                            "tune.RunConfig callbacks, or run `keeper serve` first")
     exported = export(model, example_input, dynamo=dynamo)
-    _save_architecture(architecture_template(exported), trainable)
-    choice = get(handle.choose.remote(exported.onnx, True), timeout_s,
+    template = architecture_template(exported)
+    _save_architecture(template, trainable)
+    graph = load_graph(exported.onnx)
+    choice = get(handle.choose.remote(graph.to_arrays(), True), timeout_s,
                  Demand("warm_start: the keeper service's parent choice", actor=handle))
-    return exported, choice
+    # also in the zoo's store, found from the checkpoint's state_dict alone (Ray Train runs, restored trials)
+    save_template(choice.uri, template, model.state_dict())
+    return exported, graph, choice
 
 
 def _storage(trainable: Any) -> Any:
@@ -130,30 +141,15 @@ def _storage(trainable: Any) -> Any:
     return None
 
 
-def _template_dir(trainable: Any) -> tuple[Any, str] | None:
-    """(filesystem, directory) where this trial's architecture template goes: the Tune trial's directory, or in a
-    Ray Train worker the run's directory, which holds the run's checkpoints (the callback looks beside them)."""
-    storage = _storage(trainable)
-    if storage is not None:
-        return storage.storage_filesystem, storage.trial_fs_path
-    from keeper.tune_integration.distributed import train_context
-
-    ctx = train_context()
-    try:
-        train = ctx.get_storage() if ctx is not None else None
-        return (train.storage_filesystem, train.experiment_fs_path) if train is not None else None
-    except AttributeError:  # an older Ray Train whose storage has no run directory
-        return None
-
-
 def _save_architecture(template: bytes, trainable: Any) -> None:
-    place = _template_dir(trainable)
-    if place is None:
-        logger.warning("warm_start: not inside a Tune trial or Ray Train worker, so the architecture was not "
-                       "saved; KeeperCallback cannot register this model (register it with keeper.Zoo.register)")
+    """The template into the Tune trial's directory, where the callback looks first (outside a Tune trial, e.g.
+    in a Ray Train worker, the copy in the zoo's store serves)."""
+    storage = _storage(trainable)
+    if storage is None:
         return
-    fs, directory = place
+    directory = storage.trial_fs_path
     path = f"{directory}/{ARCHITECTURE_FILE}"
+    fs = storage.storage_filesystem
     fs.create_dir(directory, recursive=True)
     tmp = f"{path}.tmp"
     with fs.open_output_stream(tmp) as f:
