@@ -121,7 +121,7 @@ def moto():
 @pytest.fixture(scope="module")
 def ray_session(moto):
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": dict(CREDENTIALS)})  # every actor and task reads the store
     yield
     ray.shutdown()
@@ -130,8 +130,8 @@ def ray_session(moto):
 def start(moto, **kw):
     import keeper.actors as ka
 
-    return ka.start(zoo=moto.uri, namespace=NAMESPACE, matchers=1, actors={"matcher": {"num_cpus": 0.5}},
-                    timeouts={"register_s": 60.0, "start_s": 90.0}, **kw)
+    # the shipped defaults but for the store's place, and shorter bounds so a fault shows within the test
+    return ka.start(zoo=moto.uri, namespace=NAMESPACE, timeouts={"register_s": 60.0, "start_s": 90.0}, **kw)
 
 
 def get(ref, timeout: float = 60.0):
