@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from keeper.baselines import name_shape_load, published_transfer
-from keeper.families import build, default_spec, example_input
-from keeper.nas import NasRun, TrialRecord, arrivals, steps_to_target, summarize
+from keeper_bench.baselines import name_shape_load, published_transfer
+from keeper_bench.families import build, default_spec, example_input
+from keeper_bench.nas import NasRun, TrialRecord, arrivals, steps_to_target, summarize
 from keeper.torch_support import export, load_warm
 from keeper.warm import warm_from_parent
 

@@ -1,7 +1,7 @@
 """A NAS experiment on MNIST-1D through Ray Tune, run once per arm (cold, keeper, baselines): what the demo and
 ``scripts/bench_training.py`` measure.
 
-Architectures arrive in a fixed order (a seeded random walk over :mod:`keeper.families`: each family's first
+Architectures arrive in a fixed order (a seeded random walk over :mod:`keeper_bench.families`: each family's first
 model is sampled, later ones mutate an earlier model by one width, depth or kernel step, as an evolutionary
 NAS does). Tune runs them in that order, ``concurrency`` at a time, so a trial can inherit only from trials
 that finished before it started. Every arm trains the same architectures from the same initial weights, data
@@ -11,7 +11,8 @@ Arms:
     cold: no warm start.
     keeper: ``warm_start`` from the arm's own zoo (accuracy-aware parent choice, keeper's operators).
     keeper-no-accuracy: the same with the highest-similarity parent, accuracy ignored.
-    published: keeper's parent choice, the published system's operators (:func:`keeper.baselines.published_transfer`).
+    published: keeper's parent choice, the published system's operators
+        (:func:`keeper_bench.baselines.published_transfer`).
     name-shape: keeper's parent choice, then ``load_state_dict`` of the tensors whose name and shape match.
 
 Steps to target: the first evaluated step at which a trial reaches its target accuracy, the accuracy the cold
@@ -90,7 +91,7 @@ def arch_label(spec: dict) -> str:
 
 def arrivals(n: int, seed: int = 0, families: tuple[str, ...] = ("vgg", "resnet", "mlp", "transformer")) -> list[dict]:
     """``n`` distinct architectures in arrival order, families interleaved (see the module docstring)."""
-    from keeper.families import neighbours, sample_spec
+    from keeper_bench.families import neighbours, sample_spec
 
     rng = np.random.default_rng(seed)
     seen: set[str] = set()
@@ -140,7 +141,7 @@ def _warm(arm: str, model: Any, example: Any, service: dict, run: NasRun, states
         return {"parent": "", "score": 0.0}
     if arm == "published":
         from keeper.actors.transfer import warm_from_store
-        from keeper.baselines import PUBLISHED_NOISE, published_transfer
+        from keeper_bench.baselines import PUBLISHED_NOISE, published_transfer
         from keeper.torch_support import load_result
 
         r = warm_from_store(choice["uri"], parent, exported.onnx, PUBLISHED_NOISE, seed,
@@ -150,7 +151,7 @@ def _warm(arm: str, model: Any, example: Any, service: dict, run: NasRun, states
     if arm == "name-shape":
         import torch
 
-        from keeper.baselines import name_shape_load
+        from keeper_bench.baselines import name_shape_load
 
         name_shape_load(model, torch.load(os.path.join(states, f"{parent}.pt"), weights_only=True))
         return {"parent": parent, "score": float(choice["score"])}
@@ -164,8 +165,8 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         import torch
         from ray import tune
 
-        from keeper.families import build, example_input
-        from keeper.workload import train
+        from keeper_bench.families import build, example_input
+        from keeper_bench.workload import train
 
         torch.set_num_threads(1)
         i = int(config["index"])
@@ -195,7 +196,7 @@ def _dataset(run: NasRun) -> Any:
     """An object reference to the run's MNIST-1D dataset (generated once per driver and Ray session)."""
     import ray
 
-    from keeper.workload import mnist1d_dataset
+    from keeper_bench.workload import mnist1d_dataset
 
     key = (run.data_seed, run.num_samples)
     if key not in _datasets:
@@ -214,7 +215,7 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
     from ray import tune
 
     from keeper.actors.launcher import shutdown
-    from keeper.families import num_params
+    from keeper_bench.families import num_params
     from keeper.tune_integration import KeeperCallback
 
     if arm not in ARMS:
@@ -263,7 +264,7 @@ def _progress_class():
             self.arm, self.specs, self.fn = arm, specs, fn
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            from keeper.families import num_params
+            from keeper_bench.families import num_params
 
             if "history" in result:
                 self.fn(self.arm, _record(self.specs, result, num_params))
