@@ -140,12 +140,10 @@ def _warm(arm: str, model: Any, example: Any, service: dict, run: NasRun, states
     if parent is None:
         return {"parent": "", "score": 0.0}
     if arm == "published":
-        from keeper.actors.transfer import warm_from_store
-        from keeper_bench.baselines import PUBLISHED_NOISE, published_transfer
         from keeper.torch_support import load_result
+        from keeper_bench.baselines import published_warm_from_store
 
-        r = warm_from_store(choice["uri"], parent, exported.onnx, PUBLISHED_NOISE, seed,
-                            transfer_fn=published_transfer)
+        r = published_warm_from_store(choice["uri"], parent, exported.onnx, seed=seed)
         load_result(model, r, exported.keys)
         return {"parent": parent, "score": float(r.score)}
     if arm == "name-shape":

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from keeper_bench.baselines import name_shape_load, published_transfer
+from keeper_bench.baselines import name_shape_load, published_warm
 from keeper_bench.families import build, default_spec, example_input
 from keeper_bench.nas import NasRun, TrialRecord, arrivals, steps_to_target, summarize
 from keeper.torch_support import export, load_warm
@@ -93,9 +93,8 @@ def test_published_kernel_operator_shifts_the_function_and_keepers_does_not():
     pb, cb = export(parent, x, dynamo=False).onnx, export(child, x, dynamo=False)
     y = _outputs(parent, x)
     deviations = {}
-    for name, fn in (("keeper", None), ("published", published_transfer)):
-        kwargs = {} if fn is None else {"transfer_fn": fn}
-        r = warm_from_parent(pb, cb.onnx, noise=0.0, **kwargs)
+    for name, warm in (("keeper", warm_from_parent), ("published", published_warm)):
+        r = warm(pb, cb.onnx, noise=0.0)
         m = build(child_spec)
         load_warm(m, r, cb.keys)
         deviations[name] = float((_outputs(m, x) - y).abs().max() / y.abs().max())

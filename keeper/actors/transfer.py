@@ -15,13 +15,13 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from keeper.errors import ModelNotFoundError
+from keeper.graph import LayerGraph
 from keeper.onnx_safety import ModelInput
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 
-__all__ = ["warm_from_store"]
+__all__ = ["warm_from_store", "read_parent"]
 
 _stores: dict[str, object] = {}
 _stores_lock = threading.Lock()
@@ -37,17 +37,12 @@ def _store(uri: str, fresh: bool = False):
         return _stores[uri]
 
 
-def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
-                    seed: int = 0, **options: Any) -> WarmResult:
-    """Warm ``child`` from the zoo model ``parent`` stored at ``uri`` (the child's own weights when None).
-
-    ``options`` go to :func:`keeper.warm.warm_from_parent` (e.g. ``transfer_fn``).
+def read_parent(uri: str, parent: str) -> tuple[bytes, LayerGraph]:
+    """The zoo model ``parent`` stored at ``uri``: its ONNX bytes and its stored graph.
 
     Raises:
         ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
     """
-    if parent is None:
-        return cold_result(child)
     from keeper.zoo import GRAPH_EXTRA, graph_from_blob
 
     store = _store(uri)
@@ -57,5 +52,17 @@ def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: floa
         # registered after this process opened the catalog: read it again once
         store = _store(uri, fresh=True)
         blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
-    return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph_from_blob(graph_blob, lambda: blob),
-                            noise=noise, seed=seed, **options)
+    return blob, graph_from_blob(graph_blob, lambda: blob)
+
+
+def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
+                    seed: int = 0) -> WarmResult:
+    """Warm ``child`` from the zoo model ``parent`` stored at ``uri`` (the child's own weights when None).
+
+    Raises:
+        ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
+    """
+    if parent is None:
+        return cold_result(child)
+    blob, graph = read_parent(uri, parent)
+    return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph, noise=noise, seed=seed)
