@@ -1,12 +1,12 @@
 """Training saved by warm starts on a NAS workload (MNIST-1D, Ray Tune), against cold start and baselines.
 
 Architectures (1-D VGG-style CNNs, ResNets, MLPs, small transformers) arrive in a fixed order and are trained
-through Ray Tune, once per arm; see keeper/nas.py for the arms and for how steps-to-target is defined. Accuracy
-is read every 10 steps with BatchNorm statistics re-estimated for the weights of that step (keeper_bench.workload.
-with_precise_bn): the running statistics average the last ~10-20 steps, as long as the interval between two
-readings, so they would judge weights by their predecessors' statistics. The report reads the same runs with the
-running statistics, and on a grid twice as coarse, too. Writes a markdown report, a JSON of every trial, and two
-PNG plots.
+through Ray Tune, once per arm; see keeper_bench/nas.py for the arms and for how steps-to-target is defined.
+Accuracy is read every 10 steps with BatchNorm statistics re-estimated for the weights of that step
+(keeper_bench.workload.with_precise_bn): the running statistics average the last ~10-20 steps, as long as the
+interval between two readings, so they would judge weights by their predecessors' statistics. The report reads the
+same runs with the running statistics, and on a grid twice as coarse, too. Writes a markdown report, a JSON of
+every trial, and two PNG plots.
 
 Usage:
     python scripts/bench_training.py            # 40 archs, 5 seeds for cold/keeper, baselines on seed 0 (~30 min, 2 cores)

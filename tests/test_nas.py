@@ -114,3 +114,18 @@ def test_name_shape_load_copies_only_matching_names_and_shapes():
     for k in after:
         expected = a.state_dict()[k] if k in same else before[k]
         assert torch.equal(after[k], expected), k
+
+
+def test_published_warm_from_store_reads_the_stored_parent(tmp_path):
+    from keeper.zoo import Zoo
+    from keeper_bench.baselines import published_warm_from_store
+
+    torch.manual_seed(0)
+    parent_spec = {**default_spec("vgg"), "kernel": 3}
+    child_spec = {**parent_spec, "kernel": 5}
+    x = example_input(parent_spec, batch=2)
+    pb, cb = export(build(parent_spec), x, dynamo=False).onnx, export(build(child_spec), x, dynamo=False).onnx
+    Zoo(str(tmp_path)).register(pb, 0.8, "p")
+    stored, direct = published_warm_from_store(str(tmp_path), "p", cb, seed=3), published_warm(pb, cb, seed=3)
+    assert stored.parent == "p" and stored.score == direct.score and stored.mapping == direct.mapping
+    assert all(torch.equal(torch.as_tensor(stored.weights[k]), torch.as_tensor(v)) for k, v in direct.weights.items())
