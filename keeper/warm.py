@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -18,7 +18,6 @@ from keeper.matching import Alignment, align
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.onnx_weights import read_initializers, write_weights
 from keeper.transforms import transfer
-from keeper.transforms.compose import Transfer
 
 __all__ = ["WarmResult", "warm_from_parent", "cold_result", "DEFAULT_NOISE"]
 
@@ -73,12 +72,8 @@ def cold_result(child: ModelInput, graph: LayerGraph | None = None) -> WarmResul
 
 def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_name: str | None = None,
                      parent_graph: LayerGraph | None = None, child_graph: LayerGraph | None = None,
-                     alignment: Alignment | None = None, noise: float = DEFAULT_NOISE, seed: int = 0,
-                     transfer_fn: Callable[..., Transfer] = transfer) -> WarmResult:
+                     alignment: Alignment | None = None, noise: float = DEFAULT_NOISE, seed: int = 0) -> WarmResult:
     """Warm ``child`` from ``parent`` (both ONNX bytes, paths or ModelProtos with weights).
-
-    ``transfer_fn`` (default: keeper's operators) has :func:`keeper.transforms.transfer`'s signature; the
-    training benchmark passes :func:`keeper.baselines.published_transfer` to compare operators on equal terms.
 
     Example:
         >>> r = warm_from_parent(parent_bytes, child_bytes, noise=0.0)  # doctest: +SKIP
@@ -92,7 +87,7 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_name: str 
     cg = child_graph or graph_from_proto(cproto)
     al = alignment or align(pg, cg)
     child_inits = read_initializers(cproto)
-    moved = transfer_fn(pg, read_initializers(pproto), cg, child_inits, al, noise=noise, seed=seed)
+    moved = transfer(pg, read_initializers(pproto), cg, child_inits, al, noise=noise, seed=seed)
     weights = dict(child_inits)
     weights.update(moved.weights)
     return WarmResult(parent_name, al.score, weights, moved.provenance, cproto.SerializeToString())

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from keeper import families  # noqa: E402
+from keeper_bench import families  # noqa: E402
 from keeper.graph import load_graph  # noqa: E402
 from keeper.matching import PackedParents, align, match_arrays, score_many, similarity  # noqa: E402
 

@@ -11,14 +11,14 @@ What it measures, per zoo size (2 Matcher actors, Ray on 127.0.0.1):
 * recall@1 of the two-stage search against brute force (a query counts as a hit when the best score found
   equals the best score over the whole zoo).
 
-The zoo: model specs of keeper.families' five families (ResNet, VGG, MobileNetV2, transformer, MLP; 1-D inputs
-as in the MNIST-1D workload) in groups of architectural neighbours (keeper.families.neighbours), as a NAS or
-AutoML workload leaves them. Scoring needs graphs, not weights, so all but a few of them are *graph-only
-entries* (``ZooManager.add_graph_only``): their match arrays are synthesised from the spec's layer sequence
-(checked below against real exports: the same layer classes, shapes and order), held in memory, scored and
-clustered like any model, never chosen as parents. A few real models (exported with torch, registered with
-weights in a local store) are the parents the end-to-end queries warm from. Queries are new neighbours of zoo
-members (80%) and fresh random architectures (20%).
+The zoo: model specs of keeper_bench.families' five families (ResNet, VGG, MobileNetV2, transformer, MLP; 1-D
+inputs as in the MNIST-1D workload) in groups of architectural neighbours (keeper_bench.families.neighbours), as a
+NAS or AutoML workload leaves them. Scoring needs graphs, not weights, so all but a few of them are *graph-only
+entries* (the service runs with ``keeper_bench.graph_only.GraphOnlyManager`` as its zoo manager): their match
+arrays are synthesised from the spec's layer sequence (checked below against real exports: the same layer classes,
+shapes and order), held in memory, scored and clustered like any model, never chosen as parents. A few real models
+(exported with torch, registered with weights in a local store) are the parents the end-to-end queries warm from.
+Queries are new neighbours of zoo members (80%) and fresh random architectures (20%).
 
 Usage:
     python scripts/bench_scale.py            # 1,000 / 2,500 / 10,000 models; writes reports/bench_scale.md
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from keeper.actors.indexing import fit_index  # noqa: E402
 from keeper.clustering import two_stage_search  # noqa: E402
-from keeper.families import FAMILIES, neighbours  # noqa: E402
+from keeper_bench.families import FAMILIES, neighbours  # noqa: E402
 from keeper.graph import Kind  # noqa: E402
 from keeper.matching import (MatchArrays, PackedParents, level_classes, score_many, signature,  # noqa: E402
                              upper_bounds)
@@ -56,7 +56,7 @@ COMMON = {"dim": 1, "in_channels": 1, "num_classes": 10, "input_length": 40}
 
 
 def random_spec(rng: np.random.Generator, family: str) -> dict:
-    """A random small spec of ``family`` (the keys keeper.families.build takes)."""
+    """A random small spec of ``family`` (the keys keeper_bench.families.build takes)."""
     s = {"family": family, **COMMON}
     stages = int(rng.integers(2, 5))
     base = int(rng.choice([8, 12, 16, 24, 32, 48]))
@@ -209,7 +209,7 @@ def make_queries(zoo: list[dict], count: int, rng: np.random.Generator) -> list[
 def export_onnx(spec: dict, seed: int = 0) -> bytes:
     import torch
 
-    from keeper.families import build, example_input
+    from keeper_bench.families import build, example_input
     from keeper.torch_support import export
 
     torch.manual_seed(seed)
@@ -320,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     import keeper.actors as ka
+    from keeper_bench import graph_only
 
     print("checking synthetic graphs against real exports ...", flush=True)
     ok, checked = check_synthesis(np.random.default_rng(args.seed + 1), 5 if args.quick else 15)
@@ -336,10 +337,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     zoo_dir = tempfile.mkdtemp(prefix="keeper-bench-zoo-")
-    handle = ka.start(zoo=zoo_dir, matchers=2, namespace="keeper-bench",
-                      clustering={"fit_sample": args.fit_sample, "clusters_to_probe": args.probe,
-                                  "early_stop": args.early_stop},
-                      timeouts={"start_s": 120.0})
+    handle = graph_only.start(zoo=zoo_dir, matchers=2, namespace="keeper-bench",
+                              clustering={"fit_sample": args.fit_sample, "clusters_to_probe": args.probe,
+                                          "early_stop": args.early_stop},
+                              timeouts={"start_s": 120.0})
     manager = ray.get_actor("keeper-zoo", namespace="keeper-bench")
     for i, (name, blob) in enumerate(parents.items()):
         ray.get(handle.register.remote(blob, 0.8 + 0.01 * i, name), timeout=120)
@@ -380,8 +381,8 @@ Command: `{cmd}` (machine: {os.cpu_count()} cores; Ray local on 127.0.0.1, 2 Mat
 - **end-to-end warm**: `Keeper.warm(onnx_bytes)` with {n_real} real exported children: parse, two-stage search over
   the whole zoo, parent choice, weight transfer in a Ray task reading the parent from the (local) store, result
   back to the caller.
-- Zoo: specs of keeper.families' five families in groups of ~8 neighbours; graph-only entries
-  (`ZooManager.add_graph_only`, synthesised match arrays; {ok} of {checked} checked sequences equal their real
+- Zoo: specs of keeper_bench.families' five families in groups of ~8 neighbours; graph-only entries
+  (`keeper_bench.graph_only`, synthesised match arrays; {ok} of {checked} checked sequences equal their real
   export) plus {n_real} real registered models. k = round(sqrt(N)); k-medoids (FasterPAM) on a sample of at most
   {args.fit_sample} models, the rest assigned to their nearest medoid.
 - Reference: ModelKeeper reports 8 s per request for 2,500 models on a cluster.

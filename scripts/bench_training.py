@@ -1,12 +1,12 @@
 """Training saved by warm starts on a NAS workload (MNIST-1D, Ray Tune), against cold start and baselines.
 
 Architectures (1-D VGG-style CNNs, ResNets, MLPs, small transformers) arrive in a fixed order and are trained
-through Ray Tune, once per arm; see keeper/nas.py for the arms and for how steps-to-target is defined. Accuracy
-is read every 10 steps with BatchNorm statistics re-estimated for the weights of that step (keeper.workload.
-with_precise_bn): the running statistics average the last ~10-20 steps, as long as the interval between two
-readings, so they would judge weights by their predecessors' statistics. The report reads the same runs with the
-running statistics, and on a grid twice as coarse, too. Writes a markdown report, a JSON of every trial, and two
-PNG plots.
+through Ray Tune, once per arm; see keeper_bench/nas.py for the arms and for how steps-to-target is defined.
+Accuracy is read every 10 steps with BatchNorm statistics re-estimated for the weights of that step
+(keeper_bench.workload.with_precise_bn): the running statistics average the last ~10-20 steps, as long as the
+interval between two readings, so they would judge weights by their predecessors' statistics. The report reads the
+same runs with the running statistics, and on a grid twice as coarse, too. Writes a markdown report, a JSON of
+every trial, and two PNG plots.
 
 Usage:
     python scripts/bench_training.py            # 40 archs, 5 seeds for cold/keeper, baselines on seed 0 (~30 min, 2 cores)
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import torch
 
-    from keeper.nas import ARMS, NasRun, arrivals, records_to_json, run_arm, summarize
+    from keeper_bench.nas import ARMS, NasRun, arrivals, records_to_json, run_arm, summarize
 
     run = NasRun(steps=args.steps, concurrency=args.concurrency, eval_every=args.eval_every,
                  precise_bn=not args.running_bn)
@@ -109,7 +109,7 @@ def _fmt(values: list[float], fmt: str) -> str:
 
 
 def _report(args, run, specs, results, tables, wall, torch_version, ray_version) -> str:
-    from keeper.nas import arch_label
+    from keeper_bench.nas import arch_label
 
     rows = tables["summary"]
     bn = ("BatchNorm statistics re-estimated for the weights of that step (a copy of the model runs 4 training "

@@ -1,7 +1,7 @@
 """Benchmark the weight transform: its cost at about 1M, 10M and 100M parameters, and how far a warmed child
 strays from its parent's function where keeper does not promise to preserve it.
 
-Cost. For two families (a pre-LN transformer and a 1-D ResNet-18 layout, ``keeper.families.sized_spec``) and
+Cost. For two families (a pre-LN transformer and a 1-D ResNet-18 layout, ``keeper_bench.families.sized_spec``) and
 each size, the child widens the parent by about 1/8 (transformer: d_model and ffn; ResNet: every stage) and
 deepens it (one more encoder layer; one more block per stage). Both models are exported once with torch's
 TorchScript exporter (eval mode, BatchNorm kept, no constant folding). A fresh subprocess per pair, which does not
@@ -177,7 +177,7 @@ def cost_case(family: str, size: int, reps: int, seed: int, workdir: Path) -> di
     """Export the pair, then measure it in a fresh subprocess."""
     import torch
 
-    from keeper import families
+    from keeper_bench import families
 
     spec = families.sized_spec(family, size)
     child = grown(spec)
@@ -250,7 +250,7 @@ def deviation(parent_spec: dict, child_spec: dict, dynamo: bool, seed: int) -> t
     weights, similarity score)."""
     import torch
 
-    from keeper import families
+    from keeper_bench import families
     from keeper.torch_support import export, load_warm
     from keeper.warm import warm_from_parent
 
@@ -427,7 +427,7 @@ the cost). Targets: transform <= {TIME_TARGET:g}x copy; peak traced <= {MEMORY_T
 
 {chr(10).join(cost_lines)}
 
-Models (keeper.families.sized_spec, dim 1, input length 40; child = about 1/8 wider and one layer or one block
+Models (keeper_bench.families.sized_spec, dim 1, input length 40; child = about 1/8 wider and one layer or one block
 per stage deeper):
 
 {specs}

@@ -2,7 +2,7 @@
 
 Two sources, both cheap to reuse:
 
-* torch models (the :mod:`keeper.families` builders plus a few nets for ops the families lack), exported with
+* torch models (the :mod:`keeper_bench.families` builders plus a few nets for ops the families lack), exported with
   either torch exporter in either of two modes and cached for the whole test session (a dynamo export costs
   seconds); ``"eval"`` is what users get from ``torch.onnx.export`` by default (BatchNorm folded into the conv),
   ``"keep"`` is keeper's own setting that keeps BatchNorm;
@@ -29,7 +29,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from keeper import families
+from keeper_bench import families
 
 EXPORTERS = ("torchscript", "dynamo")
 MODES = ("eval", "keep")

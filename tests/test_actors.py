@@ -23,7 +23,6 @@ from keeper.actors.manager import ZooManager
 from keeper.actors.matcher import Matcher
 from keeper.actors.snapshot import Shard
 from keeper.clustering import two_stage_search
-from keeper.errors import AdmissionError
 from keeper.graph import load_graph
 from keeper.matching import MatchArrays, match_arrays, score_many
 
@@ -147,27 +146,6 @@ def test_manager_follows_evictions(tmp_path):
     assert sorted(mgr.view().index["names"].tolist()) == stored  # evicted models left the clusters too
 
 
-def test_manager_graph_only_entries_and_background_refit(tmp_path):
-    cfg = load_config(zoo=str(tmp_path), clustering={"brute_force_below": 8, "recluster_stale": 0.2})
-    mgr = ZooManager(cfg)
-    rng = np.random.default_rng(1)
-    arrays = [match_arrays(load_graph(random_model(rng, i))) for i in range(40)]
-    assert mgr.add_graph_only([f"g{i}" for i in range(30)], arrays[:30]) == 30
-    assert mgr.wait_index(60) and mgr.stats()["fits"] == 1
-    with pytest.raises(AdmissionError):
-        mgr.add_graph_only(["g1"], arrays[:1])
-    # a few newcomers join their nearest medoid at once; past 20% of N a re-fit runs in the background
-    mgr.add_graph_only(["h0", "h1"], arrays[30:32])
-    assert mgr.stats()["fits"] == 1 and mgr.stats()["changes_since_fit"] == 2
-    mgr.add_graph_only([f"h{i}" for i in range(2, 10)], arrays[32:40])
-    assert mgr.wait_index(60) and mgr.stats()["fits"] >= 2
-    view = mgr.view()
-    assert view.n == 40 and not view.weighted.any()
-    mgr.remove("g0")
-    assert "g0" not in mgr.view().names.tolist()
-    assert ZooManager(cfg).view().n == 0  # graph-only entries live in memory only
-
-
 def test_two_stage_search_recall_against_brute_force():
     rng = np.random.default_rng(2)
     zoo = {f"z{i}": match_arrays(load_graph(random_model(rng, i))) for i in range(240)}
@@ -215,10 +193,12 @@ def service(cluster, tmp_path_factory):
     import ray
 
     import keeper.actors as ka
+    from keeper_bench import graph_only
 
     zoo = tmp_path_factory.mktemp("zoo")
     on_head = {"resources": {"head": 0.01}}  # the node-removal test takes a worker node away
-    handle = ka.start(zoo=str(zoo), namespace=NAMESPACE, matchers=3,
+    # the zoo manager also holds graph-only entries: the node-removal test loads the matchers with them
+    handle = graph_only.start(zoo=str(zoo), namespace=NAMESPACE, matchers=3,
                       actors={"keeper": on_head, "zoo_manager": on_head, "matcher": {"num_cpus": 0.5},
                               "transfer": {"num_cpus": 1.0, **on_head}},
                       clustering={"brute_force_below": 8},

@@ -1,4 +1,4 @@
-"""Tests for keeper.families (architecture specs) and keeper.workload (the MNIST-1D workload)."""
+"""Tests for keeper_bench.families (architecture specs) and keeper_bench.workload (the MNIST-1D workload)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from onnx.reference import ReferenceEvaluator
 
 from keeper.errors import InvalidModelError
-from keeper.families import (FAMILIES, SCALES, build, default_spec, example_input, neighbours, num_macs, num_params,
+from keeper_bench.families import (FAMILIES, SCALES, build, default_spec, example_input, neighbours, num_macs, num_params,
                              sample_spec, sized_spec)
-from keeper.workload import Dataset, evaluate, mnist1d_dataset, train, with_precise_bn
+from keeper_bench.workload import Dataset, evaluate, mnist1d_dataset, train, with_precise_bn
 
 IMAGE = {"dim": 2, "in_channels": 3, "input_length": 16}
 

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from keeper.baselines import name_shape_load, published_transfer
-from keeper.families import build, default_spec, example_input
-from keeper.nas import NasRun, TrialRecord, arrivals, steps_to_target, summarize
+from keeper_bench.baselines import name_shape_load, published_warm
+from keeper_bench.families import build, default_spec, example_input
+from keeper_bench.nas import NasRun, TrialRecord, arrivals, steps_to_target, summarize
 from keeper.torch_support import export, load_warm
 from keeper.warm import warm_from_parent
 
@@ -93,9 +93,8 @@ def test_published_kernel_operator_shifts_the_function_and_keepers_does_not():
     pb, cb = export(parent, x, dynamo=False).onnx, export(child, x, dynamo=False)
     y = _outputs(parent, x)
     deviations = {}
-    for name, fn in (("keeper", None), ("published", published_transfer)):
-        kwargs = {} if fn is None else {"transfer_fn": fn}
-        r = warm_from_parent(pb, cb.onnx, noise=0.0, **kwargs)
+    for name, warm in (("keeper", warm_from_parent), ("published", published_warm)):
+        r = warm(pb, cb.onnx, noise=0.0)
         m = build(child_spec)
         load_warm(m, r, cb.keys)
         deviations[name] = float((_outputs(m, x) - y).abs().max() / y.abs().max())
@@ -115,3 +114,18 @@ def test_name_shape_load_copies_only_matching_names_and_shapes():
     for k in after:
         expected = a.state_dict()[k] if k in same else before[k]
         assert torch.equal(after[k], expected), k
+
+
+def test_published_warm_from_store_reads_the_stored_parent(tmp_path):
+    from keeper.zoo import Zoo
+    from keeper_bench.baselines import published_warm_from_store
+
+    torch.manual_seed(0)
+    parent_spec = {**default_spec("vgg"), "kernel": 3}
+    child_spec = {**parent_spec, "kernel": 5}
+    x = example_input(parent_spec, batch=2)
+    pb, cb = export(build(parent_spec), x, dynamo=False).onnx, export(build(child_spec), x, dynamo=False).onnx
+    Zoo(str(tmp_path)).register(pb, 0.8, "p")
+    stored, direct = published_warm_from_store(str(tmp_path), "p", cb, seed=3), published_warm(pb, cb, seed=3)
+    assert stored.parent == "p" and stored.score == direct.score and stored.mapping == direct.mapping
+    assert all(torch.equal(torch.as_tensor(stored.weights[k]), torch.as_tensor(v)) for k, v in direct.weights.items())

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import nets
-from keeper import families
+from keeper_bench import families
 from keeper.errors import KeeperError
 from keeper.onnx_weights import read_initializers
 from keeper.torch_support import architecture_template, export, fill_template, warm_start

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nets
-from keeper import families
+from keeper_bench import families
 from keeper.graph import Kind, load_graph
 from keeper.torch_support import export, load_warm
 from keeper.transforms.depth import identity_fill, zero_fill

@@ -14,10 +14,10 @@ import torch
 from ray import tune
 
 from keeper.errors import ConfigError, KeeperError
-from keeper.families import build, default_spec, example_input
+from keeper_bench.families import build, default_spec, example_input
 from keeper.tune_integration import ARCHITECTURE_FILE, KeeperCallback, warm_start
 from keeper.tune_integration.checkpoint import checkpoint_onnx
-from keeper.workload import mnist1d_dataset, train
+from keeper_bench.workload import mnist1d_dataset, train
 from keeper.zoo import Zoo
 
 

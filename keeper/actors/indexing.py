@@ -30,10 +30,15 @@ def pair_scores(parents: Sequence[MatchArrays], children: Sequence[MatchArrays])
     return out
 
 
-def symmetric_distance(a: Sequence[MatchArrays], b: Sequence[MatchArrays]) -> np.ndarray:
-    """``D[i, j] = 1 - (s(a_i -> b_j) + s(b_j -> a_i)) / 2``, in [0, 1]."""
-    ab = pair_scores(b, a).T   # s(b_j -> a_i): one call per a_i
-    ba = pair_scores(a, b)     # s(a_i -> b_j): one call per b_j
+def symmetric_distance(a: Sequence[MatchArrays], b: Sequence[MatchArrays] | None = None) -> np.ndarray:
+    """``D[i, j] = 1 - (s(a_i -> b_j) + s(b_j -> a_i)) / 2``, in [0, 1]; ``b`` None means ``a`` against itself
+    (half the alignments: both directions come from one score matrix)."""
+    if b is None:
+        ba = pair_scores(a, a)  # s(a_i -> a_j)
+        ab = ba.T
+    else:
+        ab = pair_scores(b, a).T   # s(b_j -> a_i): one call per a_i
+        ba = pair_scores(a, b)     # s(a_i -> b_j): one call per b_j
     return np.clip(1.0 - (ab + ba) / 2.0, 0.0, 1.0)
 
 
@@ -54,9 +59,7 @@ def fit_index(names: Sequence[str], arrays: dict[str, MatchArrays], *, k: int | 
         sample = sorted(rng.choice(np.array(names, dtype=object), fit_sample, replace=False).tolist())
     else:
         sample = list(names)
-    arr = [arrays[n] for n in sample]
-    s = pair_scores(arr, arr)
-    dist = np.clip(1.0 - (s + s.T) / 2.0, 0.0, 1.0)
+    dist = symmetric_distance([arrays[n] for n in sample])
     np.fill_diagonal(dist, 0.0)
     kk = min(k or default_k(len(names)), len(sample))
     index = ClusterIndex.fit(sample, dist, k=kk)

@@ -14,10 +14,6 @@ Invariants:
       since the last fit exceed ``clustering.recluster_stale`` x N; models that arrive meanwhile join their
       nearest medoid at once.
 
-Graph-only entries (:meth:`add_graph_only`) are an operations and benchmarking hook: match arrays without
-weights, held in memory only (never stored, gone after a restart), scored and clustered like any model but never
-chosen as a parent (``View.weighted`` is False for them).
-
 Plain class: the launcher makes it a Ray actor; unit tests use it directly.
 """
 
@@ -27,14 +23,14 @@ import logging
 import os
 import threading
 import uuid
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from keeper.actors.config import ServiceConfig
 from keeper.actors.indexing import fit_index, symmetric_distance
 from keeper.actors.snapshot import Shard, View
-from keeper.errors import AdmissionError, ModelNotFoundError, ServiceError, StoreError
+from keeper.errors import ModelNotFoundError, ServiceError, StoreError
 from keeper.matching import SIGNATURE_SIZE, MatchArrays, match_arrays
 from keeper.onnx_safety import ModelInput
 
@@ -67,7 +63,6 @@ class ZooManager:
         self._token = uuid.uuid4().hex[:8]
         self._seq = 0
         self._arrays: dict[str, MatchArrays] = {}
-        self._graph_only: dict[str, float] = {}      # name -> accuracy
         self._accuracy: dict[str, float] = {}
         self._loc: dict[str, tuple[str, int]] = {}   # name -> (shard id, row)
         self._shards: dict[str, Shard] = {}
@@ -110,7 +105,6 @@ class ZooManager:
     def _removed(self, name: str) -> None:
         self._arrays.pop(name, None)
         self._accuracy.pop(name, None)
-        self._graph_only.pop(name, None)
         self._loc.pop(name, None)
         if name in self._pending:
             self._pending.remove(name)
@@ -127,7 +121,6 @@ class ZooManager:
         for name in sorted(before - after):
             self._removed(name)
         for name in sorted(after - before):
-            self._graph_only.pop(name, None)
             self._added(name, match_arrays(self.zoo.graph(name)), float(self.zoo.record(name).accuracy))
 
     def _live(self) -> list[str]:
@@ -142,9 +135,6 @@ class ZooManager:
             StoreError: the store failed; what was stored before is intact.
         """
         with self._lock:
-            if name is not None and name in self._graph_only:
-                raise AdmissionError(f"model {name!r}: the name is held by a graph-only entry; remove it first "
-                                     "or pick another name")
             before = set(self.zoo.names())
             rec = self.zoo.register(model, accuracy, name)
             self._sync(before)
@@ -152,11 +142,8 @@ class ZooManager:
         return rec.to_json()
 
     def remove(self, name: str) -> None:
-        """Delete a model (or a graph-only entry)."""
+        """Delete a model."""
         with self._lock:
-            if name in self._graph_only:
-                self._removed(name)
-                return
             before = set(self.zoo.names())
             self.zoo.remove(name)
             self._sync(before)
@@ -165,8 +152,6 @@ class ZooManager:
     def hit(self, name: str) -> None:
         """Count one use of ``name`` as a parent; a model removed meanwhile is ignored."""
         with self._lock:
-            if name in self._graph_only:
-                return
             try:
                 self.zoo.hit(name)
             except ModelNotFoundError:
@@ -174,51 +159,10 @@ class ZooManager:
             except StoreError as exc:  # a hit only ages a model slower; never worth failing over
                 log.warning("zoo manager: could not count a hit of %r (%s)", name, exc)
 
-    def add_graph_only(self, names: Sequence[str], arrays: Sequence[MatchArrays],
-                       accuracies: Sequence[float] | None = None) -> int:
-        """Add match-only entries (no weights, memory only; see the module docstring). Returns how many.
-
-        Raises:
-            AdmissionError: a name is already in use, or the lists differ in length.
-        """
-        accuracies = list(accuracies) if accuracies is not None else [0.0] * len(names)
-        if not len(names) == len(arrays) == len(accuracies):
-            raise AdmissionError(f"add_graph_only: {len(names)} names, {len(arrays)} arrays and {len(accuracies)} "
-                                 "accuracies; give one of each per entry")
-        with self._lock:
-            taken = [n for n in names if n in self._arrays]
-            if taken or len(set(names)) != len(names):
-                raise AdmissionError(f"add_graph_only: names already in use or repeated: {sorted(taken)[:5]}; "
-                                     "graph-only names must be new and unique")
-            bulk = self._index is None or len(names) > len(self._arrays)
-            for n, a, acc in zip(names, arrays, accuracies):
-                self._graph_only[n] = float(acc)
-                if bulk:  # the re-fit below places them; skip k alignments each
-                    self._arrays[n], self._accuracy[n] = a, float(acc)
-                    self._pending.append(n)
-                    self._changes += 1
-                    self._dirty = True
-                else:
-                    self._added(n, a, float(acc))
-            if bulk:
-                self._index = None
-        self._maybe_refit(force=bulk)
-        return len(names)
-
-    def remove_graph_only(self, names: Sequence[str] | None = None) -> int:
-        """Drop graph-only entries (all of them when ``names`` is None); returns how many went."""
-        with self._lock:
-            gone = [n for n in (list(self._graph_only) if names is None else names) if n in self._graph_only]
-            for n in gone:
-                self._removed(n)
-        self._maybe_refit()
-        return len(gone)
-
     def reload(self) -> int:
-        """Re-read the whole zoo from the store (graph-only entries are dropped); returns the model count."""
+        """Re-read the whole zoo from the store; returns the model count."""
         with self._lock:
             self.zoo.reload()
-            self._graph_only.clear()
             self._load_all()
             return len(self._arrays)
 
@@ -296,7 +240,7 @@ class ZooManager:
             key=f"{self._token}-{self._seq}",
             names=np.array(names, dtype=str),
             accuracy=np.array([self._accuracy[n] for n in names], dtype=np.float64),
-            weighted=np.array([n not in self._graph_only for n in names], dtype=bool),
+            weighted=np.ones(len(names), dtype=bool),  # every model the manager holds has stored weights
             params=np.array([self._arrays[n].total for n in names], dtype=np.int64),
             shard=np.array([pos[self._loc[n][0]] for n in names], dtype=np.int32),
             row=np.array([self._loc[n][1] for n in names], dtype=np.int64),
@@ -349,8 +293,6 @@ class ZooManager:
         index = self._index
         return {
             "models": len(self._arrays),
-            "stored": len(self._arrays) - len(self._graph_only),
-            "graph_only": len(self._graph_only),
             "clusters": len(index.medoid_names) if index is not None else 0,
             "shards": len(self._shards),
             "fitting": bool(self._fitting is not None and self._fitting.is_alive()),

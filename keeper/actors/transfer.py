@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 
@@ -24,7 +23,7 @@ from keeper.graph import LayerGraph
 from keeper.onnx_safety import ModelInput
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 
-__all__ = ["warm_from_store", "store_for"]
+__all__ = ["warm_from_store", "read_parent", "store_for"]
 
 _stores: dict[str, object] = {}
 _stores_lock = threading.Lock()
@@ -40,21 +39,12 @@ def store_for(uri: str, fresh: bool = False):
         return _stores[uri]
 
 
-def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
-                    seed: int = 0, child_graph: LayerGraph | dict[str, np.ndarray] | None = None,
-                    **options: Any) -> WarmResult:
-    """Warm ``child`` from the zoo model ``parent`` stored at ``uri`` (the child's own weights when None).
-
-    ``child_graph``: the child's LayerGraph (or its ``to_arrays()``) when the caller has already extracted it,
-    so it is not extracted twice. ``options`` go to :func:`keeper.warm.warm_from_parent` (e.g. ``transfer_fn``).
+def read_parent(uri: str, parent: str) -> tuple[bytes, LayerGraph]:
+    """The zoo model ``parent`` stored at ``uri``: its ONNX bytes and its stored graph.
 
     Raises:
         ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
     """
-    if isinstance(child_graph, dict):
-        child_graph = LayerGraph.from_arrays(child_graph)
-    if parent is None:
-        return cold_result(child, child_graph)
     from keeper.zoo import GRAPH_EXTRA, graph_from_blob
 
     store = store_for(uri)
@@ -64,5 +54,23 @@ def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: floa
         # registered after this process opened the catalog: read it again once
         store = store_for(uri, fresh=True)
         blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
-    return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph_from_blob(graph_blob, lambda: blob),
-                            child_graph=child_graph, noise=noise, seed=seed, **options)
+    return blob, graph_from_blob(graph_blob, lambda: blob)
+
+
+def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
+                    seed: int = 0, child_graph: LayerGraph | dict[str, np.ndarray] | None = None) -> WarmResult:
+    """Warm ``child`` from the zoo model ``parent`` stored at ``uri`` (the child's own weights when None).
+
+    ``child_graph``: the child's LayerGraph (or its ``to_arrays()``) when the caller has already extracted it,
+    so it is not extracted twice.
+
+    Raises:
+        ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
+    """
+    if isinstance(child_graph, dict):
+        child_graph = LayerGraph.from_arrays(child_graph)
+    if parent is None:
+        return cold_result(child, child_graph)
+    blob, graph = read_parent(uri, parent)
+    return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph, child_graph=child_graph,
+                            noise=noise, seed=seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
 from keeper.transforms.kernel import fit_kernel
 from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
 
-__all__ = ["Transfer", "transfer"]
+__all__ = ["Transfer", "transfer", "transfer_layers", "LayerTensors"]
 
 _IN_AXIS_KINDS = (Kind.CONV, Kind.CONVT, Kind.LINEAR)
 
@@ -230,6 +231,28 @@ def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_m
     return np.asarray(t, dtype=ct.dtype), ops or ["copy"]
 
 
+#: One child layer's tensors as a per-layer rule gives them: role -> (array in canonical orientation, parent
+#: tensor key or None, operator).
+LayerTensors = dict[str, tuple[np.ndarray, str | None, str]]
+
+
+def transfer_layers(child: LayerGraph, layer: Callable[[int], LayerTensors]) -> Transfer:
+    """The child's tensors, layer by layer in canonical order: ``layer(c)`` gives every role of child layer ``c``.
+
+    Tied tensors (one initializer behind several layers): the first layer in canonical order writes the array;
+    the provenance is the last layer's. Arrays go back to each tensor's stored orientation (``to_source``).
+    """
+    out = Transfer()
+    for c in range(child.num_layers):
+        refs, values = child.tensors[c], layer(c)
+        for role, (_, src, op) in values.items():
+            out.provenance[_key(refs, role)] = (src, op)
+        for ref in refs:
+            if ref.key not in out.weights:
+                out.weights[ref.key] = to_source(ref, values[ref.role][0])
+    return out
+
+
 def transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: LayerGraph,
              child_inits: dict[str, np.ndarray], alignment: Alignment, *, noise: float = 0.0,
              seed: int = 0) -> Transfer:
@@ -247,49 +270,46 @@ def transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: Lay
     maps = _GroupMaps(parent, child, pairs, P, seed)
     rng = np.random.default_rng(seed)
     tails = new_branch_tails(child, pairs < 0)
-    out = Transfer()
-    for c in range(child.num_layers):
-        kind, refs, cvals = int(child.layer_kind[c]), child.tensors[c], C[c]
-        p = int(pairs[c])
-        values: dict[str, np.ndarray] = {}
-        if p >= 0:
-            out_map = maps.map(int(child.out_group[c]))
-            in_map = maps.map(int(child.in_group[c]))
-            pkeys = {r.role: r.key for r in parent.tensors[p]}
-            for role, ct in cvals.items():
-                if role not in P[p]:
-                    values[role], op, src = np.array(ct, copy=True), "init", None
-                else:
-                    values[role], ops = _inherit(kind, role, P[p][role], ct, out_map, in_map,
-                                                 maps.parent_size(int(child.in_group[c])))
-                    f = maps.factors(int(child.out_group[c])) if role in ("weight", "bias") else None
-                    if f is not None and values[role].shape[:1] == f.shape:
-                        # one pass in the tensor's own dtype (a float64 product and a cast back cost three)
-                        values[role] = values[role] * f.astype(ct.dtype).reshape((-1,) + (1,) * (ct.ndim - 1))
-                        ops.append("attention-scale")
-                    op, src = "+".join(ops), pkeys[role]
-                    if noise > 0 and role == "weight":
-                        values[role] = values[role] + rng.normal(0.0, noise * float(values[role].std() or 1.0),
-                                                                 values[role].shape).astype(ct.dtype)
-                out.provenance[_key(refs, role)] = (src, op)
-        else:
-            attrs = child.attrs[c] if c < len(child.attrs) else {}
-            filled, op = None, "init"
-            if c in tails:
-                filled, op = zero_fill(kind, cvals), "zero"
-            elif _same_map(maps, child, c):
-                filled = identity_fill(kind, cvals, epsilon=attrs.get("epsilon", 1e-5), strides=attrs.get("strides"))
-                op = "identity" if filled is not None else "init"
-            for role, ct in cvals.items():
-                v = filled[role] if filled is not None and role in filled else np.array(ct, copy=True)
-                if noise > 0 and role == "weight" and filled is not None:
-                    v = v + rng.normal(0.0, noise * float(np.std(ct) or 1.0), v.shape).astype(ct.dtype)
-                values[role] = v
-                out.provenance[_key(refs, role)] = (None, op if filled is not None and role in filled else "init")
-        for ref in refs:
-            if ref.key not in out.weights:  # tied tensors: the first layer in canonical order writes
-                out.weights[ref.key] = to_source(ref, values[ref.role])
-    return out
+
+    def inherited(c: int, p: int) -> LayerTensors:
+        kind, cvals = int(child.layer_kind[c]), C[c]
+        out_map = maps.map(int(child.out_group[c]))
+        in_map = maps.map(int(child.in_group[c]))
+        pkeys = {r.role: r.key for r in parent.tensors[p]}
+        values: LayerTensors = {}
+        for role, ct in cvals.items():
+            if role not in P[p]:
+                values[role] = (np.array(ct, copy=True), None, "init")
+                continue
+            v, ops = _inherit(kind, role, P[p][role], ct, out_map, in_map, maps.parent_size(int(child.in_group[c])))
+            f = maps.factors(int(child.out_group[c])) if role in ("weight", "bias") else None
+            if f is not None and v.shape[:1] == f.shape:
+                # one pass in the tensor's own dtype (a float64 product and a cast back cost three)
+                v = v * f.astype(ct.dtype).reshape((-1,) + (1,) * (ct.ndim - 1))
+                ops.append("attention-scale")
+            if noise > 0 and role == "weight":
+                v = v + rng.normal(0.0, noise * float(v.std() or 1.0), v.shape).astype(ct.dtype)
+            values[role] = (v, pkeys[role], "+".join(ops))
+        return values
+
+    def new(c: int) -> LayerTensors:
+        kind, cvals = int(child.layer_kind[c]), C[c]
+        attrs = child.attrs[c] if c < len(child.attrs) else {}
+        filled, op = None, "init"
+        if c in tails:
+            filled, op = zero_fill(kind, cvals), "zero"
+        elif _same_map(maps, child, c):
+            filled = identity_fill(kind, cvals, epsilon=attrs.get("epsilon", 1e-5), strides=attrs.get("strides"))
+            op = "identity" if filled is not None else "init"
+        values: LayerTensors = {}
+        for role, ct in cvals.items():
+            v = filled[role] if filled is not None and role in filled else np.array(ct, copy=True)
+            if noise > 0 and role == "weight" and filled is not None:
+                v = v + rng.normal(0.0, noise * float(np.std(ct) or 1.0), v.shape).astype(ct.dtype)
+            values[role] = (v, None, op if filled is not None and role in filled else "init")
+        return values
+
+    return transfer_layers(child, lambda c: inherited(c, int(pairs[c])) if pairs[c] >= 0 else new(c))
 
 
 def _key(refs, role: str) -> str:

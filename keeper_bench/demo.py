@@ -2,28 +2,19 @@
 
 Twelve 1-D CNN architectures (VGG-style and ResNet, varied width, depth and kernel) arrive one after another
 and are trained through Ray Tune two at a time. The keeper run adds ``KeeperCallback`` and one ``warm_start``
-line (see :mod:`keeper.nas`), with a fresh zoo on local disk. Prints a table and the speedup, writes
+line (see :mod:`keeper_bench.nas`), with a fresh zoo on local disk. Prints a table and the speedup, writes
 ``demo.png`` (accuracy against training steps, cold vs warm) and ``demo.json`` into the output directory.
+
+:mod:`keeper.cli` parses the command's arguments and imports this module only when ``keeper demo`` runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 
-__all__ = ["add_command", "run_demo"]
-
-
-def add_command(sub: argparse._SubParsersAction) -> None:
-    d = sub.add_parser("demo", help="small NAS on MNIST-1D, cold vs warm-started (local Ray, a few minutes)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("--out", default="keeper-demo", help="output directory (zoo, Tune results, demo.png)")
-    d.add_argument("--archs", type=int, default=12)
-    d.add_argument("--steps", type=int, default=300, help="training steps per trial")
-    d.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray (also the trials run at once)")
-    d.set_defaults(fn=lambda args: run_demo(args.out, archs=args.archs, steps=args.steps, cpus=args.cpus) and 0)
+__all__ = ["run_demo"]
 
 
 def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpus: int = 2) -> dict:
@@ -33,7 +24,7 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # keep Tune's own tables out of the demo's output
     import ray
 
-    from keeper.nas import NasRun, arch_label, arrivals, records_to_json, run_arm, steps_to_target, summarize
+    from keeper_bench.nas import NasRun, arch_label, arrivals, records_to_json, run_arm, steps_to_target, summarize
 
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)

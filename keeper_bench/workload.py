@@ -2,14 +2,14 @@
 
 MNIST-1D (Greydanus, 2020) is generated offline here with the ``mnist1d`` package's generator, never downloaded:
 10 classes of 40-sample signals, 80% train / 20% test. Inputs are ``(N, 1, 40)`` float32, so one dataset serves
-every family of :mod:`keeper.families` (the transformer and the MLP accept that shape too).
+every family of :mod:`keeper_bench.families` (the transformer and the MLP accept that shape too).
 
 :func:`train` runs Adam with a cosine-decayed learning rate over a fixed number of steps and evaluates test
 accuracy every ``eval_every`` steps; steps-to-target is what a warm start should shorten. It does not touch
 ``torch.set_num_threads``: that is the caller's choice.
 
 Example:
-    >>> from keeper.families import build, default_spec
+    >>> from keeper_bench.families import build, default_spec
     >>> data = mnist1d_dataset()
     >>> history = train(build(default_spec("mlp")), data, steps=100)  # doctest: +SKIP
     >>> history.final_accuracy > 0.2                                   # doctest: +SKIP
@@ -162,7 +162,7 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
 
     Args:
         steps: optimizer steps to run (fewer when ``stop_at_target`` stops early).
-        lr: Adam's peak learning rate; 3e-3 trains every family in :mod:`keeper.families` well.
+        lr: Adam's peak learning rate; 3e-3 trains every family in :mod:`keeper_bench.families` well.
         target: the test accuracy that ``steps_to_target`` records reaching.
         stop_at_target: stop at the first evaluation that reaches ``target``.
         device: where to train; None keeps the model where it is. The model is moved there.

@@ -109,15 +109,15 @@ def _validate(spec: dict) -> dict:
     """A complete copy of ``spec`` (optional keys filled), or InvalidModelError naming the bad key."""
     if not isinstance(spec, dict):
         raise InvalidModelError(f"model spec must be a dict, got {type(spec).__name__}; build one with "
-                                "keeper.families.default_spec(family)")
+                                "keeper_bench.families.default_spec(family)")
     family = spec.get("family")
     if family not in FAMILIES:
-        raise _bad("family", f"one of {FAMILIES}", family, "pick a family keeper.families builds")
+        raise _bad("family", f"one of {FAMILIES}", family, "pick a family keeper_bench.families builds")
     allowed = _COMMON + _KEYS[family] + tuple(_OPTIONAL.get(family, {}))
     missing = [k for k in _COMMON + _KEYS[family] if k not in spec]
     if missing:
         raise InvalidModelError(f"model spec for {family!r}: missing keys {missing}; a {family} spec needs "
-                                f"{list(_COMMON + _KEYS[family])} (see keeper.families.default_spec)")
+                                f"{list(_COMMON + _KEYS[family])} (see keeper_bench.families.default_spec)")
     unknown = sorted(k for k in spec if k not in allowed)
     if unknown:
         raise InvalidModelError(f"model spec for {family!r}: unknown keys {unknown}; allowed keys are "
@@ -479,7 +479,7 @@ def _fit(family: str, st: dict, common: dict, target: float, max_macs: float | N
 
 def _common(family: str, dim: int, in_channels: int, num_classes: int, input_length: int) -> dict:
     if family not in FAMILIES:
-        raise _bad("family", f"one of {FAMILIES}", family, "pick a family keeper.families builds")
+        raise _bad("family", f"one of {FAMILIES}", family, "pick a family keeper_bench.families builds")
     return {"family": family, "dim": dim, "in_channels": in_channels, "num_classes": num_classes,
             "input_length": input_length}
 
@@ -525,7 +525,7 @@ def sample_spec(rng: np.random.Generator, family: str, *, dim: int = 1, in_chann
         True
     """
     if scale not in SCALES:
-        raise _bad("scale", f"one of {tuple(SCALES)}", scale, "pick a scale keeper.families knows")
+        raise _bad("scale", f"one of {tuple(SCALES)}", scale, "pick a scale keeper_bench.families knows")
     common = _common(family, dim, in_channels, num_classes, input_length)
     lo, hi = SCALES[scale]
     st = _structure(family, rng, input_length)

@@ -1,7 +1,7 @@
 """A NAS experiment on MNIST-1D through Ray Tune, run once per arm (cold, keeper, baselines): what the demo and
 ``scripts/bench_training.py`` measure.
 
-Architectures arrive in a fixed order (a seeded random walk over :mod:`keeper.families`: each family's first
+Architectures arrive in a fixed order (a seeded random walk over :mod:`keeper_bench.families`: each family's first
 model is sampled, later ones mutate an earlier model by one width, depth or kernel step, as an evolutionary
 NAS does). Tune runs them in that order, ``concurrency`` at a time, so a trial can inherit only from trials
 that finished before it started. Every arm trains the same architectures from the same initial weights, data
@@ -11,7 +11,8 @@ Arms:
     cold: no warm start.
     keeper: ``warm_start`` from the arm's own zoo (accuracy-aware parent choice, keeper's operators).
     keeper-no-accuracy: the same with the highest-similarity parent, accuracy ignored.
-    published: keeper's parent choice, the published system's operators (:func:`keeper.baselines.published_transfer`).
+    published: keeper's parent choice, the published system's operators
+        (:func:`keeper_bench.baselines.published_transfer`).
     name-shape: keeper's parent choice, then ``load_state_dict`` of the tensors whose name and shape match.
 
 Steps to target: the first evaluated step at which a trial reaches its target accuracy, the accuracy the cold
@@ -90,7 +91,7 @@ def arch_label(spec: dict) -> str:
 
 def arrivals(n: int, seed: int = 0, families: tuple[str, ...] = ("vgg", "resnet", "mlp", "transformer")) -> list[dict]:
     """``n`` distinct architectures in arrival order, families interleaved (see the module docstring)."""
-    from keeper.families import neighbours, sample_spec
+    from keeper_bench.families import neighbours, sample_spec
 
     rng = np.random.default_rng(seed)
     seen: set[str] = set()
@@ -122,9 +123,7 @@ def arrivals(n: int, seed: int = 0, families: tuple[str, ...] = ("vgg", "resnet"
 def _service(arm: str, seed: int, workdir: str, run: NasRun) -> dict:
     return {"zoo": os.path.join(workdir, f"zoo-{arm}-s{seed}"), "namespace": f"nas-{arm}-s{seed}-{uuid.uuid4().hex[:6]}",
             "matchers": 1, "noise": run.noise, "seed": seed,
-            "selection": {"accuracy_aware": arm != "keeper-no-accuracy"},
-            # trials hold the CPUs: the service's helpers must not wait for one
-            "actors": {"matcher": {"num_cpus": 0.0}, "transfer": {"num_cpus": 0.0}}}
+            "selection": {"accuracy_aware": arm != "keeper-no-accuracy"}}
 
 
 def _warm(arm: str, model: Any, example: Any, service: dict, run: NasRun, states: str, seed: int) -> dict:
@@ -135,25 +134,23 @@ def _warm(arm: str, model: Any, example: Any, service: dict, run: NasRun, states
         r = warm_start(model, example, config=service, dynamo=run.dynamo)
         return {"parent": r.parent or "", "score": float(r.score)}
     exported, choice = ask_parent(model, example, config=service, dynamo=run.dynamo)
-    parent = choice["parent"]
+    parent = choice.parent
     if parent is None:
         return {"parent": "", "score": 0.0}
     if arm == "published":
-        from keeper.actors.transfer import warm_from_store
-        from keeper.baselines import PUBLISHED_NOISE, published_transfer
         from keeper.torch_support import load_result
+        from keeper_bench.baselines import published_warm_from_store
 
-        r = warm_from_store(choice["uri"], parent, exported.onnx, PUBLISHED_NOISE, seed,
-                            transfer_fn=published_transfer)
+        r = published_warm_from_store(choice.uri, parent, exported.onnx, seed=seed)
         load_result(model, r, exported.keys)
         return {"parent": parent, "score": float(r.score)}
     if arm == "name-shape":
         import torch
 
-        from keeper.baselines import name_shape_load
+        from keeper_bench.baselines import name_shape_load
 
         name_shape_load(model, torch.load(os.path.join(states, f"{parent}.pt"), weights_only=True))
-        return {"parent": parent, "score": float(choice["score"])}
+        return {"parent": parent, "score": float(choice.score)}
     raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS}")
 
 
@@ -164,8 +161,8 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         import torch
         from ray import tune
 
-        from keeper.families import build, example_input
-        from keeper.workload import train
+        from keeper_bench.families import build, example_input
+        from keeper_bench.workload import train
 
         torch.set_num_threads(1)
         i = int(config["index"])
@@ -195,7 +192,7 @@ def _dataset(run: NasRun) -> Any:
     """An object reference to the run's MNIST-1D dataset (generated once per driver and Ray session)."""
     import ray
 
-    from keeper.workload import mnist1d_dataset
+    from keeper_bench.workload import mnist1d_dataset
 
     key = (run.data_seed, run.num_samples)
     if key not in _datasets:
@@ -214,7 +211,7 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
     from ray import tune
 
     from keeper.actors.launcher import shutdown
-    from keeper.families import num_params
+    from keeper_bench.families import num_params
     from keeper.tune_integration import KeeperCallback
 
     if arm not in ARMS:
@@ -263,7 +260,7 @@ def _progress_class():
             self.arm, self.specs, self.fn = arm, specs, fn
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            from keeper.families import num_params
+            from keeper_bench.families import num_params
 
             if "history" in result:
                 self.fn(self.arm, _record(self.specs, result, num_params))
