@@ -4,18 +4,27 @@ Invariant: with ``noise=0``, when the child only widens, deepens by identity-abl
 relative to the parent, the child computes the parent's function. Width maps are chosen per channel group, never
 per layer, so every tensor sharing a channel dimension (residual streams, concatenations, norms and their running
 statistics, depthwise convs) agrees on which parent unit each child unit copies.
+
+Precision and memory: parent and child may hold float32, float16 or bfloat16, alike or mixed. Steps that only move
+values (copies, unit selection, kernel pads and crops) run in the parent's dtype; steps that divide or scale
+(input division after widening, attention factors, noise) run in float32 for a low-precision tensor, and each
+result is cast once to the child's dtype. Tensors are produced one at a time, each parent tensor read only when
+its child tensor is made (parent arrays may be memory-mapped), and a ``sink`` can take each child tensor as soon
+as it exists, so the transform holds at most the child's weights plus one tensor (one tensor with a sink).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
+import ml_dtypes
 import numpy as np
 
 from keeper.graph import Kind, LayerGraph
 from keeper.matching import Alignment
-from keeper.onnx_weights import layer_arrays, to_source
+from keeper.onnx_weights import canonical, layer_arrays, to_source
 from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
 from keeper.transforms.kernel import fit_kernel
 from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
@@ -23,6 +32,14 @@ from keeper.transforms.width import take_inputs, take_units, take_units_and_inpu
 __all__ = ["Transfer", "transfer"]
 
 _IN_AXIS_KINDS = (Kind.CONV, Kind.CONVT, Kind.LINEAR)
+# dtypes whose arithmetic keeper runs in float32 (bfloat16 keeps 8 bits of mantissa: a division by a replication
+# count or a product with an attention factor in it would round the function away)
+_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _wide(a: np.ndarray) -> np.ndarray:
+    """``a`` in float32 when its dtype is low-precision, else ``a`` itself."""
+    return a.astype(np.float32) if a.dtype in _LOW_PRECISION else a
 
 
 @dataclass
@@ -215,6 +232,8 @@ def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_m
     if take_in:
         grow_in = len(in_map) > t.shape[1]
         ops.append("widen-in" if grow_in else "shrink-in")
+    if take_in and grow_in:
+        t = _wide(t)  # the input division runs in float32
     if take_out and take_in:
         t = take_units_and_inputs(t, out_map, in_map, parent_in if grow_in else None)
     elif take_out:
@@ -227,29 +246,35 @@ def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_m
     if t.shape != ct.shape:
         ops.append("slice")
         t = _fit(t, ct)
-    return np.asarray(t, dtype=ct.dtype), ops or ["copy"]
+    return t, ops or ["copy"]
 
 
-def transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: LayerGraph,
-             child_inits: dict[str, np.ndarray], alignment: Alignment, *, noise: float = 0.0,
-             seed: int = 0) -> Transfer:
+def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: LayerGraph,
+             child_inits: Mapping[str, np.ndarray], alignment: Alignment, *, noise: float = 0.0,
+             seed: int = 0, sink: Callable[[str, np.ndarray], None] | None = None) -> Transfer:
     """Child weights warmed from the parent along ``alignment``.
 
     Args:
-        parent_inits / child_inits: initializer name -> array, as read from each model.
+        parent_inits / child_inits: initializer name -> array, as read from each model (memory-mapped arrays
+            are read tensor by tensor; a child tensor's values are read only where the child keeps them).
         noise: relative std of Gaussian noise added to each warmed weight tensor (0 keeps the function).
         seed: seeds the unit maps and the noise.
+        sink: when given, called with (key, array in the child's dtype) for each child tensor as soon as it is
+            made, and ``weights`` stays empty (streaming to a file).
 
-    Returns a :class:`Transfer` covering every tensor of every child layer; inputs are not modified.
+    Returns a :class:`Transfer` covering every tensor of every child layer; inputs are not modified. Tensors the
+    child keeps (operator ``init``) are the child's own arrays, not copies.
     """
-    P, C = layer_arrays(parent, parent_inits), layer_arrays(child, child_inits)
+    P = layer_arrays(parent, parent_inits)
     pairs = np.asarray(alignment.pairs)
     maps = _GroupMaps(parent, child, pairs, P, seed)
     rng = np.random.default_rng(seed)
     tails = new_branch_tails(child, pairs < 0)
     out = Transfer()
+    done: set[str] = set()
     for c in range(child.num_layers):
-        kind, refs, cvals = int(child.layer_kind[c]), child.tensors[c], C[c]
+        kind, refs = int(child.layer_kind[c]), child.tensors[c]
+        cvals = {ref.role: canonical(ref, child_inits) for ref in refs}
         p = int(pairs[c])
         values: dict[str, np.ndarray] = {}
         if p >= 0:
@@ -258,19 +283,21 @@ def transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: Lay
             pkeys = {r.role: r.key for r in parent.tensors[p]}
             for role, ct in cvals.items():
                 if role not in P[p]:
-                    values[role], op, src = np.array(ct, copy=True), "init", None
+                    values[role], op, src = ct, "init", None
                 else:
                     values[role], ops = _inherit(kind, role, P[p][role], ct, out_map, in_map,
                                                  maps.parent_size(int(child.in_group[c])))
                     f = maps.factors(int(child.out_group[c])) if role in ("weight", "bias") else None
                     if f is not None and values[role].shape[:1] == f.shape:
-                        # one pass in the tensor's own dtype (a float64 product and a cast back cost three)
-                        values[role] = values[role] * f.astype(ct.dtype).reshape((-1,) + (1,) * (ct.ndim - 1))
+                        # one pass in float32 or the tensor's own wider dtype (a float64 product and a cast back
+                        # cost three)
+                        v = _wide(values[role])
+                        values[role] = v * f.astype(v.dtype).reshape((-1,) + (1,) * (ct.ndim - 1))
                         ops.append("attention-scale")
                     op, src = "+".join(ops), pkeys[role]
                     if noise > 0 and role == "weight":
-                        values[role] = values[role] + rng.normal(0.0, noise * float(values[role].std() or 1.0),
-                                                                 values[role].shape).astype(ct.dtype)
+                        v = _wide(values[role])
+                        values[role] = v + rng.normal(0.0, noise * float(v.std() or 1.0), v.shape).astype(v.dtype)
                 out.provenance[_key(refs, role)] = (src, op)
         else:
             attrs = child.attrs[c] if c < len(child.attrs) else {}
@@ -281,14 +308,21 @@ def transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: Lay
                 filled = identity_fill(kind, cvals, epsilon=attrs.get("epsilon", 1e-5), strides=attrs.get("strides"))
                 op = "identity" if filled is not None else "init"
             for role, ct in cvals.items():
-                v = filled[role] if filled is not None and role in filled else np.array(ct, copy=True)
+                v = filled[role] if filled is not None and role in filled else ct
                 if noise > 0 and role == "weight" and filled is not None:
-                    v = v + rng.normal(0.0, noise * float(np.std(ct) or 1.0), v.shape).astype(ct.dtype)
+                    v = _wide(v)
+                    v = v + rng.normal(0.0, noise * float(np.std(_wide(ct)) or 1.0), v.shape).astype(v.dtype)
                 values[role] = v
                 out.provenance[_key(refs, role)] = (None, op if filled is not None and role in filled else "init")
         for ref in refs:
-            if ref.key not in out.weights:  # tied tensors: the first layer in canonical order writes
-                out.weights[ref.key] = to_source(ref, values[ref.role])
+            if ref.key not in done:  # tied tensors: the first layer in canonical order writes
+                done.add(ref.key)
+                value = to_source(ref, np.asarray(values[ref.role], dtype=cvals[ref.role].dtype))
+                if sink is None:
+                    out.weights[ref.key] = value
+                else:
+                    sink(ref.key, value)
+        del values, cvals  # with a sink, nothing of this layer outlives it
     return out
 
 
