@@ -122,7 +122,7 @@ def _cmd_warm(args) -> int:
     print(f"wrote {args.output}")
     if result.unset:
         print(f"{len(result.unset)} tensors get no value from the parent and the model came without weights; they "
-              f"are not in {args.output}: initialise them yourself (first: {result.unset[0]})")
+              f"are zeros in {args.output}: initialise them yourself (first: {result.unset[0]})")
     return 0
 
 

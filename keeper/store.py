@@ -366,13 +366,15 @@ class ModelStore:
     # -- public API
     def put(self, name: str, blob: bytes, *, accuracy: float, num_params: int, summary: dict,
             extras: Mapping[str, bytes | os.PathLike] | None = None,
-            content_extras: tuple[str, ...] = ()) -> tuple[ModelRecord, bool]:
+            content_extras: tuple[str, ...] = (), known_checksums: Mapping[str, str] | None = None
+            ) -> tuple[ModelRecord, bool]:
         """Store a model under ``name``: blobs first, the catalog entry last.
 
         Args:
             extras: extra name -> bytes, or a local file's path (streamed; weights of any size).
             content_extras: extras that are part of the model's content (its weights), not derived from it: they
                 count in ``nbytes`` and in what "this exact content" means.
+            known_checksums: sha256 of extras the caller has just computed (a large file is then read once less).
 
         Returns:
             ``(record, created)``; ``created`` is False when ``name`` already holds this exact content
@@ -400,7 +402,8 @@ class ModelStore:
         if unknown:
             raise AdmissionError(f"model {name!r}: content extras {unknown} are not among the extras given")
         checksum = sha256(blob)
-        sums = {e: sha256(data) for e, data in extras.items()}
+        known = dict(known_checksums or {})
+        sums = {e: known[e] if e in known else sha256(data) for e, data in extras.items()}
         with self._write_lock:
             existing = self._read_record(name)
             if existing is not None:
@@ -420,6 +423,10 @@ class ModelStore:
             self._write(keys[0], blob)
             for e, key in zip(rec.extras, keys[1:]):
                 self._write(key, extras[e])
+                if isinstance(extras[e], os.PathLike) and isinstance(self._fs, pafs.LocalFileSystem):
+                    # copied from a file just hashed: checked once, as extra_path would check it
+                    st = os.stat(self._path(key))
+                    _VERIFIED.add((self._path(key), st.st_size, st.st_mtime_ns, sums[e]))
             self._write_record(rec)  # the commit point
         return rec, True
 

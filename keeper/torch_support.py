@@ -361,11 +361,21 @@ def load_warm(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple
             dst = state[sd_key]
             if tuple(arr.shape) != tuple(dst.shape):
                 arr = arr.reshape(dst.shape)
-            dst.copy_(torch.from_numpy(np.array(arr, copy=True)).to(device=dst.device, dtype=dst.dtype))  # a writable copy
+            dst.copy_(_as_tensor(arr))  # copy_ converts dtype and device in one pass
             done.add(sd_key)
     result.unexpected = sorted(set(unexpected) | {k for k in result.mapping if k not in keys})
     result.missing = sorted(k for k in state if k not in done)
     return result
+
+
+def _as_tensor(arr: np.ndarray) -> torch.Tensor:
+    """A CPU tensor sharing ``arr``'s memory (read only here: the caller copies out of it)."""
+    arr = np.ascontiguousarray(arr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns about read-only arrays; nothing writes through this tensor
+        if arr.dtype == np.dtype(ml_dtypes.bfloat16):
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
 
 
 def warm_start(module: torch.nn.Module, example_input: Any, zoo_or_handle: Any, *, noise: float | None = None,

@@ -93,14 +93,14 @@ class WarmResult:
 
 
 def _read(model: ModelInput, weights: WeightsInput | None, what: str) -> tuple[onnx.ModelProto, dict, list[str]]:
-    """The checked proto, its weights, and the data-less initializers that got no value (zeros stand in, so the
-    transform sees their shapes: np.zeros takes pages the OS zeroes lazily, never touched unless read)."""
+    """The checked proto, its weights, and the data-less initializers that got no value (a zero broadcast to the
+    shape stands in, so the transform sees shape and dtype; it takes no memory)."""
     proto = load_model(model, what=what, weights_apart=weights is not None)
     if weights is not None or not apart_specs(proto):
         return proto, model_weights(proto, weights, what), []
     arrays = model_weights(_without_apart(proto), None, what)
     specs = apart_specs(proto)
-    arrays.update({k: np.zeros(shape, dtype) for k, (dtype, shape) in specs.items()})
+    arrays.update({k: np.broadcast_to(np.zeros((), dtype), shape) for k, (dtype, shape) in specs.items()})
     return proto, arrays, sorted(specs)
 
 
@@ -159,8 +159,8 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
         weights = dict(cweights)
         weights.update(moved.weights)
     else:
-        moved = _transfer_to_file(transfer_fn, pg, pweights, cg, cweights, al, noise, seed, out)
-        weights = dict(SafeTensors(out, "warmed weights"))
+        moved = _transfer_to_file(transfer_fn, pg, pweights, cg, cweights, al, noise, seed, out, set(unset))
+        weights = dict(SafeTensors(out, "warmed weights"))  # read-only memory-mapped views
     unset = [k for k in unset if moved.provenance.get(k, (None, "init"))[1] == "init"]
     for k in unset:
         weights.pop(k, None)
@@ -168,21 +168,23 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
 
 
 def _transfer_to_file(transfer_fn, pg, pweights, cg, cweights: Mapping[str, np.ndarray], al, noise, seed,
-                      out) -> Transfer:
+                      out, unset: set[str]) -> Transfer:
     """The transfer with each child tensor written to ``out`` as it is made; tensors no layer reads (not in the
-    LayerGraph) are copied from the child afterwards."""
+    LayerGraph) are copied from the child afterwards. ``unset`` tensors the parent does not supply are left as
+    zeros in the file (never materialised)."""
     specs = {k: (np.asarray(v).dtype, np.shape(v)) for k, v in cweights.items()}
     for refs in cg.tensors:
         for r in refs:
             if r.key not in specs and r.source in specs:  # an untied alias gets a tensor of its own
                 specs[r.key] = (specs[r.source][0], _op_shape(r))
     written: set[str] = set()
-    with SafeTensorsWriter(out, specs) as w:
+    with SafeTensorsWriter(out, specs, missing_as_zeros=bool(unset)) as w:
         def sink(key: str, value: np.ndarray) -> None:
-            w.write(key, value)
             written.add(key)
+            if not (key in unset and value is cweights[key]):  # the placeholder: its bytes stay zero
+                w.write(key, value)
         moved = transfer_fn(pg, pweights, cg, cweights, al, noise=noise, seed=seed, sink=sink)
-        for k in specs.keys() - written:
+        for k in specs.keys() - written - unset:
             w.write(k, cweights[k])
     return moved
 

@@ -171,10 +171,14 @@ class SafeTensorsWriter:
     """
 
     def __init__(self, path: str | os.PathLike, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
-                 metadata: Mapping[str, str] | None = None):
+                 metadata: Mapping[str, str] | None = None, *, missing_as_zeros: bool = False):
+        """``missing_as_zeros``: tensors never written read as zeros (the file is sparse there) instead of
+        :meth:`close` refusing them."""
         self.path = os.fspath(path)
+        self.missing_as_zeros = missing_as_zeros
         header: dict = {"__metadata__": dict(metadata)} if metadata else {}
         self._slots: dict[str, tuple[np.dtype, tuple[int, ...], int]] = {}
+        self._left: dict[str, int] = {}  # bytes of each tensor not yet written
         offset = 0
         for name in sorted(specs):
             dtype, shape = np.dtype(specs[name][0]), tuple(int(d) for d in specs[name][1])
@@ -182,11 +186,11 @@ class SafeTensorsWriter:
             header[name] = {"dtype": dtype_code(dtype, name), "shape": list(shape),
                             "data_offsets": [offset, offset + size]}
             self._slots[name] = (dtype, shape, offset)
+            self._left[name] = size
             offset += size
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as the safetensors library writes it
         self._start = 8 + len(raw)
-        self._pending = set(self._slots)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.pwrite(self._fd, struct.pack("<Q", len(raw)) + raw, 0)
@@ -195,20 +199,25 @@ class SafeTensorsWriter:
             os.close(self._fd)
             raise
 
-    def write(self, name: str, value: np.ndarray) -> None:
-        """Store ``value`` (cast to the declared dtype) as tensor ``name``."""
+    def write(self, name: str, value: np.ndarray, start: int = 0) -> None:
+        """Store ``value`` (cast to the declared dtype) as tensor ``name``, or as its rows ``start...`` along the
+        first axis (a tensor larger than memory written in slices)."""
         if name not in self._slots:
             raise InvalidWeightsError(f"{self.path}: tensor {name!r} was not declared; declared "
                                       f"{sorted(self._slots)[:5]}...")
         dtype, shape, offset = self._slots[name]
         arr = np.ascontiguousarray(np.asarray(value, dtype=dtype))
-        if arr.shape != shape:
-            raise InvalidWeightsError(f"{self.path}: tensor {name!r} has shape {arr.shape}, declared {shape}")
+        whole = start == 0 and arr.shape == shape
+        if not whole and not (arr.ndim == len(shape) >= 1 and arr.shape[1:] == shape[1:]
+                              and 0 <= start and start + arr.shape[0] <= shape[0]):
+            raise InvalidWeightsError(f"{self.path}: tensor {name!r} has shape {arr.shape} at row {start}, declared "
+                                      f"{shape}")
+        row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize if shape else 0
         view = memoryview(arr.reshape(-1).view(np.uint8))
         done = 0
         while done < len(view):  # pwrite may write less than asked for large buffers
-            done += os.pwrite(self._fd, view[done:], self._start + offset + done)
-        self._pending.discard(name)
+            done += os.pwrite(self._fd, view[done:], self._start + offset + start * row + done)
+        self._left[name] -= len(view)
 
     def close(self) -> None:
         """Close the file; every declared tensor must have been written."""
@@ -216,8 +225,8 @@ class SafeTensorsWriter:
             return
         os.close(self._fd)
         self._fd = -1
-        if self._pending:
-            missing = sorted(self._pending)
+        missing = sorted(k for k, left in self._left.items() if left > 0)
+        if missing and not self.missing_as_zeros:
             raise InvalidWeightsError(f"{self.path}: {len(missing)} declared tensors were never written "
                                       f"(first: {missing[0]!r})")
 

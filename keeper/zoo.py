@@ -243,7 +243,8 @@ class Zoo:
             extras[WEIGHTS_EXTRA] = Path(wpath)
         rec, created = self.store.put(name, blob, accuracy=acc, num_params=graph.total_params,
                                       summary=graph.summary(), extras=extras,
-                                      content_extras=(WEIGHTS_EXTRA,) if wpath is not None else ())
+                                      content_extras=(WEIGHTS_EXTRA,) if wpath is not None else (),
+                                      known_checksums={WEIGHTS_EXTRA: wsum} if wsum is not None else None)
         if created:
             self._cache(name, graph)
             self._evict(protect=name)

@@ -512,3 +512,59 @@ def test_dtypes_are_kept_and_mixed_pairs_preserve_the_function(tmp_path, pdtype,
     want = mlp_forward(pweights, x, 2)
     got = mlp_forward(result.weights, x, 2)
     assert float(np.abs(got - want).max() / np.abs(want).max()) <= tol
+
+
+def embedding_graph(vocab: int, dim: int, classes: int, extra: bool = False) -> bytes:
+    """ids -> Gather(table) [-> MatMul(square, identity-able)] -> MatMul(head): a tiny graph over a large table,
+    every float initializer without data (the weights travel apart)."""
+    def w(name: str, *dims: int) -> TensorProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims)) and TensorProto(
+            name=name, data_type=TensorProto.FLOAT, dims=list(dims))
+    inits = [w("table", vocab, dim), w("head", dim, classes)]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed")]
+    x = "e"
+    if extra:
+        inits.append(w("mix", dim, dim))
+        nodes.append(helper.make_node("MatMul", [x, "mix"], ["m"], name="mix"))
+        x = "m"
+    nodes.append(helper.make_node("MatMul", [x, "head"], ["y"], name="head"))
+    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, classes])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_a_model_past_two_gib_registers_and_warms_memory_mapped(tmp_path):
+    """A 2.15 GB embedding table (past protobuf's limit) with a tiny graph: registered from a safetensors file and
+    warmed into a deeper child streamed to a file, the table never materialised (numpy allocates a few MB)."""
+    import tracemalloc
+
+    from keeper.weights import SafeTensorsWriter
+
+    vocab, dim, classes = 2**19 + 1024, 1024, 8
+    assert vocab * dim * 4 > 2**31
+    rng = np.random.default_rng(0)
+    chunk = rng.standard_normal((4096, dim)).astype(np.float32)  # written again and again: the file, not RAM
+    head = rng.standard_normal((dim, classes)).astype(np.float32)
+    wfile = tmp_path / "parent.safetensors"
+    with SafeTensorsWriter(wfile, {"table": (np.float32, (vocab, dim)), "head": (np.float32, (dim, classes))}) as wr:
+        for start in range(0, vocab, len(chunk)):
+            wr.write("table", chunk[: vocab - start], start)
+        wr.write("head", head)
+    zoo = Zoo(str(tmp_path / "zoo"))
+    tracemalloc.start()
+    try:
+        rec = zoo.register(embedding_graph(vocab, dim, classes), 0.9, name="big", weights=wfile)
+        out = tmp_path / "child.safetensors"
+        result = zoo.warm(embedding_graph(vocab, dim, classes, extra=True), noise=0.0, out=out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rec.nbytes > 2**31 and result.parent == "big"
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB allocated: a large tensor was copied into memory"
+    assert result.mapping["table"] == ("table", "copy") and result.mapping["mix"] == (None, "identity")
+    assert result.unset == []
+    child = SafeTensors(out)
+    ids = np.array([0, 4095, 4096, vocab - 1])
+    want = chunk[ids % 4096] @ head
+    got = np.asarray(child["table"][ids], np.float64) @ child["mix"] @ child["head"]
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()

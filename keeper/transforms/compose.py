@@ -317,7 +317,10 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
         for ref in refs:
             if ref.key not in done:  # tied tensors: the first layer in canonical order writes
                 done.add(ref.key)
-                value = to_source(ref, np.asarray(values[ref.role], dtype=cvals[ref.role].dtype))
+                if values[ref.role] is cvals[ref.role] and ref.key == ref.source:
+                    value = child_inits[ref.key]  # kept as the child holds it: no copy, whatever its layout
+                else:
+                    value = to_source(ref, np.asarray(values[ref.role], dtype=cvals[ref.role].dtype))
                 if sink is None:
                     out.weights[ref.key] = value
                 else:

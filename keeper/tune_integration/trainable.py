@@ -1,8 +1,10 @@
 """``warm_start``: the one line inside a Ray Tune trainable.
 
-It exports the trial's model, asks the running keeper service which zoo model to inherit from, transforms that
-parent's weights in the trial's own process (read straight from the zoo's store, so no weights pass through a
-service actor, and no extra Ray task waits for a CPU the trials hold), and loads them on the model's device.
+It exports the trial's model as a graph without weights (the module's tensors are read in place, never serialised
+into ONNX), asks the running keeper service which zoo model to inherit from (sending the graph only), transforms
+that parent's weights in the trial's own process (read, memory-mapped, straight from the zoo's store, so no
+weights pass through a service actor, and no extra Ray task waits for a CPU the trials hold), and loads them on the
+model's device.
 
 It also writes the trial's architecture template (:func:`keeper.torch_support.architecture_template`: the ONNX
 graph without parameter values, plus the ONNX-to-state_dict map) as ``keeper-architecture.onnx`` into the trial
@@ -57,28 +59,32 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
             or it did not answer within ``timeout_s``.
     """
     from keeper.actors.transfer import warm_from_store
-    from keeper.torch_support import load_result
+    from keeper.torch_support import load_result, module_weights
 
     exported, choice = ask_parent(model, example_input, config=config, dynamo=dynamo, trainable=trainable,
-                                  timeout_s=timeout_s)
+                                  timeout_s=timeout_s, graph_only=True)
     result = warm_from_store(choice["uri"], choice["parent"], exported.onnx,
-                             choice["noise"] if noise is None else float(noise), int(choice["seed"]))
+                             choice["noise"] if noise is None else float(noise), int(choice["seed"]),
+                             child_weights=module_weights(model, exported))
     return load_result(model, result, exported.keys)
 
 
 def ask_parent(model: Any, example_input: Any, *, config: Any = None, dynamo: bool | None = None,
-               trainable: Any = None, timeout_s: float = 300.0) -> tuple[Any, dict]:
+               trainable: Any = None, timeout_s: float = 300.0, graph_only: bool = False) -> tuple[Any, dict]:
     """The first half of :func:`warm_start`: export ``model``, save its architecture template to the trial
     directory, and ask the service for a parent (counting a hit). Returns ``(Exported, choice)``, where
-    ``choice`` is what ``Keeper.choose`` returns; the model is not changed."""
+    ``choice`` is what ``Keeper.choose`` returns; the model is not changed.
+
+    ``graph_only``: export the graph without weights (:func:`keeper.torch_support.export_graph`; the caller reads
+    the module's weights with ``module_weights``), else ONNX with weights (:func:`keeper.torch_support.export`)."""
     from keeper.actors.launcher import get_handle
-    from keeper.torch_support import architecture_template, export, service_call
+    from keeper.torch_support import architecture_template, export, export_graph, service_call
 
     handle = get_handle(config)
     if handle is None:
         raise ServiceError("warm_start: no keeper service is running; add KeeperCallback(...) to the "
                            "tune.RunConfig callbacks, or run `keeper serve` first")
-    exported = export(model, example_input, dynamo=dynamo)
+    exported = (export_graph if graph_only else export)(model, example_input, dynamo=dynamo)
     _save_architecture(architecture_template(exported), trainable)
     choice = service_call(handle.choose.remote(exported.onnx, True), timeout_s, "warm_start")
     return exported, choice
