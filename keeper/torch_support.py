@@ -99,7 +99,9 @@ def export_graph(module: torch.nn.Module, example_input: Any, *, dynamo: bool | 
                 # distinct values per tensor: a random draw plus a per-tensor offset
                 stamp = torch.rand(v.shape, generator=gen, dtype=torch.float32) + len(stamps) * 2.0 + 1.0
                 v.copy_(stamp.to(v.dtype))
-                stamps[k] = v.detach().cpu().float().numpy().copy()
+                # matched while the module still holds the stamps: a float32 CPU tensor is read in place
+                stamps[k] = (v.detach().numpy() if v.dtype == torch.float32 and v.device.type == "cpu"
+                             else v.detach().cpu().float().numpy())
         module.eval()
         if dynamo:
             proto, inits = _dynamo_graph(module, args)
@@ -324,7 +326,7 @@ def _match_keys(graph, inits: dict[str, np.ndarray], stamps: dict[str, np.ndarra
         for r in refs:
             if r.key in out:
                 continue
-            a = inits[r.source].astype(np.float32)
+            a = np.asarray(inits[r.source], dtype=np.float32)  # no copy for float32
             for how, cand in (("same", a), ("T", a.T if a.ndim == 2 else None)):
                 if cand is None or not cand.size:
                     continue
