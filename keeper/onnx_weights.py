@@ -21,7 +21,7 @@ from keeper.onnx_safety import has_data
 from keeper.weights import WeightsInput, check_weights, open_weights
 
 __all__ = ["read_initializers", "canonical", "to_source", "layer_arrays", "write_weights", "apart_specs",
-           "model_weights", "split_weights"]
+           "model_weights", "split_weights", "clear_data"]
 
 
 def read_initializers(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -152,11 +152,16 @@ def split_weights(proto: onnx.ModelProto, min_elements: int = 16) -> tuple[onnx.
     for t in out.graph.initializer:
         if t.data_type in _FLOAT_TYPES and int(np.prod(t.dims)) >= min_elements and has_data(t):
             taken[t.name] = numpy_helper.to_array(t)
-            name, dtype, dims = t.name, t.data_type, list(t.dims)
-            t.Clear()
-            t.name, t.data_type = name, dtype
-            t.dims.extend(dims)
+            clear_data(t)
     return out, taken
+
+
+def clear_data(tensor: onnx.TensorProto) -> None:
+    """Drop ``tensor``'s data in place, keeping its name, data type and dims (a placeholder for weights apart)."""
+    name, dtype, dims = tensor.name, tensor.data_type, list(tensor.dims)
+    tensor.Clear()
+    tensor.name, tensor.data_type = name, dtype
+    tensor.dims.extend(dims)
 
 
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,

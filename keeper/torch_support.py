@@ -36,7 +36,7 @@ from keeper.errors import KeeperError, ServiceError
 from keeper.graph import graph_from_proto
 from keeper.onnx_safety import load_model
 from keeper.onnx_safety import has_data
-from keeper.onnx_weights import apart_specs, read_initializers, write_weights
+from keeper.onnx_weights import apart_specs, clear_data, read_initializers, write_weights
 from keeper.warm import WarmResult
 
 __all__ = ["Exported", "export", "export_graph", "module_weights", "register", "load_warm", "load_result",
@@ -123,18 +123,11 @@ def export_graph(module: torch.nn.Module, example_input: Any, *, dynamo: bool | 
                 apart.setdefault(r.source, r.key)
     for init in proto.graph.initializer:
         if init.name in apart and has_data(init):
-            _clear(init)
+            clear_data(init)
         elif init.name not in apart and not has_data(init) and init.name in inits:
             # a constant the exporter made (no state_dict entry): its data stays in the graph
             init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(inits[init.name]), init.name))
     return Exported(proto.SerializeToString(), keys, apart)
-
-
-def _clear(init: onnx.TensorProto) -> None:
-    name, dtype, dims = init.name, init.data_type, list(init.dims)
-    init.Clear()
-    init.name, init.data_type = name, dtype
-    init.dims.extend(dims)
 
 
 def _dynamo_graph(module: torch.nn.Module, args: tuple) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -252,10 +245,7 @@ def architecture_template(exported: Exported) -> bytes:
     shapes = _key_shapes(proto, exported.keys)
     for init in proto.graph.initializer:
         if init.name in exported.keys:
-            name, dtype, dims = init.name, init.data_type, list(init.dims)
-            init.Clear()
-            init.name, init.data_type = name, dtype
-            init.dims.extend(dims)
+            clear_data(init)
     prop = proto.metadata_props.add()
     table = {k: [sd, how, list(shapes[k])] for k, (sd, how) in exported.keys.items()}
     prop.key, prop.value = _KEYS_PROP, json.dumps(table, sort_keys=True)
