@@ -92,11 +92,13 @@ class WarmResult:
                 "from_parent": inherited, "operators": dict(sorted(ops.items()))}
 
 
-def _read(model: ModelInput, weights: WeightsInput | None, what: str) -> tuple[onnx.ModelProto, dict, list[str]]:
-    """The checked proto, its weights, and the data-less initializers that got no value (a zero broadcast to the
-    shape stands in, so the transform sees shape and dtype; it takes no memory)."""
+def _read(model: ModelInput, weights: WeightsInput | None, what: str,
+          child: bool = True) -> tuple[onnx.ModelProto, dict, list[str]]:
+    """The checked proto, its weights, and, for a child, the data-less initializers that got no value (a zero
+    broadcast to the shape stands in, so the transform sees shape and dtype; it takes no memory). A parent's
+    weights must all be there."""
     proto = load_model(model, what=what, weights_apart=weights is not None)
-    if weights is not None or not apart_specs(proto):
+    if weights is not None or not child or not apart_specs(proto):
         return proto, model_weights(proto, weights, what), []
     arrays = model_weights(_without_apart(proto), None, what)
     specs = apart_specs(proto)
@@ -110,12 +112,21 @@ def _without_apart(proto: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
-def cold_result(child: ModelInput, child_weights: WeightsInput | None = None) -> WarmResult:
-    """The child's own weights, no parent."""
+def cold_result(child: ModelInput, child_weights: WeightsInput | None = None, *,
+                out: str | os.PathLike | None = None) -> WarmResult:
+    """The child's own weights, no parent (``out``: also written there as safetensors, ``unset`` ones as zeros,
+    as :func:`warm_from_parent` writes them)."""
     proto, weights, unset = _read(child, child_weights, "child model")
     graph = graph_from_proto(proto)
     mapping = {r.key: (None, "init") for refs in graph.tensors for r in refs}
     _add_aliases(graph, weights)
+    if out is not None:
+        specs = {k: (v.dtype, v.shape) for k, v in weights.items()}
+        with SafeTensorsWriter(out, specs, missing_as_zeros=bool(unset)) as w:
+            for k, v in weights.items():
+                if k not in unset:
+                    w.write(k, v)
+        weights = dict(SafeTensors(out, "child weights"))
     for k in unset:
         weights.pop(k, None)
     return WarmResult(None, 0.0, weights, mapping, proto.SerializeToString(), unset=unset)
@@ -148,7 +159,7 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
     """
     if not (noise >= 0.0 and np.isfinite(noise)):
         raise ValueError(f"noise must be a finite relative std >= 0, got {noise!r}")
-    pproto, pweights, _ = _read(parent, parent_weights, "parent model")
+    pproto, pweights, _ = _read(parent, parent_weights, "parent model", child=False)
     cproto, cweights, unset = _read(child, child_weights, "child model")
     pg = parent_graph or graph_from_proto(pproto)
     cg = child_graph or graph_from_proto(cproto)

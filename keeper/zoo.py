@@ -344,10 +344,7 @@ class Zoo:
         graph = graph_from_proto(proto)
         best = choose_parent(self.candidates(graph), self.config.selection)
         if best is None:
-            result = cold_result(proto, weights)
-            if out is not None:
-                result.save_weights(out)
-            return result
+            return cold_result(proto, weights, out=out)
         return self.warm_from(best.name, proto, graph, noise=noise, seed=seed, weights=weights, out=out)
 
     def warm_from(self, parent: str, child: ModelInput, child_graph: LayerGraph | None = None, *,

@@ -300,3 +300,23 @@ def test_register_and_warm_a_graph_with_its_weights_apart(tmp_path, zoo_dir, cap
     a = ReferenceEvaluator(parent).run(None, {"x": x})[0]
     b = ReferenceEvaluator(proto).run(None, {"x": x})[0]
     assert np.abs(a - b).max() / np.abs(a).max() <= 1e-4
+
+
+def test_register_a_directory_takes_each_graphs_safetensors_beside_it(tmp_path, zoo_dir, capsys):
+    from keeper.onnx_weights import split_weights
+    from keeper.weights import save_weights
+
+    runs = tmp_path / "runs"
+    graph, weights = split_weights(onnx.load_from_string(mlp_onnx([24, 10], 1)), min_elements=1)
+    write(runs / "apart.onnx", graph.SerializeToString())
+    save_weights(weights, runs / "apart.safetensors")
+    write(runs / "inline.onnx", mlp_onnx([24, 10], 2))
+    write(runs / "orphan.onnx", graph.SerializeToString())  # a graph whose weights are nowhere: refused
+    code, out, err = keeper(capsys, "register", str(runs), "--accuracy", "0.9", "--zoo", zoo_dir, "-q")
+    assert code == 1 and "2 of 3 registered" in out and "refused orphan.onnx" in err and "'fc0.weight'" in err
+    zoo = Zoo(zoo_dir)
+    assert zoo.names() == ["apart", "inline"] and "weights.safetensors" in zoo.record("apart").extras
+    # a child graph without weights and without a parent: written with its tensors as zeros, each listed
+    code, out, _ = keeper(capsys, "warm", str(runs / "orphan.onnx"), "-o", str(tmp_path / "o.safetensors"),
+                          "--zoo", str(tmp_path / "empty-zoo"))
+    assert code == 0 and "no parent" in out and "are zeros in" in out

@@ -568,3 +568,13 @@ def test_a_model_past_two_gib_registers_and_warms_memory_mapped(tmp_path):
     want = chunk[ids % 4096] @ head
     got = np.asarray(child["table"][ids], np.float64) @ child["mix"] @ child["head"]
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_a_parent_graph_without_its_weights_is_refused(tmp_path):
+    from keeper.warm import warm_from_parent
+
+    graph, weights = split(mlp_onnx(PARENT, 1))
+    with pytest.raises(InvalidWeightsError, match="parent model: initializer 'fc0.weight'.*has no data"):
+        warm_from_parent(graph, mlp_onnx(WIDER, 3), noise=0.0)
+    r = warm_from_parent(graph, mlp_onnx(WIDER, 3), parent_weights=weights, noise=0.0)
+    assert r.score > 0.5
