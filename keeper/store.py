@@ -26,8 +26,10 @@ serialized across processes (last catalog write wins); keeper's Ray service funn
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import shutil
 import tempfile
 import logging
 import math
@@ -502,6 +504,8 @@ class ModelStore:
         stamp = (path, st.st_size, st.st_mtime_ns, sum_)
         if stamp not in _VERIFIED:
             if sha256(Path(path)) != sum_:
+                if not isinstance(self._fs, pafs.LocalFileSystem):
+                    os.remove(path)  # a damaged copy must not be served again once the store is repaired
                 raise CorruptModelError(f"model {rec.name!r}: extra {key!r} does not match its sha256 {sum_[:12]}... "
                                         "(the stored bytes are damaged); remove the model and register it again")
             _VERIFIED.add(stamp)
@@ -631,9 +635,11 @@ _DOWNLOADS: list[str] = []
 
 
 def _download_dir() -> str:
-    """This process's directory for extras copied from remote stores (removed by the OS's temp cleanup)."""
+    """This process's directory for extras copied from remote stores, removed when the process exits (a file
+    still memory-mapped then stays readable until unmapped)."""
     if not _DOWNLOADS:
         _DOWNLOADS.append(tempfile.mkdtemp(prefix="keeper-blobs-"))
+        atexit.register(shutil.rmtree, _DOWNLOADS[0], True)
     return _DOWNLOADS[0]
 
 

@@ -3,6 +3,7 @@ eviction under a byte budget, warming (cold, function-preserving, accuracy-aware
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -578,3 +579,34 @@ def test_a_parent_graph_without_its_weights_is_refused(tmp_path):
         warm_from_parent(graph, mlp_onnx(WIDER, 3), noise=0.0)
     r = warm_from_parent(graph, mlp_onnx(WIDER, 3), parent_weights=weights, noise=0.0)
     assert r.score > 0.5
+
+
+def test_weights_on_a_store_without_local_files_are_streamed_to_a_verified_copy(tmp_path):
+    """A filesystem keeper cannot memory-map in place (an object store; here a SubTreeFileSystem over a
+    directory): the weights are streamed into a local copy, checked against their sha256, and mapped from there."""
+    import pyarrow.fs as pafs
+
+    from keeper.store import ModelStore
+
+    (tmp_path / "remote").mkdir()
+
+    def store():
+        return ModelStore.from_filesystem(pafs.SubTreeFileSystem(str(tmp_path / "remote"), pafs.LocalFileSystem()),
+                                          "zoo")
+    graph, weights = split(mlp_onnx(PARENT, 1))
+    rec = Zoo(store()).register(graph, 0.9, name="p", weights=weights)
+    path = store().extra_path("p", "weights.safetensors")
+    assert not path.startswith(str(tmp_path / "remote")) and set(SafeTensors(path)) == set(weights)
+    x = np.random.default_rng(0).standard_normal((4, 16))
+    result = Zoo(store()).warm(mlp_onnx(WIDER, 3), noise=0.0)
+    assert result.parent == "p"
+    want = mlp_forward(weights, x, 2)
+    assert np.abs(mlp_forward(result.weights, x, 2) - want).max() <= 1e-5 * np.abs(want).max()
+    blob = tmp_path / "remote" / "zoo" / "blobs" / f"{rec.extra_checksums['weights.safetensors']}.weights.safetensors"
+    damaged = bytearray(blob.read_bytes())
+    damaged[-1] ^= 1
+    blob.write_bytes(bytes(damaged))
+    os.remove(path)  # the verified copy of this process: the next read streams the damaged blob again
+    with pytest.raises(CorruptModelError, match="sha256"):
+        store().extra_path("p", "weights.safetensors")
+    assert not os.path.exists(path)  # the damaged copy is not kept
