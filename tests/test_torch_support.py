@@ -238,7 +238,8 @@ def test_register_and_warm_start_serialise_no_weights(tmp_path, dynamo, monkeypa
     assert written == [], "no weight was written into an ONNX model"
 
 
-def test_bfloat16_and_float16_modules_keep_their_dtype(tmp_path):
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_bfloat16_and_float16_modules_keep_their_dtype(tmp_path, dynamo):
     """A bfloat16 parent and a float16 child (and back): stored and loaded in their own dtypes, the widened child
     computing the parent's function to half precision's rounding."""
     import keeper.torch_support as ts
@@ -249,12 +250,12 @@ def test_bfloat16_and_float16_modules_keep_their_dtype(tmp_path):
         parent, x = build(MLP, seed=5, dtype=pdtype)
         nets.trained_like(parent.float(), x.float(), seed=5)
         parent = parent.to(pdtype)
-        ts.register(parent, x, zoo, 0.9, name="p", dynamo=False)
+        ts.register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
         stored = SafeTensors(zoo.store.extra_path("p", "weights.safetensors"))
         want = np.dtype(ml_dtypes.bfloat16) if pdtype == torch.bfloat16 else np.dtype(np.float16)
         assert {stored.spec(k)[0] for k in stored} == {want}
         child, _ = build({**MLP, "widths": [40, 20]}, seed=6, dtype=cdtype)
-        result = warm_start(child, x.to(cdtype), zoo, noise=0.0, dynamo=False)
+        result = warm_start(child, x.to(cdtype), zoo, noise=0.0, dynamo=dynamo)
         assert result.parent == "p" and all(v.dtype == cdtype for v in child.state_dict().values()
                                             if v.is_floating_point())
         ref = outputs(parent.float(), x.float())
