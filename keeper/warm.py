@@ -107,8 +107,10 @@ def _read(model: ModelInput, weights: WeightsInput | None, what: str,
 
 
 def _without_apart(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A model holding only ``proto``'s initializers that have data (to read them)."""
+    apart = apart_specs(proto)
     light = onnx.ModelProto()
-    light.graph.initializer.extend(t for t in proto.graph.initializer if t.name not in apart_specs(proto))
+    light.graph.initializer.extend(t for t in proto.graph.initializer if t.name not in apart)
     return light
 
 

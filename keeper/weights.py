@@ -20,7 +20,7 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Union
+from typing import Iterator, Mapping, Union
 
 import ml_dtypes
 import numpy as np
@@ -291,9 +291,3 @@ def check_weights(weights: Mapping[str, np.ndarray], specs: Mapping[str, tuple[n
                                       f"graph says {np.dtype(dtype)} {list(shape)}; the weights belong to another "
                                       "architecture or precision: export them from the same model")
 
-
-def iter_chunks(path: str | os.PathLike, size: int = 1 << 24) -> Iterable[bytes]:
-    """A file's bytes in chunks (streaming copies and checksums of large weight files)."""
-    with open(path, "rb") as f:
-        while chunk := f.read(size):
-            yield chunk

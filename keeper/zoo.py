@@ -33,10 +33,10 @@ from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.onnx_weights import apart_specs
-from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, check_weights, open_weights
 from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage
 from keeper.store import ModelRecord, ModelStore, check_name, sha256
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
+from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, check_weights, open_weights
 
 __all__ = ["Zoo", "ZooConfig", "graph_blob", "graph_format", "graph_from_blob", "stored_weights"]
 
@@ -191,8 +191,8 @@ class Zoo:
     def register(self, model: ModelInput, accuracy: float, name: str | None = None, *,
                  weights: WeightsInput | None = None) -> ModelRecord:
         """Admit a trained model with its accuracy in [0, 1]: ONNX with weights inside, or its graph (ONNX whose
-        initializers hold no data, e.g. :func:`keeper.torch_support.architecture_template`) with ``weights``
-        apart as safetensors (bytes, a path, or a mapping of arrays), for models of any size.
+        initializers hold no data, e.g. from :func:`keeper.torch_support.export_graph`) with ``weights`` apart as
+        safetensors keyed by initializer name (bytes, a path, or a mapping of arrays), for models of any size.
 
         Raises:
             AdmissionError: bad name or accuracy, an accuracy outlier, a name taken by other content, or a model

@@ -29,8 +29,8 @@ preserves the function (ResNet widen, pre-LN transformer deepen) are the referen
 
 torch, numba and BLAS are pinned to one thread. Prints markdown tables and writes ``reports/bench_warm.md``.
 
-Any size (``--large``, only these cases): a GPT-style child of 692M float32 parameters (2.77 GB, past protobuf's
-2 GiB) warmed from a 438M parent whose weights are a memory-mapped safetensors file, streamed into a file and in
+Any size (``--large``, only these cases): a GPT-style child of 695M float32 parameters (2.78 GB, past protobuf's
+2 GiB) warmed from a 440M parent whose weights are a memory-mapped safetensors file, streamed into a file and in
 memory, against one safetensors load of the child's weights (targets: <= 3x the time, <= 1.5x the child's weights
 in private memory), with the depth-growth pair's function preservation; and torch ``warm_start`` of an 86M model
 end to end against ``load_state_dict`` from disk (target <= 3x).
@@ -338,10 +338,10 @@ def _cost_tables(rows: list[dict]) -> tuple[list[str], bool]:
 # GPT-style decoders (pre-LN blocks: LayerNorm, torch's MultiheadAttention, GELU MLP; token and position
 # embeddings, an untied head), plain torch: no transformers package needed.
 
-LARGE_PARENT = dict(vocab=32000, ctx=1024, d=1536, heads=12, layers=12)   # ~438M params, 1.75 GB float32
-LARGE_CHILD = dict(LARGE_PARENT, layers=21)                               # ~692M params, 2.77 GB: past 2 GiB
-E2E_PARENT = dict(vocab=10240, ctx=256, d=768, heads=12, layers=9)        # ~79M
-E2E_CHILD = dict(E2E_PARENT, layers=10)                                   # ~86M
+LARGE_PARENT = dict(vocab=32000, ctx=1024, d=1536, heads=12, layers=12)   # 440M params, 1.76 GB float32
+LARGE_CHILD = dict(LARGE_PARENT, layers=21)                               # 695M params, 2.78 GB: past 2 GiB
+E2E_PARENT = dict(vocab=10240, ctx=256, d=768, heads=12, layers=9)        # 79.7M
+E2E_CHILD = dict(E2E_PARENT, layers=10)                                   # 86.8M
 
 
 def _gpt(cfg: dict, seed: int):
@@ -705,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the models (cost) and the first deviation seed")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per deviation case")
     ap.add_argument("--large", action="store_true",
-                    help="run only the any-size cases (a 692M-parameter child past 2 GiB, torch warm_start at 86M); "
+                    help="run only the any-size cases (a 695M-parameter child past 2 GiB, torch warm_start at 86M); "
                          "needs about 8 GB of memory and 6 GB of disk")
     ap.add_argument("--measure", nargs=2, metavar=("PARENT", "CHILD"), help=argparse.SUPPRESS)
     for flag in ("--large-setup", "--large-measure", "--large-check", "--e2e"):

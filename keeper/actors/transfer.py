@@ -21,8 +21,8 @@ from typing import Any
 
 from keeper.errors import ModelNotFoundError
 from keeper.onnx_safety import ModelInput
-from keeper.weights import WeightsInput
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
+from keeper.weights import WeightsInput
 
 __all__ = ["warm_from_store"]
 
