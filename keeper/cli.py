@@ -21,8 +21,10 @@ _ZOO_HELP = "zoo location: a directory or any pyarrow.fs URI such as s3://bucket
 
 _EPILOG = """examples:
   keeper register trained.onnx --accuracy 0.91 --name resnet-a
+  keeper register graph.onnx --weights model.safetensors --accuracy 0.9   # any size: weights apart
   keeper register runs/ --accuracy-file accuracies.json      # a directory: every *.onnx in it
   keeper warm new.onnx -o new-warm.onnx --noise 0            # function-preserving where the architecture allows
+  keeper warm graph.onnx -o warm.safetensors                 # any size: the warmed weights as safetensors
   keeper zoo ls ; keeper zoo info resnet-a ; keeper zoo rm resnet-a
   keeper serve --config configs/default.yaml ; keeper scale 4 ; keeper stats
   keeper demo                                                # small NAS on MNIST-1D, cold vs warm
@@ -30,7 +32,8 @@ _EPILOG = """examples:
 
 _REGISTER_EPILOG = """examples:
   keeper register trained.onnx --accuracy 0.91 --name resnet-a
-  keeper register runs/ --accuracy-file accuracies.json      # every *.onnx in runs/
+  keeper register graph.onnx --weights model.safetensors --accuracy 0.9   # graph and weights apart
+  keeper register runs/ --accuracy-file accuracies.json      # every *.onnx in runs/ (and its .safetensors)
   keeper register runs/ --accuracy 0.9                       # one accuracy for every file without an entry
 accuracies.json maps a file name or stem to its accuracy: {"resnet-a.onnx": 0.91, "vgg-b": 0.88}
 """
@@ -72,7 +75,8 @@ def _cmd_register(args) -> int:
                 failed += 1
                 continue
             try:
-                rec = zoo.register(f, acc, name=f.stem)
+                sibling = f.with_suffix(".safetensors")  # a graph's weights kept apart, next to it
+                rec = zoo.register(f, acc, name=f.stem, weights=sibling if sibling.is_file() else None)
                 tqdm.write(f"registered {rec.name} (accuracy {rec.accuracy:.4f}, {rec.num_params} params)") if not args.quiet else None
             except KeeperError as exc:
                 print(f"refused {f.name}: {exc}", file=sys.stderr)
@@ -81,17 +85,27 @@ def _cmd_register(args) -> int:
         return 1 if failed else 0
     if args.accuracy is None:
         raise KeeperError("register: --accuracy is required for a single model (a fraction in [0, 1])")
-    rec = zoo.register(path, args.accuracy, name=args.name)
+    rec = zoo.register(path, args.accuracy, name=args.name, weights=_weights_file(args.weights))
     print(f"registered {rec.name} (accuracy {rec.accuracy:.4f}, {rec.num_params} params, {rec.nbytes} bytes) "
           f"into {zoo.uri}")
     return 0
+
+
+def _weights_file(path: str | None) -> Path | None:
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise KeeperError(f"--weights {path!r}: no such file; pass the model's weights as a .safetensors file")
+    return Path(path)
 
 
 def _cmd_warm(args) -> int:
     import onnx
 
     zoo = _zoo(args)
-    result = zoo.warm(Path(args.model), noise=args.noise)
+    as_safetensors = args.output.endswith(".safetensors")
+    result = zoo.warm(Path(args.model), noise=args.noise, weights=_weights_file(args.weights),
+                      out=args.output if as_safetensors else None)
     if result.parent is None:
         print(f"no parent above the similarity floor ({zoo.config.selection.floor}); the model keeps its own weights")
     else:
@@ -102,8 +116,12 @@ def _cmd_warm(args) -> int:
     if args.verbose:
         for key, (src, op) in result.mapping.items():
             print(f"  {key:50s} <- {src or '-':50s} {op}")
-    onnx.save_model(result.to_onnx(), args.output)
+    if not as_safetensors:
+        onnx.save_model(result.to_onnx(), args.output)
     print(f"wrote {args.output}")
+    if result.unset:
+        print(f"{len(result.unset)} tensors get no value from the parent and the model came without weights; they "
+              f"are zeros in {args.output}: initialise them yourself (first: {result.unset[0]})")
     return 0
 
 
@@ -151,10 +169,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     r = sub.add_parser("register", help="add trained ONNX model(s) with their accuracy to the zoo",
-                       description="Add a trained model (ONNX with weights) to the zoo. Identical content is\n"
-                                   "stored once; accuracy outliers and bad names are refused.",
+                       description="Add a trained model (ONNX with weights, or its graph with --weights) to the zoo.\n"
+                                   "Identical content is stored once; accuracy outliers and bad names are refused.",
                        epilog=_REGISTER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("model", help="an .onnx file, or a directory of them")
+    r.add_argument("--weights", help="the model's weights as .safetensors, when MODEL is its graph without them "
+                                     "(any size; in a directory, NAME.safetensors beside NAME.onnx is used)")
     r.add_argument("--accuracy", type=float, help="final accuracy as a fraction in [0, 1]")
     r.add_argument("--accuracy-file", help="directory mode: JSON mapping file name (or stem) to accuracy")
     r.add_argument("--name", help="name in the zoo (default: file stem for directories, content hash otherwise)")
@@ -166,7 +186,10 @@ def _parser() -> argparse.ArgumentParser:
                        description="Find the zoo model that best covers MODEL (similarity x accuracy), transform its "
                                    "weights onto MODEL's architecture and write the result.")
     w.add_argument("model", help="the new model's .onnx (its own initial weights are kept where nothing is inherited)")
-    w.add_argument("-o", "--output", required=True, help="where to write the warmed .onnx")
+    w.add_argument("-o", "--output", required=True,
+                   help="where to write the warmed model: .onnx (ONNX with weights, under 2 GiB), or .safetensors "
+                        "(the warmed weights alone, written tensor by tensor: any size)")
+    w.add_argument("--weights", help="MODEL's initial weights as .safetensors, when MODEL is its graph without them")
     w.add_argument("--noise", type=float, default=None,
                    help="relative std of symmetry-breaking noise (0 keeps the parent's function exactly)")
     w.add_argument("-v", "--verbose", action="store_true", help="print the provenance of every tensor")

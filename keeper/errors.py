@@ -8,6 +8,7 @@ from __future__ import annotations
 __all__ = [
     "KeeperError",
     "InvalidModelError",
+    "InvalidWeightsError",
     "AdmissionError",
     "StoreError",
     "CorruptModelError",
@@ -24,6 +25,11 @@ class KeeperError(Exception):
 
 class InvalidModelError(KeeperError, ValueError):
     """A model (ONNX bytes, path or ModelProto) cannot be read safely or is not a model keeper can use."""
+
+
+class InvalidWeightsError(InvalidModelError):
+    """A weights file (safetensors) is unreadable, or does not hold what its graph says (a tensor missing, of
+    another shape or dtype, or over the size caps)."""
 
 
 class AdmissionError(KeeperError, ValueError):

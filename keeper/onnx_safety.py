@@ -4,6 +4,11 @@ Invariant: a ModelProto returned by :func:`load_model` has a graph, no tensor an
 initializers, Constant and other tensor attributes, subgraphs, functions, training graphs) that refers to external
 data, no negative or absurd dimension, no tensor whose stored data is not exactly what its dims claim, and a node
 count under the cap; it imports the default ONNX operator set. Nothing is ever read from a path the model names.
+
+A main-graph initializer may hold no data at all: the model is then a graph whose weights travel apart
+(:mod:`keeper.weights`), and :func:`keeper.onnx_weights.model_weights` refuses it unless they are given. With
+``weights_apart=True`` a main-graph initializer that refers to external data (torch's exporter writes models over
+2 GiB so) is turned into such a data-less one: its location is dropped unread.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from keeper.errors import InvalidModelError
 
-__all__ = ["ModelInput", "load_model", "MAX_MODEL_BYTES", "MAX_NODES", "MAX_TENSOR_ELEMENTS"]
+__all__ = ["ModelInput", "load_model", "has_data", "MAX_MODEL_BYTES", "MAX_NODES", "MAX_TENSOR_ELEMENTS"]
 
 ModelInput = Union[bytes, bytearray, memoryview, str, os.PathLike, onnx.ModelProto]
 
@@ -29,8 +34,11 @@ MAX_NODES = int(os.environ.get("KEEPER_MAX_NODES", 1_000_000))
 MAX_TENSOR_ELEMENTS = 2**34
 
 
-def load_model(model: ModelInput, *, what: str = "model") -> onnx.ModelProto:
+def load_model(model: ModelInput, *, what: str = "model", weights_apart: bool = False) -> onnx.ModelProto:
     """Parse ``model`` (ONNX bytes, a path to an .onnx file, or a ModelProto) and check it is safe to use.
+
+    ``weights_apart``: the caller supplies the weights separately, so main-graph initializers that refer to
+    external data lose that reference (on a copy when ``model`` is a ModelProto) and must come from the weights.
 
     Raises:
         InvalidModelError: naming what is wrong (empty, too large, not ONNX, external data, absurd dims...).
@@ -44,6 +52,9 @@ def load_model(model: ModelInput, *, what: str = "model") -> onnx.ModelProto:
             raise InvalidModelError(f"{what}: {size} bytes exceeds the cap of {MAX_MODEL_BYTES}; "
                                     "raise KEEPER_MAX_MODEL_BYTES if this is intended")
         proto = model
+        if weights_apart and _external_initializers(proto):
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model)
     elif isinstance(model, (bytes, bytearray, memoryview)):
         proto = _parse(bytes(model), what)
     elif isinstance(model, (str, os.PathLike)):
@@ -59,8 +70,27 @@ def load_model(model: ModelInput, *, what: str = "model") -> onnx.ModelProto:
     else:
         raise InvalidModelError(f"{what}: got {type(model).__name__}; expected ONNX bytes, a path to an "
                                 ".onnx file, or an onnx.ModelProto")
+    if weights_apart:
+        for t in _external_initializers(proto):
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
     check_model(proto, what)
     return proto
+
+
+def _external_initializers(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [t for t in proto.graph.initializer
+            if t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data) > 0]
+
+
+def has_data(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor`` holds any stored values (a data-less one is a placeholder for weights kept apart)."""
+    if tensor.HasField("raw_data") and len(tensor.raw_data) > 0:
+        return True
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.external_data) > 0:
+        return True
+    return any(len(getattr(tensor, f)) for f in ("float_data", "int32_data", "string_data", "int64_data",
+                                                  "double_data", "uint64_data"))
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
@@ -87,11 +117,16 @@ def check_model(proto: onnx.ModelProto, what: str = "model") -> None:
         raise InvalidModelError(f"{what}: imports no ONNX operator set (opset_import is empty or lacks the default "
                                 "domain); the file is truncated or not a complete ONNX model: re-export it")
     nodes = 0
+    # data-less main-graph initializers are weights kept apart; their dims are still checked
+    apart = {t.name for t in proto.graph.initializer if not has_data(t)}
     for kind, tensor in _all_tensors(proto):
         if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.external_data) > 0:
             raise InvalidModelError(f"{what}: {kind} {tensor.name!r} refers to external data; keeper never "
-                                    "reads files a model names: save the model with all tensors inline")
-        _check_data_size(tensor, kind, what, _check_dims(tensor, kind, what))
+                                    "reads files a model names: save the model with all tensors inline, or pass "
+                                    "the graph with its weights as safetensors (weights=..., --weights)")
+        count = _check_dims(tensor, kind, what)
+        if not (kind == "initializer" and tensor.name in apart and not has_data(tensor)):
+            _check_data_size(tensor, kind, what, count)
     for graph in _all_graphs(proto):
         nodes += len(graph.node)
         if nodes > MAX_NODES:

@@ -3,6 +3,10 @@
 Invariant: ``to_source(ref, canonical(ref, arrays))`` returns the array stored under ``ref.key`` unchanged, so a
 round trip through canonical orientation is exact. Keys that are aliases of a shared initializer (TorchScript
 deduplicates equal initializers behind Identity nodes) are untied on write: each gets its own initializer.
+
+A model's weights are its initializers' data, or, for initializers stored without data (a graph whose weights
+travel apart), the tensors of a weights file (:mod:`keeper.weights`), checked against the graph's dtypes and dims
+before any is used (:func:`model_weights`).
 """
 
 from __future__ import annotations
@@ -11,16 +15,22 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from keeper.errors import InvalidModelError
+from keeper.errors import InvalidModelError, InvalidWeightsError
 from keeper.graph import LayerGraph, TensorRef
+from keeper.onnx_safety import has_data
+from keeper.weights import WeightsInput, check_weights, open_weights
 
-__all__ = ["read_initializers", "canonical", "to_source", "layer_arrays", "write_weights"]
+__all__ = ["read_initializers", "canonical", "to_source", "layer_arrays", "write_weights", "apart_specs",
+           "model_weights", "split_weights", "clear_data"]
 
 
 def read_initializers(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Every initializer of the main graph as a numpy array (read-only views where protobuf allows)."""
+    """Every initializer of the main graph that holds data, as a numpy array (read-only views where protobuf
+    allows)."""
     out = {}
     for t in proto.graph.initializer:
+        if not has_data(t) and int(np.prod(t.dims)) > 0:
+            continue
         try:
             out[t.name] = numpy_helper.to_array(t)
         except (ValueError, TypeError) as exc:
@@ -91,3 +101,68 @@ def write_weights(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onn
         del g.node[:]
         g.node.extend(keep)
     return out
+
+
+def apart_specs(proto: onnx.ModelProto) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Initializer name -> (dtype, dims) for every main-graph initializer stored without data."""
+    out = {}
+    for t in proto.graph.initializer:
+        if not has_data(t) and int(np.prod(t.dims)) > 0:
+            try:
+                dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
+            except (KeyError, ValueError, TypeError):
+                raise InvalidModelError(f"model: initializer {t.name!r} has ONNX data type {t.data_type}, which "
+                                        "keeper cannot take from a weights file") from None
+            out[t.name] = (dtype, tuple(int(d) for d in t.dims))
+    return out
+
+
+def model_weights(proto: onnx.ModelProto, weights: WeightsInput | None = None,
+                  what: str = "model") -> dict[str, np.ndarray]:
+    """Every initializer of ``proto`` as an array: inline data from the model, the rest from ``weights``
+    (safetensors bytes or path, or a mapping), checked first: every data-less initializer present there under its
+    name, with the graph's dtype and dims. Arrays from a file are read-only memory-mapped views.
+
+    Raises:
+        InvalidWeightsError: naming the first tensor that is missing, mis-shaped or of another dtype, or the first
+            data-less initializer when no weights are given.
+    """
+    out = read_initializers(proto)
+    specs = apart_specs(proto)
+    if not specs:
+        return out
+    if weights is None:
+        name = next(iter(specs))
+        raise InvalidWeightsError(f"{what}: initializer {name!r} (and {len(specs) - 1} more) has no data: the model "
+                                  "is a graph whose weights travel apart; pass them as safetensors (weights=..., "
+                                  "or --weights on the command line)")
+    st = open_weights(weights, f"{what} weights")
+    check_weights(st, specs, f"{what} weights")
+    for name in specs:
+        out[name] = st[name]
+    return out
+
+
+def split_weights(proto: onnx.ModelProto, min_elements: int = 16) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A copy of ``proto`` whose float initializers of at least ``min_elements`` hold no data, and those arrays
+    (small integer constants stay inline: graph extraction reads shapes and axes from them)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    taken = {}
+    for t in out.graph.initializer:
+        if t.data_type in _FLOAT_TYPES and int(np.prod(t.dims)) >= min_elements and has_data(t):
+            taken[t.name] = numpy_helper.to_array(t)
+            clear_data(t)
+    return out, taken
+
+
+def clear_data(tensor: onnx.TensorProto) -> None:
+    """Drop ``tensor``'s data in place, keeping its name, data type and dims (a placeholder for weights apart)."""
+    name, dtype, dims = tensor.name, tensor.data_type, list(tensor.dims)
+    tensor.Clear()
+    tensor.name, tensor.data_type = name, dtype
+    tensor.dims.extend(dims)
+
+
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                onnx.TensorProto.DOUBLE}

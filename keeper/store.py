@@ -3,7 +3,8 @@
 One code path serves a laptop directory, HDFS and object stores (S3, GCS, Azure). Layout under the base path::
 
     blobs/<sha256>.onnx           a model blob, content-addressed
-    blobs/<sha256>.<extra name>   an extra blob (e.g. ``graph.npz``), addressed by its own content
+    blobs/<sha256>.<extra name>   an extra blob (e.g. ``graph.npz``, ``weights.safetensors``), addressed by its
+                                  own content
     catalog/<name>.json           one record per model, written last: its presence is the commit
     tmp/<uuid>.<file name>        in-flight writes on filesystems that rename (local, HDFS)
 
@@ -14,7 +15,9 @@ Invariants:
     * every key is written atomically: temp name + rename where the filesystem renames, one PUT per key on
       object stores (atomic per key there). HDFS does not rename onto an existing file, so there an update of a
       catalog entry deletes the old entry just before the rename;
-    * blobs are verified against their sha256 on every read; nothing is ever pickled;
+    * blobs are verified against their sha256 on every read (a local file handed out by :meth:`ModelStore.extra_path`
+      once per process, file size and mtime); nothing is ever pickled;
+    * extras given as local files (weights of any size) are streamed in and out in chunks, never held whole;
     * reopening a store restores every model from the files alone; the in-memory records are only a cache.
 
 Durability here means surviving the death of the writing process. Concurrent writers to one name are not
@@ -23,8 +26,11 @@ serialized across processes (last catalog write wins); keeper's Ray service funn
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import shutil
+import tempfile
 import logging
 import math
 import os
@@ -33,6 +39,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import pyarrow as pa
@@ -64,8 +71,22 @@ def check_name(name: object, what: str = "model name") -> str:
     return name
 
 
-def sha256(data: bytes | bytearray | memoryview) -> str:
+_CHUNK = 1 << 24
+
+
+def sha256(data: bytes | bytearray | memoryview | os.PathLike) -> str:
+    """The hex sha256 of bytes, or of a local file's content (read in chunks)."""
+    if isinstance(data, os.PathLike):
+        h = hashlib.sha256()
+        with open(data, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
     return hashlib.sha256(data).hexdigest()
+
+
+def _size(data: bytes | bytearray | memoryview | os.PathLike) -> int:
+    return os.path.getsize(data) if isinstance(data, os.PathLike) else memoryview(data).nbytes
 
 
 def _finite(value: object, what: str) -> float:
@@ -243,12 +264,18 @@ class ModelStore:
                 return f.read()
         return self._call("read", key, read, missing_ok=missing_ok)
 
-    def _write(self, key: str, data: bytes | bytearray | memoryview) -> None:
-        """Replace ``key`` atomically: one PUT on object stores, temp file + rename elsewhere."""
+    def _write(self, key: str, data: bytes | bytearray | memoryview | os.PathLike) -> None:
+        """Replace ``key`` atomically: one PUT on object stores, temp file + rename elsewhere. ``data`` may be a
+        local file's path, streamed in chunks."""
         def put(path: str) -> Callable[[], None]:
             def write() -> None:
                 with self._fs.open_output_stream(path) as f:
-                    f.write(data)
+                    if isinstance(data, os.PathLike):
+                        with open(data, "rb") as src:
+                            while chunk := src.read(_CHUNK):
+                                f.write(chunk)
+                    else:
+                        f.write(data)
             return write
 
         if not self._renames:
@@ -340,8 +367,16 @@ class ModelStore:
 
     # -- public API
     def put(self, name: str, blob: bytes, *, accuracy: float, num_params: int, summary: dict,
-            extras: Mapping[str, bytes] | None = None) -> tuple[ModelRecord, bool]:
+            extras: Mapping[str, bytes | os.PathLike] | None = None,
+            content_extras: tuple[str, ...] = (), known_checksums: Mapping[str, str] | None = None
+            ) -> tuple[ModelRecord, bool]:
         """Store a model under ``name``: blobs first, the catalog entry last.
+
+        Args:
+            extras: extra name -> bytes, or a local file's path (streamed; weights of any size).
+            content_extras: extras that are part of the model's content (its weights), not derived from it: they
+                count in ``nbytes`` and in what "this exact content" means.
+            known_checksums: sha256 of extras the caller has just computed (a large file is then read once less).
 
         Returns:
             ``(record, created)``; ``created`` is False when ``name`` already holds this exact content
@@ -362,27 +397,38 @@ class ModelStore:
         extras = dict(extras or {})
         for e, data in extras.items():
             check_name(e, f"model {name!r}: extra name")
-            if not isinstance(data, (bytes, bytearray, memoryview)):
-                raise AdmissionError(f"model {name!r}: extra {e!r} must be bytes, got {type(data).__name__}")
+            if not isinstance(data, (bytes, bytearray, memoryview, os.PathLike)):
+                raise AdmissionError(f"model {name!r}: extra {e!r} must be bytes or a file path, got "
+                                     f"{type(data).__name__}")
+        unknown = sorted(set(content_extras) - set(extras))
+        if unknown:
+            raise AdmissionError(f"model {name!r}: content extras {unknown} are not among the extras given")
         checksum = sha256(blob)
+        known = dict(known_checksums or {})
+        sums = {e: known[e] if e in known else sha256(data) for e, data in extras.items()}
         with self._write_lock:
             existing = self._read_record(name)
             if existing is not None:
                 with self._cache_lock:
                     self._records[name] = existing
-                if existing.checksum == checksum:
+                if existing.checksum == checksum and all(existing.extra_checksums.get(e) == sums[e]
+                                                         for e in content_extras):
                     return existing, False
                 raise AdmissionError(f"model name {name!r} is taken by different content (sha256 "
                                      f"{existing.checksum[:12]}..., this one {checksum[:12]}...) in the zoo at "
                                      f"{self._uri}; pick another name or remove {name!r} first")
-            sums = {e: sha256(data) for e, data in extras.items()}
-            rec = ModelRecord(name=name, accuracy=acc, checksum=checksum, nbytes=memoryview(blob).nbytes,
+            nbytes = memoryview(blob).nbytes + sum(_size(extras[e]) for e in content_extras)
+            rec = ModelRecord(name=name, accuracy=acc, checksum=checksum, nbytes=nbytes,
                               num_params=num_params, summary=summ, created=time.time(), hits=0.0,
                               extras=tuple(sorted(extras)), extra_checksums=sums)
             keys = self._keys(rec)
             self._write(keys[0], blob)
             for e, key in zip(rec.extras, keys[1:]):
                 self._write(key, extras[e])
+                if isinstance(extras[e], os.PathLike) and isinstance(self._fs, pafs.LocalFileSystem):
+                    # copied from a file just hashed: checked once, as extra_path would check it
+                    st = os.stat(self._path(key))
+                    _VERIFIED.add((self._path(key), st.st_size, st.st_mtime_ns, sums[e]))
             self._write_record(rec)  # the commit point
         return rec, True
 
@@ -427,6 +473,57 @@ class ModelStore:
                                      "register it again with that extra")
         sum_ = rec.extra_checksums[extra]
         return self._verified(rec, f"blobs/{sum_}.{extra}", sum_, f"extra {extra!r}")
+
+    def extra_path(self, name: str, extra: str) -> str:
+        """A local file holding the extra ``extra`` of ``name``, verified against its checksum, for memory-mapping
+        (weights of any size): the blob itself on a local store, else a copy streamed into a temporary directory
+        of this process (content-addressed, so kept and shared by later calls). Never read whole into memory.
+
+        Raises:
+            ModelNotFoundError: no such model or extra. CorruptModelError: the stored bytes are damaged.
+        """
+        rec = self.record(name)
+        if extra not in rec.extra_checksums:
+            raise ModelNotFoundError(f"model {name!r} has no extra {extra!r} (it has {list(rec.extras)})")
+        sum_ = rec.extra_checksums[extra]
+        key = f"blobs/{sum_}.{extra}"
+        if isinstance(self._fs, pafs.LocalFileSystem):
+            path = self._path(key)
+        else:
+            path = os.path.join(_download_dir(), f"{sum_}.{extra}")
+            if not os.path.exists(path):
+                self._download(rec, key, path)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            if self._read_record(rec.name) is None:
+                self._forget(rec.name)
+                raise ModelNotFoundError(f"model {rec.name!r} was removed from the zoo at {self._uri}") from None
+            raise CorruptModelError(f"model {rec.name!r}: extra {key!r} is missing from the zoo at {self._uri}; "
+                                    "remove the model and register it again") from None
+        stamp = (path, st.st_size, st.st_mtime_ns, sum_)
+        if stamp not in _VERIFIED:
+            if sha256(Path(path)) != sum_:
+                if not isinstance(self._fs, pafs.LocalFileSystem):
+                    os.remove(path)  # a damaged copy must not be served again once the store is repaired
+                raise CorruptModelError(f"model {rec.name!r}: extra {key!r} does not match its sha256 {sum_[:12]}... "
+                                        "(the stored bytes are damaged); remove the model and register it again")
+            _VERIFIED.add(stamp)
+        return path
+
+    def _download(self, rec: ModelRecord, key: str, path: str) -> None:
+        tmp = f"{path}.{uuid.uuid4().hex}.part"
+
+        def fetch() -> None:
+            with self._fs.open_input_stream(self._path(key)) as src, open(tmp, "wb") as dst:
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+        try:
+            self._call("read", key, fetch)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     def records(self) -> list[ModelRecord]:
         """Every complete model, sorted by name (from the cache; :meth:`reload` re-reads the files)."""
@@ -549,6 +646,20 @@ class ModelStore:
 
     def __repr__(self) -> str:
         return f"ModelStore({self._uri!r}, models={len(self)})"
+
+
+# local files already checked against their checksum in this process: (path, size, mtime_ns, sha256)
+_VERIFIED: set[tuple[str, int, int, str]] = set()
+_DOWNLOADS: list[str] = []
+
+
+def _download_dir() -> str:
+    """This process's directory for extras copied from remote stores, removed when the process exits (a file
+    still memory-mapped then stays readable until unmapped)."""
+    if not _DOWNLOADS:
+        _DOWNLOADS.append(tempfile.mkdtemp(prefix="keeper-blobs-"))
+        atexit.register(shutil.rmtree, _DOWNLOADS[0], True)
+    return _DOWNLOADS[0]
 
 
 def _redact(uri: str) -> str:

@@ -2,9 +2,18 @@
 
 The exporters rename (dynamo: ``val_22``), transpose (MatMul weights stored as ``W.T``), deduplicate (equal
 initializers behind Identity nodes) and can fold parameters. Keeper does not guess names: it exports once with
-every parameter and float buffer temporarily set to distinct seeded random values, matches each ONNX tensor to
-its state_dict entry by exact value (as is, or transposed), then writes the module's real values into the ONNX.
-Invariant: the module is left exactly as it was (values, training mode) after :func:`export`.
+every parameter and float buffer temporarily set to distinct seeded random values, and matches each ONNX tensor to
+its state_dict entry by exact value (as is, or transposed).
+
+:func:`export_graph` stops there: the architecture is the graph whose mapped initializers hold no data, and the
+weights are the module's own tensors, read in place (:func:`module_weights`: views of CPU tensors, copied only
+from other devices). :func:`warm_start` and :func:`register` take that path, so no weight is serialised into ONNX
+and a module of any size works. (With the dynamo exporter the stamped values are not even serialised: keeper reads
+them from the exported program and writes the graph with placeholders.) :func:`export` writes the module's real
+values into the ONNX, for models under protobuf's 2 GiB that need ONNX with weights.
+
+Invariant: the module is left exactly as it was (values, training mode) after :func:`export` and
+:func:`export_graph`.
 """
 
 from __future__ import annotations
@@ -14,28 +23,36 @@ import io
 import json
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
+import onnx
 import torch
+from onnx import numpy_helper
 
 from keeper.errors import KeeperError
 from keeper.graph import graph_from_proto
 from keeper.onnx_safety import load_model
-from keeper.onnx_weights import read_initializers, write_weights
+from keeper.onnx_safety import has_data
+from keeper.onnx_weights import apart_specs, clear_data, read_initializers, write_weights
 from keeper.warm import WarmResult
 
-__all__ = ["Exported", "export", "load_warm", "load_result", "warm_start", "warm_exported", "architecture_template",
-           "fill_template"]
+__all__ = ["Exported", "export", "export_graph", "module_weights", "register", "load_warm", "load_result",
+           "warm_start", "warm_exported", "architecture_template", "fill_template"]
 
 
 @dataclass
 class Exported:
-    """ONNX bytes of a module and, per ONNX tensor key, (state_dict key, "same" | "T")."""
+    """ONNX bytes of a module and, per ONNX tensor key, (state_dict key, "same" | "T").
+
+    ``apart``: for a graph without weights (:func:`export_graph`), each data-less initializer -> the ONNX key
+    whose state_dict entry holds its value (empty when ``onnx`` holds the weights)."""
 
     onnx: bytes
     keys: dict[str, tuple[str, str]]
+    apart: dict[str, str] = field(default_factory=dict)
 
 
 def _float_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -43,11 +60,29 @@ def _float_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def export(module: torch.nn.Module, example_input: Any, *, dynamo: bool | None = None, seed: int = 0) -> Exported:
-    """Export ``module`` with BatchNorm kept (not folded) and map ONNX tensors to state_dict keys.
+    """Export ``module`` as ONNX with its weights (under protobuf's 2 GiB), BatchNorm kept (not folded), and map
+    ONNX tensors to state_dict keys.
 
     Args:
         dynamo: True for torch's dynamo exporter (the default when None; ``KEEPER_EXPORTER=torchscript`` or
             False selects TorchScript).
+    """
+    graph = export_graph(module, example_input, dynamo=dynamo, seed=seed)
+    proto = load_model(graph.onnx, what="exported module")
+    saved = {k: v.detach() for k, v in _float_state(module).items()}
+    return Exported(_with_state(proto, graph.keys, _key_shapes(proto, graph.keys), saved).SerializeToString(),
+                    graph.keys)
+
+
+def export_graph(module: torch.nn.Module, example_input: Any, *, dynamo: bool | None = None,
+                 seed: int = 0) -> Exported:
+    """Export ``module``'s architecture: ONNX whose initializers holding a parameter have no data (any size), the
+    ONNX-to-state_dict map, and ``apart`` (which key feeds each data-less initializer). Weights:
+    :func:`module_weights`.
+
+    Example:
+        >>> g = export_graph(model, torch.randn(1, 3, 32, 32))          # doctest: +SKIP
+        >>> zoo.warm(g.onnx, weights=module_weights(model, g))          # doctest: +SKIP
     """
     if dynamo is None:
         dynamo = os.environ.get("KEEPER_EXPORTER", "dynamo") != "torchscript"
@@ -64,20 +99,61 @@ def export(module: torch.nn.Module, example_input: Any, *, dynamo: bool | None =
                 # distinct values per tensor: a random draw plus a per-tensor offset
                 stamp = torch.rand(v.shape, generator=gen, dtype=torch.float32) + len(stamps) * 2.0 + 1.0
                 v.copy_(stamp.to(v.dtype))
-                stamps[k] = v.detach().cpu().float().numpy().copy()
+                # matched while the module still holds the stamps: a float32 CPU tensor is read in place
+                stamps[k] = (v.detach().numpy() if v.dtype == torch.float32 and v.device.type == "cpu"
+                             else v.detach().cpu().float().numpy())
         module.eval()
-        raw = _export_bytes(module, args, dynamo)
+        if dynamo:
+            proto, inits = _dynamo_graph(module, args)
+        else:
+            proto = load_model(_export_bytes(module, args, dynamo), what="exported module")
+            inits = read_initializers(proto)
+        graph = graph_from_proto(proto)
+        keys = _match_keys(graph, inits, stamps)  # inside: dynamo's arrays are views of the stamped module
     finally:
         with torch.no_grad():
             for k, v in state.items():
                 v.copy_(saved[k])
         for m, training in was_training.items():
             m.training = training
-    proto = load_model(raw, what="exported module")
-    graph = graph_from_proto(proto)
+    apart = {}
+    for refs in graph.tensors:
+        for r in refs:
+            if r.key in keys:
+                apart.setdefault(r.source, r.key)
+    for init in proto.graph.initializer:
+        if init.name in apart and has_data(init):
+            clear_data(init)
+        elif init.name not in apart and not has_data(init) and init.name in inits:
+            # a constant the exporter made (no state_dict entry): its data stays in the graph
+            init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(inits[init.name]), init.name))
+    return Exported(proto.SerializeToString(), keys, apart)
+
+
+def _dynamo_graph(module: torch.nn.Module, args: tuple) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The dynamo export as a ModelProto whose float initializers hold placeholders instead of data, and those
+    initializers' values as arrays (views of the module's tensors where torch allows): the weights are never
+    serialised."""
+    import onnx_ir as ir
+
+    quiet = contextlib.redirect_stdout(io.StringIO())
+    with warnings.catch_warnings(), quiet:
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, args, dynamo=True, optimize=False)
+    values = {}
+    for name, value in program.model.graph.initializers.items():
+        tensor = value.const_value
+        if tensor is None or tensor.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16,
+                                                  ir.DataType.DOUBLE) or tensor.size < 2:
+            continue
+        values[name] = tensor.numpy()
+        # an external reference serialises no data; load_model(weights_apart=True) drops it unread
+        value.const_value = ir.ExternalTensor("keeper-weights-apart", 0, tensor.nbytes, tensor.dtype,
+                                              shape=tensor.shape, name=name)
+    proto = load_model(ir.to_proto(program.model), what="exported module", weights_apart=True)
     inits = read_initializers(proto)
-    keys = _match_keys(graph, inits, stamps)
-    return Exported(_with_state(proto, keys, _key_shapes(proto, keys), saved).SerializeToString(), keys)
+    inits.update(values)
+    return proto, inits
 
 
 def _key_shapes(proto, keys: dict[str, tuple[str, str]]) -> dict[str, tuple[int, ...]]:
@@ -110,6 +186,42 @@ def _with_state(proto, keys: dict[str, tuple[str, str]], shapes: dict[str, tuple
     return write_weights(proto, real)
 
 
+def module_weights(module: torch.nn.Module, exported: Exported) -> dict[str, np.ndarray]:
+    """The weights :func:`export_graph`'s graph leaves without data, from ``module`` as it is now: read-only
+    views of CPU tensors (transposed and reshaped lazily as views where numpy can), copies from other devices.
+    dtypes are kept (bfloat16 as ``ml_dtypes.bfloat16``)."""
+    state = _float_state(module)
+    specs = apart_specs(load_model(exported.onnx, what="exported module"))
+    out = {}
+    for init, key in exported.apart.items():
+        sd_key, how = exported.keys[key]
+        if sd_key not in state:
+            raise KeeperError(f"module: state_dict has no entry {sd_key!r}, which the exported graph needs; export "
+                              "the module again")
+        arr = _tensor_view(state[sd_key])
+        arr = arr.T if how == "T" else arr
+        out[init] = arr.reshape(specs[init][1])
+        out[init].flags.writeable = False
+    return out
+
+
+def _tensor_view(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: the same bits, viewed as ml_dtypes'
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def register(module: torch.nn.Module, example_input: Any, zoo: Any, accuracy: float, name: str | None = None, *,
+             dynamo: bool | None = None) -> Any:
+    """Register a trained ``module`` into a :class:`keeper.Zoo`: its graph and its weights apart (safetensors in
+    the store), so no weight is serialised into ONNX and any size works. Returns the zoo's record."""
+    exported = export_graph(module, example_input, dynamo=dynamo)
+    return zoo.register(exported.onnx, accuracy, name, weights=module_weights(module, exported))
+
+
 def _as_numpy(v: Any) -> np.ndarray:
     """``v`` as a float array of its own precision (float64 must not round through float32; bfloat16, which
     numpy lacks, widens to float32); write_weights then casts to the ONNX tensor's dtype."""
@@ -133,10 +245,7 @@ def architecture_template(exported: Exported) -> bytes:
     shapes = _key_shapes(proto, exported.keys)
     for init in proto.graph.initializer:
         if init.name in exported.keys:
-            name, dtype, dims = init.name, init.data_type, list(init.dims)
-            init.Clear()
-            init.name, init.data_type = name, dtype
-            init.dims.extend(dims)
+            clear_data(init)
     prop = proto.metadata_props.add()
     table = {k: [sd, how, list(shapes[k])] for k, (sd, how) in exported.keys.items()}
     prop.key, prop.value = _KEYS_PROP, json.dumps(table, sort_keys=True)
@@ -207,7 +316,7 @@ def _match_keys(graph, inits: dict[str, np.ndarray], stamps: dict[str, np.ndarra
         for r in refs:
             if r.key in out:
                 continue
-            a = inits[r.source].astype(np.float32)
+            a = np.asarray(inits[r.source], dtype=np.float32)  # no copy for float32
             for how, cand in (("same", a), ("T", a.T if a.ndim == 2 else None)):
                 if cand is None or not cand.size:
                     continue
@@ -222,7 +331,8 @@ def _match_keys(graph, inits: dict[str, np.ndarray], stamps: dict[str, np.ndarra
 
 
 def load_warm(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple[str, str]]) -> WarmResult:
-    """Copy ``result.weights`` into ``module`` in place, on each tensor's own device and dtype.
+    """Copy ``result.weights`` into ``module`` in place, on each tensor's own device and dtype; tensors the
+    child keeps (operator ``init``) are not copied: they are the module's own.
 
     Fills ``result.missing`` (float state_dict entries not warmed) and ``result.unexpected`` (warmed layer
     tensors with no state_dict entry) and returns ``result``.
@@ -232,6 +342,9 @@ def load_warm(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple
     unexpected = []
     with torch.no_grad():
         for onnx_key, (sd_key, how) in keys.items():
+            if sd_key in state and result.mapping.get(onnx_key, ("", ""))[1] == "init":
+                done.add(sd_key)  # the module's own tensor: it stays where it is
+                continue
             if onnx_key not in result.weights or sd_key not in state:
                 unexpected.append(onnx_key)
                 continue
@@ -240,11 +353,21 @@ def load_warm(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple
             dst = state[sd_key]
             if tuple(arr.shape) != tuple(dst.shape):
                 arr = arr.reshape(dst.shape)
-            dst.copy_(torch.from_numpy(np.array(arr, copy=True)).to(device=dst.device, dtype=dst.dtype))  # a writable copy
+            dst.copy_(_as_tensor(arr))  # copy_ converts dtype and device in one pass
             done.add(sd_key)
     result.unexpected = sorted(set(unexpected) | {k for k in result.mapping if k not in keys})
     result.missing = sorted(k for k in state if k not in done)
     return result
+
+
+def _as_tensor(arr: np.ndarray) -> torch.Tensor:
+    """A CPU tensor sharing ``arr``'s memory (read only here: the caller copies out of it)."""
+    arr = np.ascontiguousarray(arr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns about read-only arrays; nothing writes through this tensor
+        if arr.dtype == np.dtype(ml_dtypes.bfloat16):
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
 
 
 def warm_start(module: torch.nn.Module, example_input: Any, zoo_or_handle: Any, *, noise: float | None = None,
@@ -256,21 +379,31 @@ def warm_start(module: torch.nn.Module, example_input: Any, zoo_or_handle: Any, 
         >>> result = warm_start(model, torch.randn(1, 1, 40), zoo)  # doctest: +SKIP
         >>> result.parent, result.score                              # doctest: +SKIP
     """
-    return warm_exported(module, export(module, example_input, dynamo=dynamo), zoo_or_handle, noise=noise,
+    return warm_exported(module, export_graph(module, example_input, dynamo=dynamo), zoo_or_handle, noise=noise,
                          timeout_s=timeout_s)
 
 
 def warm_exported(module: torch.nn.Module, exported: Exported, zoo_or_handle: Any, *, noise: float | None = None,
                   timeout_s: float = 300.0) -> WarmResult:
-    """:func:`warm_start` for a module already exported (``exported = export(module, ...)``)."""
-    kwargs = {} if noise is None else {"noise": noise}
-    if hasattr(zoo_or_handle, "warm") and hasattr(zoo_or_handle.warm, "remote"):
-        from keeper.actors.remote import Demand, get
+    """:func:`warm_start` for a module already exported (by :func:`export_graph`, or :func:`export`).
 
-        need = Demand("warm_start: the keeper service's warm", actor=zoo_or_handle)
-        result = get(zoo_or_handle.warm.remote(exported.onnx, **kwargs), timeout_s, need)
+    With a service handle, the service only chooses the parent (it receives the graph's arrays, kilobytes); the
+    transform runs here, reading the parent from the zoo's store, so no weights pass through an actor."""
+    child_weights = module_weights(module, exported) if exported.apart else None
+    if hasattr(zoo_or_handle, "choose") and hasattr(zoo_or_handle.choose, "remote"):
+        from keeper.actors.remote import Demand, get
+        from keeper.actors.transfer import warm_from_store
+        from keeper.graph import load_graph
+
+        graph = load_graph(exported.onnx)  # once: the service gets its arrays, the transfer below reuses it
+        choice = get(zoo_or_handle.choose.remote(graph.to_arrays(), True), timeout_s,
+                     Demand("warm_start: the keeper service's parent choice", actor=zoo_or_handle))
+        result = warm_from_store(choice.uri, choice.parent, exported.onnx,
+                                 choice.noise if noise is None else float(noise), choice.seed, graph,
+                                 child_weights=child_weights)
     else:
-        result = zoo_or_handle.warm(exported.onnx, **kwargs)
+        kwargs = {} if noise is None else {"noise": noise}
+        result = zoo_or_handle.warm(exported.onnx, weights=child_weights, **kwargs)
     return load_result(module, result, exported.keys)
 
 

@@ -1,23 +1,35 @@
 """WarmResult, and warming one child from one chosen parent.
 
-A WarmResult holds plain data only (strings, floats, numpy arrays, the child's ONNX bytes), so Ray moves it
-with its zero-copy numpy path and no user object is pickled on the wire.
+A model reaches this module as its graph (ONNX) and its weights: inline in the ONNX (models under protobuf's
+2 GiB), or apart in safetensors (any size; the graph's initializers then hold no data). Weights from a file are
+memory-mapped and checked against the graph before any transform; the transform streams tensor by tensor.
+
+Weights in a WarmResult: a plain dict of child initializer name -> numpy array. Arrays are in memory, or
+read-only memory-mapped views of a safetensors file the warm wrote (``out=``), or, for tensors the child keeps, the
+child's own arrays. A WarmResult holds plain data only (strings, floats, numpy arrays, the child's graph bytes), so
+Ray moves it with its zero-copy numpy path (arrays travel as out-of-band buffers; memory-mapped ones are read
+into the object store, never pickled as objects) and no user object is pickled on the wire. A child too large to
+travel whole is warmed where it is needed: ``warm_from_store`` reads the parent straight from the store there.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import onnx
 
+from keeper.errors import InvalidModelError
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
-from keeper.onnx_safety import ModelInput, load_model
-from keeper.onnx_weights import read_initializers, write_weights
+from keeper.onnx_safety import MAX_MODEL_BYTES, ModelInput, load_model
+from keeper.onnx_weights import apart_specs, model_weights, write_weights
 from keeper.transforms import transfer
+from keeper.transforms.compose import Transfer
+from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, save_weights
 
 __all__ = ["WarmResult", "warm_from_parent", "cold_result", "DEFAULT_NOISE"]
 
@@ -32,12 +44,15 @@ class WarmResult:
     Attributes:
         parent: name of the parent model in the zoo, or None when the child keeps its own weights.
         score: similarity of the parent to the child (fraction of child parameter elements inherited).
-        weights: child ONNX initializer name -> array, for every initializer (and every untied alias).
+        weights: child ONNX initializer name -> array, for every initializer (and every untied alias), except
+            those named in ``unset``. Arrays may be read-only memory-mapped views (see the module docstring).
         mapping: child tensor -> (parent tensor or None, operator), operators such as ``copy``, ``widen``,
             ``kernel-pad``, ``identity``, ``zero``, ``init``.
-        model: the child's ONNX bytes as given (its own initial weights).
+        model: the child's ONNX bytes as given (its graph, with its own initial weights when they were inline).
         missing / unexpected: filled by torch loading: state_dict keys not warmed / warm keys with no
             state_dict entry.
+        unset: child tensors with no value: the child came as a graph without weights and the parent supplies
+            none of them (operator ``init``); the caller's own initialisation fills them.
     """
 
     parent: str | None
@@ -47,10 +62,27 @@ class WarmResult:
     model: bytes = b""
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
+    unset: list[str] = field(default_factory=list)
 
     def to_onnx(self) -> onnx.ModelProto:
-        """The child model with the warmed initializers."""
+        """The child model with the warmed initializers (models under protobuf's 2 GiB; larger ones:
+        :meth:`save_weights` next to the graph in ``model``).
+
+        Raises:
+            InvalidModelError: the weights exceed what one ONNX file can hold, or some tensors are ``unset``.
+        """
+        if self.unset:
+            raise InvalidModelError(f"warm result: {len(self.unset)} tensors have no value (first: {self.unset[0]!r})"
+                                    ": the child came without weights; save_weights() writes the warmed ones")
+        size = sum(int(np.asarray(v).nbytes) for v in self.weights.values())
+        if size > MAX_MODEL_BYTES:
+            raise InvalidModelError(f"warm result: {size} bytes of weights do not fit one ONNX file (protobuf's "
+                                    "2 GiB); write them with save_weights(path) and keep the graph apart")
         return write_weights(load_model(self.model, what="child model"), self.weights)
+
+    def save_weights(self, path: str | os.PathLike) -> None:
+        """Write ``weights`` as a safetensors file, one tensor at a time (any size, dtypes kept)."""
+        save_weights(self.weights, path)
 
     def summary(self) -> dict[str, Any]:
         """Counts of child tensors per operator, and the share of tensors that came from the parent."""
@@ -60,20 +92,65 @@ class WarmResult:
                 "from_parent": inherited, "operators": dict(sorted(ops.items()))}
 
 
-def cold_result(child: ModelInput, graph: LayerGraph | None = None) -> WarmResult:
-    """The child's own weights, no parent (``graph``: the child's, when the caller has extracted it)."""
-    proto = load_model(child, what="child model")
+def _read(model: ModelInput, weights: WeightsInput | None, what: str,
+          child: bool = True) -> tuple[onnx.ModelProto, dict, list[str]]:
+    """The checked proto, its weights, and, for a child, the data-less initializers that got no value (a zero
+    broadcast to the shape stands in, so the transform sees shape and dtype; it takes no memory). A parent's
+    weights must all be there."""
+    proto = load_model(model, what=what, weights_apart=weights is not None)
+    if weights is not None or not child or not apart_specs(proto):
+        return proto, model_weights(proto, weights, what), []
+    arrays = model_weights(_without_apart(proto), None, what)
+    specs = apart_specs(proto)
+    arrays.update({k: np.broadcast_to(np.zeros((), dtype), shape) for k, (dtype, shape) in specs.items()})
+    return proto, arrays, sorted(specs)
+
+
+def _without_apart(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A model holding only ``proto``'s initializers that have data (to read them)."""
+    apart = apart_specs(proto)
+    light = onnx.ModelProto()
+    light.graph.initializer.extend(t for t in proto.graph.initializer if t.name not in apart)
+    return light
+
+
+def cold_result(child: ModelInput, child_weights: WeightsInput | None = None, *,
+                out: str | os.PathLike | None = None, graph: LayerGraph | None = None) -> WarmResult:
+    """The child's own weights, no parent (``out``: also written there as safetensors, ``unset`` ones as zeros,
+    as :func:`warm_from_parent` writes them; ``graph``: the child's, when the caller has extracted it)."""
+    proto, weights, unset = _read(child, child_weights, "child model")
     graph = graph if graph is not None else graph_from_proto(proto)
-    weights = dict(read_initializers(proto))
     mapping = {r.key: (None, "init") for refs in graph.tensors for r in refs}
     _add_aliases(graph, weights)
-    return WarmResult(None, 0.0, weights, mapping, proto.SerializeToString())
+    if out is not None:
+        specs = {k: (v.dtype, v.shape) for k, v in weights.items()}
+        with SafeTensorsWriter(out, specs, missing_as_zeros=bool(unset)) as w:
+            for k, v in weights.items():
+                if k not in unset:
+                    w.write(k, v)
+        weights = dict(SafeTensors(out, "child weights"))
+    for k in unset:
+        weights.pop(k, None)
+    return WarmResult(None, 0.0, weights, mapping, proto.SerializeToString(), unset=unset)
 
 
-def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_name: str | None = None,
+def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: WeightsInput | None = None,
+                     child_weights: WeightsInput | None = None, parent_name: str | None = None,
                      parent_graph: LayerGraph | None = None, child_graph: LayerGraph | None = None,
-                     alignment: Alignment | None = None, noise: float = DEFAULT_NOISE, seed: int = 0) -> WarmResult:
-    """Warm ``child`` from ``parent`` (both ONNX bytes, paths or ModelProtos with weights).
+                     alignment: Alignment | None = None, noise: float = DEFAULT_NOISE, seed: int = 0,
+                     out: str | os.PathLike | None = None) -> WarmResult:
+    """Warm ``child`` from ``parent`` (ONNX bytes, paths or ModelProtos, each with its weights inline or apart).
+
+    Args:
+        parent_weights / child_weights: safetensors bytes, a path (memory-mapped) or a mapping of arrays, for the
+            initializers a graph holds without data; checked against the graph (names, dtypes, dims) first. A
+            child given as a graph without weights keeps nothing of its own: tensors the parent does not supply
+            are listed in ``unset``.
+        out: write the child's weights to this safetensors file as they are made (peak memory: one tensor);
+            the result's ``weights`` are then memory-mapped views of it.
+
+    Raises:
+        InvalidWeightsError: a weights file is unreadable or does not fit its graph (nothing is transformed).
 
     Example:
         >>> r = warm_from_parent(parent_bytes, child_bytes, noise=0.0)  # doctest: +SKIP
@@ -81,16 +158,53 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_name: str 
     """
     if not (noise >= 0.0 and np.isfinite(noise)):
         raise ValueError(f"noise must be a finite relative std >= 0, got {noise!r}")
-    pproto = load_model(parent, what="parent model")
-    cproto = load_model(child, what="child model")
+    pproto, pweights, _ = _read(parent, parent_weights, "parent model", child=False)
+    cproto, cweights, unset = _read(child, child_weights, "child model")
     pg = parent_graph or graph_from_proto(pproto)
     cg = child_graph or graph_from_proto(cproto)
     al = alignment or align(pg, cg)
-    child_inits = read_initializers(cproto)
-    moved = transfer(pg, read_initializers(pproto), cg, child_inits, al, noise=noise, seed=seed)
-    weights = dict(child_inits)
-    weights.update(moved.weights)
-    return WarmResult(parent_name, al.score, weights, moved.provenance, cproto.SerializeToString())
+    model = cproto.SerializeToString()
+    if out is None:
+        moved = transfer(pg, pweights, cg, cweights, al, noise=noise, seed=seed)
+        weights = dict(cweights)
+        weights.update(moved.weights)
+    else:
+        moved = _transfer_to_file(pg, pweights, cg, cweights, al, noise, seed, out, set(unset))
+        weights = dict(SafeTensors(out, "warmed weights"))  # read-only memory-mapped views
+    unset = [k for k in unset if moved.provenance.get(k, (None, "init"))[1] == "init"]
+    for k in unset:
+        weights.pop(k, None)
+    return WarmResult(parent_name, al.score, weights, moved.provenance, model, unset=unset)
+
+
+def _transfer_to_file(pg, pweights, cg, cweights: Mapping[str, np.ndarray], al, noise, seed,
+                      out, unset: set[str]) -> Transfer:
+    """The transfer with each child tensor written to ``out`` as it is made; tensors no layer reads (not in the
+    LayerGraph) are copied from the child afterwards. ``unset`` tensors the parent does not supply are left as
+    zeros in the file (never materialised)."""
+    specs = {k: (np.asarray(v).dtype, np.shape(v)) for k, v in cweights.items()}
+    for refs in cg.tensors:
+        for r in refs:
+            if r.key not in specs and r.source in specs:  # an untied alias gets a tensor of its own
+                specs[r.key] = (specs[r.source][0], _op_shape(r))
+    written: set[str] = set()
+    with SafeTensorsWriter(out, specs, missing_as_zeros=bool(unset)) as w:
+        def sink(key: str, value: np.ndarray) -> None:
+            written.add(key)
+            if not (key in unset and value is cweights[key]):  # the placeholder: its bytes stay zero
+                w.write(key, value)
+        moved = transfer(pg, pweights, cg, cweights, al, noise=noise, seed=seed, sink=sink)
+        for k in specs.keys() - written - unset:
+            w.write(k, cweights[k])
+    return moved
+
+
+def _op_shape(ref) -> tuple[int, ...]:
+    """The shape the op reads ``ref`` in (what an untied alias is stored as), from the chain alone."""
+    shape = tuple(int(d) for d in ref.source_shape)
+    for op, arg in ref.chain:
+        shape = tuple(shape[p] for p in arg) if op == "T" else tuple(int(d) for d in arg)
+    return shape
 
 
 def _add_aliases(graph: LayerGraph, weights: dict[str, np.ndarray]) -> None:

@@ -6,7 +6,11 @@ Invariants:
     * after every successful registration the zoo's blobs fit the byte budget; eviction removes the models of
       least value per byte (value = accuracy plus decayed parent hits), losers of near-duplicate pairs first;
     * reopening the same URI restores every model (graphs come back from their stored arrays, not re-parsed;
-      a graph stored by an older version is extracted again from its model once and stored back).
+      a graph stored by an older version is extracted again from its model once and stored back);
+    * a model registered with its weights apart is stored as its graph (the model blob, ONNX without the
+      weights' data) plus a ``weights.safetensors`` extra holding exactly the graph's data-less initializers,
+      checked before anything is stored; a model registered as ONNX with weights inside is stored as one blob,
+      as every record of earlier versions was. Both kinds load and warm; warming memory-maps a parent's weights.
 """
 
 from __future__ import annotations
@@ -15,23 +19,30 @@ import hashlib
 import io
 import logging
 import math
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
-from keeper.errors import AdmissionError, ModelNotFoundError, StoreError
+from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
+from keeper.onnx_weights import apart_specs
 from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage
-from keeper.store import ModelRecord, ModelStore, check_name
+from keeper.store import ModelRecord, ModelStore, check_name, sha256
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
+from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, check_weights, open_weights
 
-__all__ = ["Zoo", "ZooConfig", "graph_blob", "graph_format", "graph_from_blob"]
+__all__ = ["Zoo", "ZooConfig", "graph_blob", "graph_format", "graph_from_blob", "stored_weights"]
 
 GRAPH_EXTRA = "graph.npz"
+#: The extra holding a model's weights when they are kept apart from its graph.
+WEIGHTS_EXTRA = "weights.safetensors"
 log = logging.getLogger(__name__)
 
 
@@ -71,6 +82,27 @@ def graph_from_blob(blob: bytes, model: Callable[[], ModelInput] | None = None) 
         return load_graph(model())
     with np.load(io.BytesIO(blob), allow_pickle=False) as z:
         return LayerGraph.from_arrays({k: z[k] for k in z.files})
+
+
+def stored_weights(store: ModelStore, name: str) -> SafeTensors | None:
+    """The weights of ``name`` memory-mapped from the store (None when they are inside its ONNX blob)."""
+    if WEIGHTS_EXTRA not in store.record(name).extra_checksums:
+        return None
+    return SafeTensors(store.extra_path(name, WEIGHTS_EXTRA), f"model {name!r}: stored weights")
+
+
+def _normalized_weights(weights: WeightsInput, specs: dict, what: str, directory: str) -> Path:
+    """A safetensors file holding exactly the tensors ``specs`` names, checked against them: the caller's own file
+    when it holds just those, else a new one written tensor by tensor into ``directory``."""
+    st = open_weights(weights, what)
+    check_weights(st, specs, what)
+    if isinstance(st, SafeTensors) and st.path is not None and set(st) == set(specs):
+        return Path(st.path)
+    path = Path(directory) / "weights.safetensors"
+    with SafeTensorsWriter(path, specs) as w:
+        for k in specs:
+            w.write(k, st[k])
+    return path
 
 
 def check_accuracy(accuracy: float, name: str) -> float:
@@ -156,32 +188,63 @@ class Zoo:
         return sorted(self._graphs)
 
     # -- register / remove
-    def register(self, model: ModelInput, accuracy: float, name: str | None = None) -> ModelRecord:
-        """Admit a trained model (ONNX with weights) with its accuracy in [0, 1].
+    def register(self, model: ModelInput, accuracy: float, name: str | None = None, *,
+                 weights: WeightsInput | None = None) -> ModelRecord:
+        """Admit a trained model with its accuracy in [0, 1]: ONNX with weights inside, or its graph (ONNX whose
+        initializers hold no data, e.g. from :func:`keeper.torch_support.export_graph`) with ``weights`` apart as
+        safetensors keyed by initializer name (bytes, a path, or a mapping of arrays), for models of any size.
 
         Raises:
             AdmissionError: bad name or accuracy, an accuracy outlier, a name taken by other content, or a model
                 larger than the whole capacity. Nothing is stored then.
             InvalidModelError: the model is not a safe, readable ONNX model.
+            InvalidWeightsError: ``weights`` is unreadable, or lacks or mis-shapes a tensor the graph leaves
+                without data (the message names it). Nothing is stored then.
+
+        Example:
+            >>> zoo.register("graph.onnx", 0.91, "gpt-a", weights="model.safetensors")  # doctest: +SKIP
         """
-        proto = load_model(model, what=f"model {name!r}" if name else "model")
+        what = f"model {name!r}" if name else "model"
+        proto = load_model(model, what=what, weights_apart=weights is not None)
+        specs = apart_specs(proto)
+        if weights is None and specs:
+            raise InvalidWeightsError(f"{what}: initializer {next(iter(specs))!r} (and {len(specs) - 1} more) has no "
+                                      "data; pass the model's weights as safetensors (weights=..., --weights)")
+        if weights is not None and not specs:
+            raise InvalidWeightsError(f"{what}: every initializer holds its data inside the ONNX, so the weights "
+                                      "given apart would be ignored; pass the graph without weights, or no weights")
+        with tempfile.TemporaryDirectory(prefix="keeper-register-") as tmp:
+            wpath = _normalized_weights(weights, specs, f"{what} weights", tmp) if specs else None
+            return self._register(proto, wpath, accuracy, name)
+
+    def _register(self, proto, wpath: Path | None, accuracy: float, name: str | None) -> ModelRecord:
         blob = proto.SerializeToString()
         graph = graph_from_proto(proto)
+        wsum = None if wpath is None else sha256(wpath)
         checksum = hashlib.sha256(blob).hexdigest()
+        # the default name covers the weights too: one graph registered with two sets of weights is two models
+        ident = checksum if wsum is None else hashlib.sha256(f"{checksum}:{wsum}".encode()).hexdigest()
         # check an explicit name first: "" must not fall back to the hash name, and a bad name must not be
         # answered with the stored record of identical content
-        name = f"model-{checksum[:12]}" if name is None else check_name(name)
+        name = f"model-{ident[:12]}" if name is None else check_name(name)
         acc = check_accuracy(accuracy, name)
         for rec in self.store.records():
-            if rec.checksum == checksum:  # identical content: idempotent, whatever name it came with
+            # identical content: idempotent, whatever name it came with
+            if rec.checksum == checksum and rec.extra_checksums.get(WEIGHTS_EXTRA) == wsum:
                 return rec
         self._check_outlier(acc, name)
         cap = self.config.capacity_bytes
-        if cap is not None and len(blob) > cap:
-            raise AdmissionError(f"model {name!r}: {len(blob)} bytes exceeds the zoo capacity of {cap} bytes; "
+        size = len(blob) + (0 if wpath is None else os.path.getsize(wpath))
+        if cap is not None and size > cap:
+            raise AdmissionError(f"model {name!r}: {size} bytes exceeds the zoo capacity of {cap} bytes; "
                                  "raise capacity_bytes")
+        extras: dict = {GRAPH_EXTRA: graph_blob(graph)}
+        if wpath is not None:
+            extras[WEIGHTS_EXTRA] = Path(wpath)
         rec, created = self.store.put(name, blob, accuracy=acc, num_params=graph.total_params,
-                                      summary=graph.summary(), extras={GRAPH_EXTRA: graph_blob(graph)})
+                                      summary=graph.summary(), extras=extras,
+                                      content_extras=(WEIGHTS_EXTRA,) if wpath is not None else (),
+                                      known_checksums={WEIGHTS_EXTRA: wsum} if wsum is not None else None)
         if created:
             self._cache(name, graph)
             self._evict(protect=name)
@@ -268,21 +331,30 @@ class Zoo:
         return [Candidate(n, float(s), recs[n].accuracy, coverage(s, ca.total, self._arrays[n].total))
                 for n, s in zip(keep, scores) if n in recs]
 
-    def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> WarmResult:
-        """Warm-start ``model`` from the best parent in the zoo (its own weights when none clears the floor)."""
-        proto = load_model(model, what="child model")
+    def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None, *,
+             weights: WeightsInput | None = None, out: str | os.PathLike | None = None) -> WarmResult:
+        """Warm-start ``model`` from the best parent in the zoo (its own weights when none clears the floor).
+
+        Args:
+            model: the child: ONNX with its initial weights inside, or its graph alone (then ``weights`` holds
+                its initial weights, or, when absent, the tensors the parent does not supply are ``unset``).
+            out: stream the warmed weights into this safetensors file (any size; see :func:`warm_from_parent`).
+        """
+        proto = load_model(model, what="child model", weights_apart=weights is not None)
         graph = graph_from_proto(proto)
         best = choose_parent(self.candidates(graph), self.config.selection)
         if best is None:
-            return cold_result(proto, graph)
-        return self.warm_from(best.name, proto, graph, noise=noise, seed=seed)
+            return cold_result(proto, weights, out=out, graph=graph)
+        return self.warm_from(best.name, proto, graph, noise=noise, seed=seed, weights=weights, out=out)
 
     def warm_from(self, parent: str, child: ModelInput, child_graph: LayerGraph | None = None, *,
-                  noise: float | None = None, seed: int | None = None) -> WarmResult:
+                  noise: float | None = None, seed: int | None = None, weights: WeightsInput | None = None,
+                  out: str | os.PathLike | None = None) -> WarmResult:
         """Warm ``child`` from the named zoo model, and count the hit."""
         blob = self.store.get(parent)
-        result = warm_from_parent(blob, child, parent_name=parent, parent_graph=self.graph(parent),
-                                  child_graph=child_graph,
+        result = warm_from_parent(blob, child, parent_weights=stored_weights(self.store, parent),
+                                  child_weights=weights, parent_name=parent, parent_graph=self.graph(parent),
+                                  child_graph=child_graph, out=out,
                                   noise=self.config.noise if noise is None else noise,
                                   seed=self.config.seed if seed is None else seed)
         self.hit(parent)

@@ -25,7 +25,8 @@ from keeper.actors.transfer import read_parent
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
 from keeper.onnx_safety import ModelInput, load_model
-from keeper.onnx_weights import layer_arrays, read_initializers
+from keeper.onnx_weights import layer_arrays, model_weights, read_initializers
+from keeper.weights import WeightsInput
 from keeper.transforms.compose import LayerTensors, Transfer, transfer_layers
 from keeper.transforms.depth import identity_fill
 from keeper.transforms.width import take_inputs, take_units, unit_map
@@ -59,15 +60,15 @@ def published_transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], 
                        child_inits: dict[str, np.ndarray], alignment: Alignment, *, noise: float = PUBLISHED_NOISE,
                        seed: int = 0) -> Transfer:
     """Child weights warmed with the published system's operators (same signature as keeper's ``transfer``)."""
-    P, C = layer_arrays(parent, parent_inits), layer_arrays(child, child_inits)
+    P = layer_arrays(parent, parent_inits)
     pairs = np.asarray(alignment.pairs)
     rng = np.random.default_rng(seed)
     warmed = np.flatnonzero(pairs >= 0)
 
-    def inherited(c: int, p: int) -> LayerTensors:
+    def inherited(c: int, p: int, C: dict[str, np.ndarray]) -> LayerTensors:
         pkeys = {r.role: r.key for r in parent.tensors[p]}
         values: LayerTensors = {}
-        for role, ct in C[c].items():
+        for role, ct in C.items():
             if role not in P[p]:
                 values[role] = (np.array(ct, copy=True), None, "init")
                 continue
@@ -87,42 +88,45 @@ def published_transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], 
             values[role] = (_paste(t, ct).astype(ct.dtype), pkeys[role], "published")
         return values
 
-    def new(c: int) -> LayerTensors:
+    def new(c: int, C: dict[str, np.ndarray]) -> LayerTensors:
         near = warmed.size and int(np.min(np.abs(warmed - c))) <= _IDENTITY_REACH
-        filled = identity_fill(int(child.layer_kind[c]), C[c]) if near else None
+        filled = identity_fill(int(child.layer_kind[c]), C) if near else None
         values: LayerTensors = {}
-        for role, ct in C[c].items():
+        for role, ct in C.items():
             v = filled[role] if filled is not None and role in filled else np.array(ct, copy=True)
             if filled is not None and role == "weight":
                 v = v + rng.normal(0.0, PUBLISHED_NOISE, v.shape).astype(ct.dtype)
             values[role] = (v, None, "init")  # the published system keeps no provenance of its identities
         return values
 
-    return transfer_layers(child, lambda c: inherited(c, int(pairs[c])) if pairs[c] >= 0 else new(c))
+    return transfer_layers(child, child_inits,
+                           lambda c, C: inherited(c, int(pairs[c]), C) if pairs[c] >= 0 else new(c, C))
 
 
 def published_warm(parent: ModelInput, child: ModelInput, *, parent_name: str | None = None,
-                   parent_graph: LayerGraph | None = None, noise: float = PUBLISHED_NOISE,
-                   seed: int = 0) -> WarmResult:
+                   parent_graph: LayerGraph | None = None, parent_weights: WeightsInput | None = None,
+                   noise: float = PUBLISHED_NOISE, seed: int = 0) -> WarmResult:
     """``child`` warmed from ``parent`` as :func:`keeper.warm.warm_from_parent` does it (keeper's alignment),
     with the published system's operators in place of keeper's.
 
     Example:
         >>> r = published_warm(parent_bytes, child_bytes, noise=0.0)   # doctest: +SKIP
     """
-    pproto, cproto = load_model(parent, what="parent model"), load_model(child, what="child model")
+    pproto = load_model(parent, what="parent model", weights_apart=parent_weights is not None)
+    cproto = load_model(child, what="child model")
     pg, cg = parent_graph or graph_from_proto(pproto), graph_from_proto(cproto)
     al = align(pg, cg)
     own = read_initializers(cproto)
-    moved = published_transfer(pg, read_initializers(pproto), cg, own, al, noise=noise, seed=seed)
+    moved = published_transfer(pg, model_weights(pproto, parent_weights, "parent model"), cg, own, al, noise=noise,
+                               seed=seed)
     return WarmResult(parent_name, al.score, {**own, **moved.weights}, moved.provenance, cproto.SerializeToString())
 
 
 def published_warm_from_store(uri: str, parent: str, child: ModelInput, *, seed: int = 0) -> WarmResult:
     """:func:`published_warm` from the zoo model ``parent`` stored at ``uri`` (read as keeper's transfer task
     reads it, :func:`keeper.actors.transfer.read_parent`), with the published system's noise."""
-    blob, graph = read_parent(uri, parent)
-    return published_warm(blob, child, parent_name=parent, parent_graph=graph, seed=seed)
+    blob, graph, weights = read_parent(uri, parent)
+    return published_warm(blob, child, parent_name=parent, parent_graph=graph, parent_weights=weights, seed=seed)
 
 
 def name_shape_load(module: Any, parent_state: dict[str, Any]) -> tuple[int, int]:

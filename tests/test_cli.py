@@ -267,3 +267,56 @@ def test_keeper_zoo_environment_variable_is_the_default(tmp_path, monkeypatch, c
     other = str(tmp_path / "other")
     code, out, _ = keeper(capsys, "zoo", "ls", "--zoo", other)
     assert code == 0 and out.startswith(f"0 models in {other}")
+
+
+# ---------------------------------------------------------------------------------------------- weights apart
+
+def test_register_and_warm_a_graph_with_its_weights_apart(tmp_path, zoo_dir, capsys):
+    from keeper.onnx_weights import split_weights
+    from keeper.weights import SafeTensors, save_weights
+
+    parent = mlp_onnx([24, 10], 1)
+    graph, weights = split_weights(onnx.load_from_string(parent), min_elements=1)
+    gpath = write(tmp_path / "graph.onnx", graph.SerializeToString())
+    save_weights(weights, tmp_path / "model.safetensors")
+    code, out, _ = keeper(capsys, "register", gpath, "--weights", str(tmp_path / "model.safetensors"),
+                          "--accuracy", "0.9", "--name", "apart", "--zoo", zoo_dir)
+    assert code == 0 and "registered apart" in out
+    code, _, err = keeper(capsys, "register", gpath, "--accuracy", "0.9", "--name", "bare", "--zoo", zoo_dir)
+    assert code == 1 and "'fc0.weight'" in err and "--weights" in err
+    code, _, err = keeper(capsys, "register", gpath, "--weights", str(tmp_path / "nope.safetensors"),
+                          "--accuracy", "0.9", "--zoo", zoo_dir)
+    assert code == 1 and "nope.safetensors" in err
+    # warm an ONNX child into safetensors: the warmed weights alone, computing the parent's function
+    child = write(tmp_path / "child.onnx", mlp_onnx([40, 10], 2))
+    out_path = tmp_path / "warm.safetensors"
+    code, out, _ = keeper(capsys, "warm", child, "-o", str(out_path), "--noise", "0", "--zoo", zoo_dir)
+    assert code == 0 and "parent apart" in out and f"wrote {out_path}" in out
+    warmed = SafeTensors(out_path)
+    proto = onnx.load(child)
+    for t in proto.graph.initializer:
+        t.CopyFrom(numpy_helper.from_array(np.array(warmed[t.name]), t.name))
+    x = np.random.default_rng(0).standard_normal((6, 16)).astype(np.float32)
+    a = ReferenceEvaluator(parent).run(None, {"x": x})[0]
+    b = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    assert np.abs(a - b).max() / np.abs(a).max() <= 1e-4
+
+
+def test_register_a_directory_takes_each_graphs_safetensors_beside_it(tmp_path, zoo_dir, capsys):
+    from keeper.onnx_weights import split_weights
+    from keeper.weights import save_weights
+
+    runs = tmp_path / "runs"
+    graph, weights = split_weights(onnx.load_from_string(mlp_onnx([24, 10], 1)), min_elements=1)
+    write(runs / "apart.onnx", graph.SerializeToString())
+    save_weights(weights, runs / "apart.safetensors")
+    write(runs / "inline.onnx", mlp_onnx([24, 10], 2))
+    write(runs / "orphan.onnx", graph.SerializeToString())  # a graph whose weights are nowhere: refused
+    code, out, err = keeper(capsys, "register", str(runs), "--accuracy", "0.9", "--zoo", zoo_dir, "-q")
+    assert code == 1 and "2 of 3 registered" in out and "refused orphan.onnx" in err and "'fc0.weight'" in err
+    zoo = Zoo(zoo_dir)
+    assert zoo.names() == ["apart", "inline"] and "weights.safetensors" in zoo.record("apart").extras
+    # a child graph without weights and without a parent: written with its tensors as zeros, each listed
+    code, out, _ = keeper(capsys, "warm", str(runs / "orphan.onnx"), "-o", str(tmp_path / "o.safetensors"),
+                          "--zoo", str(tmp_path / "empty-zoo"))
+    assert code == 0 and "no parent" in out and "are zeros in" in out

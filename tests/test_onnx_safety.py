@@ -18,8 +18,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import keeper
 from keeper import onnx_safety
-from keeper.errors import InvalidModelError
+from keeper.errors import InvalidModelError, InvalidWeightsError
 from keeper.graph import load_graph
+from keeper.onnx_safety import load_model
+from keeper.onnx_weights import model_weights
 
 import nets
 
@@ -265,10 +267,17 @@ def test_negative_and_huge_dims_are_refused():
 
 
 def test_dims_must_match_the_stored_data():
-    # 10^10 elements claimed by a tensor that holds none: under the element cap, but absurd for a tiny file
+    # 10^10 elements claimed by a main-graph initializer that holds no data: a graph whose weights travel apart;
+    # it parses, and reading its weights without a weights file is refused, naming the tensor
     claim = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[100_000, 100_000])
-    with pytest.raises(InvalidModelError, match="'w' holds 0 float_data entries but its dims"):
-        load_graph(_tiny([helper.make_node("MatMul", ["y", "w"], ["z"])], initializers=[claim]))
+    apart = _tiny([helper.make_node("MatMul", ["y", "w"], ["z"])], initializers=[claim])
+    assert load_graph(apart).num_layers == 1
+    with pytest.raises(InvalidWeightsError, match="'w'.*no data"):
+        model_weights(load_model(apart))
+    # ...but a tensor inside a node attribute holds its data or is refused
+    attr = TensorProto(name="k", data_type=TensorProto.FLOAT, dims=[100_000, 100_000])
+    with pytest.raises(InvalidModelError, match="'k' holds 0 float_data entries but its dims"):
+        load_graph(_tiny([helper.make_node("Constant", [], ["k"], value=attr)]))
     cut = numpy_helper.from_array(np.ones((8, 8), dtype=np.float32), "w")
     cut.raw_data = cut.raw_data[:100]  # truncated tensor data
     with pytest.raises(InvalidModelError, match="holds 100 bytes but its dims \\[8, 8\\] need 256"):

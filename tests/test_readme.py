@@ -106,15 +106,22 @@ def _write_models(tmp_path: Path) -> None:
     def mlp(width: int) -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, 4))
 
+    from keeper.torch_support import export_graph, module_weights
+    from keeper.weights import save_weights
+
     (tmp_path / "trained.onnx").write_bytes(export(mlp(32), torch.randn(1, 16)).onnx)
     (tmp_path / "new.onnx").write_bytes(export(mlp(64), torch.randn(1, 16)).onnx)
+    big = mlp(48)  # the graph without weights, and its weights apart in safetensors
+    graph = export_graph(big, torch.randn(1, 16))
+    (tmp_path / "graph.onnx").write_bytes(graph.onnx)
+    save_weights(module_weights(big, graph), tmp_path / "model.safetensors")
 
 
 def test_cli_example(tmp_path):
     _write_models(tmp_path)
     out = run_shell("cli", tmp_path)
-    assert (tmp_path / "new-warm.onnx").stat().st_size > 0
-    assert "mlp-a" in out
+    assert (tmp_path / "new-warm.onnx").stat().st_size > 0 and (tmp_path / "warm.safetensors").stat().st_size > 0
+    assert "mlp-a" in out and "mlp-b" in out
 
 
 def test_cli_service_example_on_a_running_two_cpu_ray(tmp_path):

@@ -11,6 +11,9 @@ import onnx
 import pytest
 import torch
 
+import ml_dtypes
+
+import keeper.warm
 import nets
 from keeper_bench import families
 from keeper.errors import KeeperError
@@ -195,3 +198,66 @@ def test_fill_template_refuses_what_is_not_a_template(mlp_template):
     plain = export(module, torch.zeros(2, 1, 16), dynamo=False).onnx  # ONNX, but no keeper key table
     with pytest.raises(KeeperError, match="keeper.state_dict_keys"):
         fill_template(plain, module.state_dict())
+
+
+# ---------------------------------------------------------------------------------------------- weights apart
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_register_and_warm_start_serialise_no_weights(tmp_path, dynamo, monkeypatch):
+    """The graph travels without weights; the zoo stores the parent's weights as safetensors, and warm_start loads
+    only what the parent supplies: tensors the child keeps are never copied."""
+    import keeper.onnx_weights
+    import keeper.torch_support as ts
+    from keeper.weights import SafeTensors
+
+    written = []
+    real = keeper.onnx_weights.write_weights
+    for mod in (ts, keeper.onnx_weights, keeper.warm):  # any serialisation of weights into ONNX would pass here
+        monkeypatch.setattr(mod, "write_weights", lambda *a, **k: written.append(1) or real(*a, **k), raising=False)
+    zoo = Zoo(str(tmp_path / "zoo"))
+    parent, x = build(MLP, seed=3)
+    nets.trained_like(parent, x, seed=3)
+    graph = ts.export_graph(parent, x, dynamo=dynamo)
+    from keeper.onnx_safety import has_data
+
+    proto = onnx.load_from_string(graph.onnx)
+    assert graph.apart and not [t.name for t in proto.graph.initializer if t.name in graph.apart and has_data(t)]
+    assert set(graph.apart.values()) >= {k for k, (sd, _) in graph.keys.items() if sd.endswith("weight")}
+    rec = ts.register(parent, x, zoo, 0.9, name="parent", dynamo=dynamo)
+    stored = SafeTensors(zoo.store.extra_path("parent", "weights.safetensors"))
+    sd = parent.state_dict()
+    for init, key in graph.apart.items():
+        sd_key, how = graph.keys[key]
+        want = sd[sd_key].numpy().T if how == "T" else sd[sd_key].numpy()
+        assert np.array_equal(stored[init], want.reshape(stored[init].shape)), init
+    assert rec.nbytes >= stored.nbytes
+    child, _ = build({**MLP, "widths": [40, 20]}, seed=4)
+    result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
+    assert result.parent == "parent" and result.missing == [] and result.unexpected == []
+    assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-4
+    assert written == [], "no weight was written into an ONNX model"
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_bfloat16_and_float16_modules_keep_their_dtype(tmp_path, dynamo):
+    """A bfloat16 parent and a float16 child (and back): stored and loaded in their own dtypes, the widened child
+    computing the parent's function to half precision's rounding."""
+    import keeper.torch_support as ts
+    from keeper.weights import SafeTensors
+
+    for pdtype, cdtype in ((torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16)):
+        zoo = Zoo(str(tmp_path / f"zoo-{pdtype}"))
+        parent, x = build(MLP, seed=5, dtype=pdtype)
+        nets.trained_like(parent.float(), x.float(), seed=5)
+        parent = parent.to(pdtype)
+        ts.register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
+        stored = SafeTensors(zoo.store.extra_path("p", "weights.safetensors"))
+        want = np.dtype(ml_dtypes.bfloat16) if pdtype == torch.bfloat16 else np.dtype(np.float16)
+        assert {stored.spec(k)[0] for k in stored} == {want}
+        child, _ = build({**MLP, "widths": [40, 20]}, seed=6, dtype=cdtype)
+        result = warm_start(child, x.to(cdtype), zoo, noise=0.0, dynamo=dynamo)
+        assert result.parent == "p" and all(v.dtype == cdtype for v in child.state_dict().values()
+                                            if v.is_floating_point())
+        ref = outputs(parent.float(), x.float())
+        got = outputs(child.float(), x.float())
+        assert rel_dev(ref, got) <= 3e-2

@@ -3,6 +3,7 @@ eviction under a byte budget, warming (cold, function-preserving, accuracy-aware
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +13,11 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import nets
-from keeper.errors import AdmissionError, InvalidModelError, ModelNotFoundError
+import ml_dtypes
+from keeper.errors import AdmissionError, CorruptModelError, InvalidModelError, InvalidWeightsError, ModelNotFoundError
 from keeper.matching import similarity
-from keeper.onnx_weights import read_initializers
+from keeper.onnx_weights import read_initializers, split_weights
+from keeper.weights import SafeTensors, save_weights, weights_bytes
 from keeper.zoo import Zoo, ZooConfig
 
 mlp_onnx = nets.mlp_onnx
@@ -375,3 +378,235 @@ def test_a_graph_stored_by_an_older_version_is_extracted_again_and_stored_back(t
     calls: list = []  # a later load reads the stored graph: no model is parsed
     monkeypatch.setattr(zoo_module, "load_graph", lambda *a, **k: calls.append(a) or load_graph(*a, **k))
     assert Zoo(str(tmp_path / "zoo")).graph("tokens").attrs == current.attrs and calls == []
+
+
+# ---------------------------------------------------------------------------------- weights apart (any size)
+
+def split(blob: bytes, dtype=None) -> tuple[bytes, dict[str, np.ndarray]]:
+    """The graph of ``blob`` without its float weights, and those weights (cast to ``dtype``, the graph's
+    initializers retyped to match, when given)."""
+    graph, weights = split_weights(onnx.load_from_string(blob), min_elements=1)
+    if dtype is not None:
+        weights = {k: v.astype(dtype) for k, v in weights.items()}
+        code = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        for t in graph.graph.initializer:
+            if t.name in weights:
+                t.data_type = code
+    return graph.SerializeToString(), weights
+
+
+def mlp_forward(weights: dict, x: np.ndarray, layers: int) -> np.ndarray:
+    """The Gemm/Relu chain of nets.mlp_onnx in float64, from weights of any dtype."""
+    h = x.astype(np.float64)
+    for i in range(layers):
+        h = h @ np.asarray(weights[f"fc{i}.weight"], np.float64).T + np.asarray(weights[f"fc{i}.bias"], np.float64)
+        h = np.maximum(h, 0) if i < layers - 1 else h
+    return h
+
+
+def test_a_graph_with_weights_apart_registers_and_warms_like_onnx_with_weights(tmp_path):
+    parent = mlp_onnx(PARENT, 1)
+    graph, weights = split(parent)
+    assert len(graph) < len(parent) / 4  # the graph alone is small
+    wfile = tmp_path / "parent.safetensors"
+    save_weights(weights, wfile)
+    zoo = Zoo(str(tmp_path / "zoo"))
+    rec = zoo.register(graph, 0.9, name="apart", weights=wfile)
+    assert rec.extras == ("graph.npz", "weights.safetensors") and rec.nbytes == len(graph) + wfile.stat().st_size
+    assert zoo.register(graph, 0.9, name="other-name", weights=wfile) == rec  # identical content: idempotent
+    child = mlp_onnx(WIDER, 3)
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    for z in (zoo, Zoo(str(tmp_path / "zoo"))):  # and after reopening
+        result = z.warm(child, noise=0.0)
+        assert result.parent == "apart"
+        assert rel_dev(run(parent, x), run(result.to_onnx(), x)) <= 1e-4
+    # the child as a graph with its weights apart, warmed straight into a safetensors file
+    cgraph, cweights = split(child)
+    out = tmp_path / "warm.safetensors"
+    result = zoo.warm(cgraph, noise=0.0, weights=cweights, out=out)
+    assert set(SafeTensors(out)) == set(inits(child)) and result.unset == []
+    assert not result.weights["fc0.weight"].flags.writeable  # a view of the file written, not a copy in memory
+    assert rel_dev(run(parent, x), run(result.to_onnx(), x)) <= 1e-4
+    # ...or without any weights of its own: what the parent supplies is written, the rest is unset
+    bare = zoo.warm(cgraph, noise=0.0, out=tmp_path / "bare.safetensors")
+    assert bare.unset == [] and set(SafeTensors(tmp_path / "bare.safetensors")) == set(cweights)
+
+
+def test_old_and_new_records_live_in_one_zoo(tmp_path):
+    root = tmp_path / "zoo"
+    zoo = Zoo(str(root))
+    zoo.register(mlp_onnx(PARENT, 1), 0.9, name="old")  # ONNX with weights inside: the format of every record so far
+    graph, weights = split(mlp_onnx(PARENT, 2))
+    zoo.register(graph, 0.8, name="new", weights=weights_bytes(weights))
+    assert "weights.safetensors" not in zoo.record("old").extras
+    zoo = Zoo(str(root))
+    assert sorted(zoo.names()) == ["new", "old"]
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    for name, blob in (("old", mlp_onnx(PARENT, 1)), ("new", None)):
+        result = zoo.warm_from(name, mlp_onnx(WIDER, 3), noise=0.0)
+        parent = blob if blob is not None else zoo.store.get(name)
+        pweights = inits(parent) if blob is not None else weights
+        assert result.parent == name
+        want = mlp_forward(pweights, x, 2)
+        got = mlp_forward(result.weights, x, 2)
+        assert float(np.abs(got - want).max() / np.abs(want).max()) <= 1e-5
+
+
+def test_bad_weights_are_refused_naming_the_tensor_and_store_nothing(tmp_path):
+    root = tmp_path / "zoo"
+    zoo = Zoo(str(root))
+    zoo.register(mlp_onnx(PARENT, 1), 0.9, name="kept")
+    before = files(root)
+    graph, weights = split(mlp_onnx(WIDER, 2))
+    good = weights_bytes(weights)
+    cases = {
+        "truncated": (good[: len(good) - 10], "truncated"),
+        "missing": (weights_bytes({k: v for k, v in weights.items() if k != "fc1.bias"}), "'fc1.bias'.*missing"),
+        "shape": (weights_bytes({**weights, "fc0.weight": weights["fc0.weight"].T.copy()}),
+                  r"'fc0.weight' is float32 \[16, 40\], the graph says float32 \[40, 16\]"),
+        "dtype": (weights_bytes({**weights, "fc0.bias": weights["fc0.bias"].astype(np.float16)}),
+                  "'fc0.bias' is float16"),
+    }
+    for name, (blob, match) in cases.items():
+        path = tmp_path / f"{name}.safetensors"
+        path.write_bytes(blob)
+        for w in (blob, path):
+            with pytest.raises(InvalidWeightsError, match=match):
+                zoo.register(graph, 0.8, name=name, weights=w)
+        with pytest.raises(InvalidWeightsError, match=match):
+            zoo.warm(graph, weights=path)
+    with pytest.raises(InvalidWeightsError, match="'fc0.weight'.*has no data.*weights"):
+        zoo.register(graph, 0.8, name="no-weights")
+    assert files(root) == before and zoo.names() == ["kept"]
+    assert Zoo(str(root)).warm(mlp_onnx(WIDER, 3), noise=0.0).parent == "kept"  # what was stored still serves
+
+
+def test_damaged_stored_weights_are_detected(tmp_path):
+    root = tmp_path / "zoo"
+    zoo = Zoo(str(root))
+    graph, weights = split(mlp_onnx(PARENT, 1))
+    rec = zoo.register(graph, 0.9, name="p", weights=weights)
+    blob = root / "blobs" / f"{rec.extra_checksums['weights.safetensors']}.weights.safetensors"
+    data = bytearray(blob.read_bytes())
+    data[-3] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    with pytest.raises(CorruptModelError, match="'p'.*weights.safetensors.*sha256"):
+        Zoo(str(root)).warm(mlp_onnx(WIDER, 3), noise=0.0)
+
+
+@pytest.mark.parametrize("pdtype, cdtype, tol", [
+    (np.float32, ml_dtypes.bfloat16, 2e-2), (ml_dtypes.bfloat16, np.float32, 1e-5),
+    (np.float16, np.float16, 3e-3), (ml_dtypes.bfloat16, ml_dtypes.bfloat16, 2e-2), (np.float32, np.float16, 3e-3)])
+def test_dtypes_are_kept_and_mixed_pairs_preserve_the_function(tmp_path, pdtype, cdtype, tol):
+    """Parent and child in any of float32 / float16 / bfloat16: the child's tensors have the child's dtype (on
+    disk too), and the widened child computes the parent's function to the child precision's rounding."""
+    zoo = Zoo(str(tmp_path / "zoo"))
+    pgraph, pweights = split(mlp_onnx(PARENT, 1), pdtype)
+    zoo.register(pgraph, 0.9, name="p", weights=pweights)
+    cgraph, cweights = split(mlp_onnx([40, 10], 3), cdtype)  # widened 24 -> 40: units copied, inputs divided
+    out = tmp_path / "child.safetensors"
+    result = zoo.warm(cgraph, noise=0.0, weights=cweights, out=out)
+    assert result.parent == "p"
+    assert all(SafeTensors(out).spec(k)[0] == np.dtype(cdtype) for k in cweights)
+    assert all(result.weights[k].dtype == np.dtype(cdtype) for k in cweights)
+    x = np.random.default_rng(0).standard_normal((16, 16))
+    want = mlp_forward(pweights, x, 2)
+    got = mlp_forward(result.weights, x, 2)
+    assert float(np.abs(got - want).max() / np.abs(want).max()) <= tol
+
+
+def embedding_graph(vocab: int, dim: int, classes: int, extra: bool = False) -> bytes:
+    """ids -> Gather(table) [-> MatMul(square, identity-able)] -> MatMul(head): a tiny graph over a large table,
+    every float initializer without data (the weights travel apart)."""
+    def w(name: str, *dims: int) -> TensorProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims)) and TensorProto(
+            name=name, data_type=TensorProto.FLOAT, dims=list(dims))
+    inits = [w("table", vocab, dim), w("head", dim, classes)]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed")]
+    x = "e"
+    if extra:
+        inits.append(w("mix", dim, dim))
+        nodes.append(helper.make_node("MatMul", [x, "mix"], ["m"], name="mix"))
+        x = "m"
+    nodes.append(helper.make_node("MatMul", [x, "head"], ["y"], name="head"))
+    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, classes])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_a_model_past_two_gib_registers_and_warms_memory_mapped(tmp_path):
+    """A 2.15 GB embedding table (past protobuf's limit) with a tiny graph: registered from a safetensors file and
+    warmed into a deeper child streamed to a file, the table never materialised (numpy allocates a few MB)."""
+    import tracemalloc
+
+    from keeper.weights import SafeTensorsWriter
+
+    vocab, dim, classes = 2**19 + 1024, 1024, 8
+    assert vocab * dim * 4 > 2**31
+    rng = np.random.default_rng(0)
+    chunk = rng.standard_normal((4096, dim)).astype(np.float32)  # written again and again: the file, not RAM
+    head = rng.standard_normal((dim, classes)).astype(np.float32)
+    wfile = tmp_path / "parent.safetensors"
+    with SafeTensorsWriter(wfile, {"table": (np.float32, (vocab, dim)), "head": (np.float32, (dim, classes))}) as wr:
+        for start in range(0, vocab, len(chunk)):
+            wr.write("table", chunk[: vocab - start], start)
+        wr.write("head", head)
+    zoo = Zoo(str(tmp_path / "zoo"))
+    tracemalloc.start()
+    try:
+        rec = zoo.register(embedding_graph(vocab, dim, classes), 0.9, name="big", weights=wfile)
+        out = tmp_path / "child.safetensors"
+        result = zoo.warm(embedding_graph(vocab, dim, classes, extra=True), noise=0.0, out=out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rec.nbytes > 2**31 and result.parent == "big"
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB allocated: a large tensor was copied into memory"
+    assert result.mapping["table"] == ("table", "copy") and result.mapping["mix"] == (None, "identity")
+    assert result.unset == []
+    child = SafeTensors(out)
+    ids = np.array([0, 4095, 4096, vocab - 1])
+    want = chunk[ids % 4096] @ head
+    got = np.asarray(child["table"][ids], np.float64) @ child["mix"] @ child["head"]
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_a_parent_graph_without_its_weights_is_refused(tmp_path):
+    from keeper.warm import warm_from_parent
+
+    graph, weights = split(mlp_onnx(PARENT, 1))
+    with pytest.raises(InvalidWeightsError, match="parent model: initializer 'fc0.weight'.*has no data"):
+        warm_from_parent(graph, mlp_onnx(WIDER, 3), noise=0.0)
+    r = warm_from_parent(graph, mlp_onnx(WIDER, 3), parent_weights=weights, noise=0.0)
+    assert r.score > 0.5
+
+
+def test_weights_on_a_store_without_local_files_are_streamed_to_a_verified_copy(tmp_path):
+    """A filesystem keeper cannot memory-map in place (an object store; here a SubTreeFileSystem over a
+    directory): the weights are streamed into a local copy, checked against their sha256, and mapped from there."""
+    import pyarrow.fs as pafs
+
+    from keeper.store import ModelStore
+
+    (tmp_path / "remote").mkdir()
+
+    def store():
+        return ModelStore.from_filesystem(pafs.SubTreeFileSystem(str(tmp_path / "remote"), pafs.LocalFileSystem()),
+                                          "zoo")
+    graph, weights = split(mlp_onnx(PARENT, 1))
+    rec = Zoo(store()).register(graph, 0.9, name="p", weights=weights)
+    path = store().extra_path("p", "weights.safetensors")
+    assert not path.startswith(str(tmp_path / "remote")) and set(SafeTensors(path)) == set(weights)
+    x = np.random.default_rng(0).standard_normal((4, 16))
+    result = Zoo(store()).warm(mlp_onnx(WIDER, 3), noise=0.0)
+    assert result.parent == "p"
+    want = mlp_forward(weights, x, 2)
+    assert np.abs(mlp_forward(result.weights, x, 2) - want).max() <= 1e-5 * np.abs(want).max()
+    blob = tmp_path / "remote" / "zoo" / "blobs" / f"{rec.extra_checksums['weights.safetensors']}.weights.safetensors"
+    damaged = bytearray(blob.read_bytes())
+    damaged[-1] ^= 1
+    blob.write_bytes(bytes(damaged))
+    os.remove(path)  # the verified copy of this process: the next read streams the damaged blob again
+    with pytest.raises(CorruptModelError, match="sha256"):
+        store().extra_path("p", "weights.safetensors")
+    assert not os.path.exists(path)  # the damaged copy is not kept

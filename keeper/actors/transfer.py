@@ -1,8 +1,10 @@
 """The weight transfer of one warm start, run where the caller wants it: a Ray task (the service's way) or the
 caller's own process.
 
-It reads the parent's ONNX and stored graph straight from the durable store, so a parent's weights never pass
-through the front door or the ZooManager; only the child's warmed weights travel, from this task to the caller.
+It reads the parent's ONNX and stored graph straight from the durable store, and memory-maps the parent's weights
+when they are stored apart (a local file for a local store, a verified copy streamed from an object store), so a
+parent's weights never pass through the front door or the ZooManager; only the child's warmed weights travel,
+from this task to the caller (or none: run it in the caller's process, as ``warm_start`` does).
 
 Invariant: ``warm_from_store(uri, parent, child)`` equals ``Zoo(uri).warm_from(parent, child)`` except that it
 counts no parent hit (the service counts hits in the ZooManager, its single writer).
@@ -22,6 +24,7 @@ from keeper.errors import ModelNotFoundError
 from keeper.graph import LayerGraph
 from keeper.onnx_safety import ModelInput
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
+from keeper.weights import SafeTensors, WeightsInput
 
 __all__ = ["warm_from_store", "read_parent", "store_for"]
 
@@ -39,13 +42,14 @@ def store_for(uri: str, fresh: bool = False):
         return _stores[uri]
 
 
-def read_parent(uri: str, parent: str) -> tuple[bytes, LayerGraph]:
-    """The zoo model ``parent`` stored at ``uri``: its ONNX bytes and its stored graph.
+def read_parent(uri: str, parent: str) -> tuple[bytes, LayerGraph, SafeTensors | None]:
+    """The zoo model ``parent`` stored at ``uri``: its ONNX bytes, its stored graph, and its weights memory-mapped
+    from the store (None when they are inside the ONNX bytes).
 
     Raises:
         ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
     """
-    from keeper.zoo import GRAPH_EXTRA, graph_from_blob
+    from keeper.zoo import GRAPH_EXTRA, graph_from_blob, stored_weights
 
     store = store_for(uri)
     try:
@@ -54,15 +58,17 @@ def read_parent(uri: str, parent: str) -> tuple[bytes, LayerGraph]:
         # registered after this process opened the catalog: read it again once
         store = store_for(uri, fresh=True)
         blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
-    return blob, graph_from_blob(graph_blob, lambda: blob)
+    return blob, graph_from_blob(graph_blob, lambda: blob), stored_weights(store, parent)
 
 
 def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
-                    seed: int = 0, child_graph: LayerGraph | dict[str, np.ndarray] | None = None) -> WarmResult:
+                    seed: int = 0, child_graph: LayerGraph | dict[str, np.ndarray] | None = None, *,
+                    child_weights: WeightsInput | None = None) -> WarmResult:
     """Warm ``child`` from the zoo model ``parent`` stored at ``uri`` (the child's own weights when None).
 
     ``child_graph``: the child's LayerGraph (or its ``to_arrays()``) when the caller has already extracted it,
-    so it is not extracted twice.
+    so it is not extracted twice. ``child_weights``: the child's initial weights when ``child`` is its graph
+    alone (see :func:`keeper.warm.warm_from_parent`).
 
     Raises:
         ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
@@ -70,7 +76,7 @@ def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: floa
     if isinstance(child_graph, dict):
         child_graph = LayerGraph.from_arrays(child_graph)
     if parent is None:
-        return cold_result(child, child_graph)
-    blob, graph = read_parent(uri, parent)
-    return warm_from_parent(blob, child, parent_name=parent, parent_graph=graph, child_graph=child_graph,
-                            noise=noise, seed=seed)
+        return cold_result(child, child_weights, graph=child_graph)
+    blob, graph, weights = read_parent(uri, parent)
+    return warm_from_parent(blob, child, parent_weights=weights, child_weights=child_weights, parent_name=parent,
+                            parent_graph=graph, child_graph=child_graph, noise=noise, seed=seed)

@@ -4,19 +4,27 @@ Invariant: with ``noise=0``, when the child only widens, deepens by identity-abl
 relative to the parent, the child computes the parent's function. Width maps are chosen per channel group, never
 per layer, so every tensor sharing a channel dimension (residual streams, concatenations, norms and their running
 statistics, depthwise convs) agrees on which parent unit each child unit copies.
+
+Precision and memory: parent and child may hold float32, float16 or bfloat16, alike or mixed. Steps that only move
+values (copies, unit selection, kernel pads and crops) run in the parent's dtype; steps that divide or scale
+(input division after widening, attention factors, noise) run in float32 for a low-precision tensor, and each
+result is cast once to the child's dtype. Tensors are produced one at a time, each parent tensor read only when
+its child tensor is made (parent arrays may be memory-mapped), and a ``sink`` can take each child tensor as soon
+as it exists, so the transform holds at most the child's weights plus one tensor (one tensor with a sink).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
+import ml_dtypes
 import numpy as np
 
 from keeper.graph import Kind, LayerGraph
 from keeper.matching import Alignment
-from keeper.onnx_weights import layer_arrays, to_source
+from keeper.onnx_weights import canonical, layer_arrays, to_source
 from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
 from keeper.transforms.kernel import fit_kernel
 from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
@@ -24,6 +32,14 @@ from keeper.transforms.width import take_inputs, take_units, take_units_and_inpu
 __all__ = ["Transfer", "transfer", "transfer_layers", "LayerTensors"]
 
 _IN_AXIS_KINDS = (Kind.CONV, Kind.CONVT, Kind.LINEAR)
+# dtypes whose arithmetic keeper runs in float32 (bfloat16 keeps 8 bits of mantissa: a division by a replication
+# count or a product with an attention factor in it would round the function away)
+_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _wide(a: np.ndarray) -> np.ndarray:
+    """``a`` in float32 when its dtype is low-precision, else ``a`` itself."""
+    return a.astype(np.float32) if a.dtype in _LOW_PRECISION else a
 
 
 @dataclass
@@ -216,6 +232,8 @@ def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_m
     if take_in:
         grow_in = len(in_map) > t.shape[1]
         ops.append("widen-in" if grow_in else "shrink-in")
+    if take_in and grow_in:
+        t = _wide(t)  # the input division runs in float32
     if take_out and take_in:
         t = take_units_and_inputs(t, out_map, in_map, parent_in if grow_in else None)
     elif take_out:
@@ -228,72 +246,98 @@ def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_m
     if t.shape != ct.shape:
         ops.append("slice")
         t = _fit(t, ct)
-    return np.asarray(t, dtype=ct.dtype), ops or ["copy"]
+    return t, ops or ["copy"]
 
 
 #: One child layer's tensors as a per-layer rule gives them: role -> (array in canonical orientation, parent
-#: tensor key or None, operator).
+#: tensor key or None, operator). An array that *is* the child's own (the ``cvals`` entry) is kept as it is.
 LayerTensors = dict[str, tuple[np.ndarray, str | None, str]]
 
 
-def transfer_layers(child: LayerGraph, layer: Callable[[int], LayerTensors]) -> Transfer:
-    """The child's tensors, layer by layer in canonical order: ``layer(c)`` gives every role of child layer ``c``.
+def transfer_layers(child: LayerGraph, child_inits: Mapping[str, np.ndarray],
+                    layer: Callable[[int, dict[str, np.ndarray]], LayerTensors],
+                    sink: Callable[[str, np.ndarray], None] | None = None) -> Transfer:
+    """The child's tensors, layer by layer in canonical order: ``layer(c, cvals)`` gives every role of child layer
+    ``c`` from the child's own arrays ``cvals`` (role -> canonical array, read only now: memory-mapped inits are
+    read layer by layer).
 
     Tied tensors (one initializer behind several layers): the first layer in canonical order writes the array;
-    the provenance is the last layer's. Arrays go back to each tensor's stored orientation (``to_source``).
+    the provenance is the last layer's. Arrays go back to each tensor's stored orientation (``to_source``) in the
+    child's dtype; a tensor the child keeps is its own array, not a copy. With ``sink``, each tensor goes to
+    ``sink(key, array)`` as soon as it is made and ``weights`` stays empty (streaming: one layer in memory).
     """
     out = Transfer()
+    done: set[str] = set()
     for c in range(child.num_layers):
-        refs, values = child.tensors[c], layer(c)
+        refs = child.tensors[c]
+        cvals = {ref.role: canonical(ref, child_inits) for ref in refs}
+        values = layer(c, cvals)
         for role, (_, src, op) in values.items():
             out.provenance[_key(refs, role)] = (src, op)
         for ref in refs:
-            if ref.key not in out.weights:
-                out.weights[ref.key] = to_source(ref, values[ref.role][0])
+            if ref.key in done:
+                continue
+            done.add(ref.key)
+            v = values[ref.role][0]
+            if v is cvals[ref.role] and ref.key == ref.source:
+                value = child_inits[ref.key]  # kept as the child holds it: no copy, whatever its layout
+            else:
+                value = to_source(ref, np.asarray(v, dtype=cvals[ref.role].dtype))
+            if sink is None:
+                out.weights[ref.key] = value
+            else:
+                sink(ref.key, value)
+        del values, cvals  # with a sink, nothing of this layer outlives it
     return out
 
 
-def transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: LayerGraph,
-             child_inits: dict[str, np.ndarray], alignment: Alignment, *, noise: float = 0.0,
-             seed: int = 0) -> Transfer:
+def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: LayerGraph,
+             child_inits: Mapping[str, np.ndarray], alignment: Alignment, *, noise: float = 0.0,
+             seed: int = 0, sink: Callable[[str, np.ndarray], None] | None = None) -> Transfer:
     """Child weights warmed from the parent along ``alignment``.
 
     Args:
-        parent_inits / child_inits: initializer name -> array, as read from each model.
+        parent_inits / child_inits: initializer name -> array, as read from each model (memory-mapped arrays
+            are read tensor by tensor; a child tensor's values are read only where the child keeps them).
         noise: relative std of Gaussian noise added to each warmed weight tensor (0 keeps the function).
         seed: seeds the unit maps and the noise.
+        sink: when given, called with (key, array in the child's dtype) for each child tensor as soon as it is
+            made, and ``weights`` stays empty (streaming to a file).
 
-    Returns a :class:`Transfer` covering every tensor of every child layer; inputs are not modified.
+    Returns a :class:`Transfer` covering every tensor of every child layer; inputs are not modified. Tensors the
+    child keeps (operator ``init``) are the child's own arrays, not copies.
     """
-    P, C = layer_arrays(parent, parent_inits), layer_arrays(child, child_inits)
+    P = layer_arrays(parent, parent_inits)
     pairs = np.asarray(alignment.pairs)
     maps = _GroupMaps(parent, child, pairs, P, seed)
     rng = np.random.default_rng(seed)
     tails = new_branch_tails(child, pairs < 0)
 
-    def inherited(c: int, p: int) -> LayerTensors:
-        kind, cvals = int(child.layer_kind[c]), C[c]
+    def inherited(c: int, p: int, cvals: dict[str, np.ndarray]) -> LayerTensors:
+        kind = int(child.layer_kind[c])
         out_map = maps.map(int(child.out_group[c]))
         in_map = maps.map(int(child.in_group[c]))
         pkeys = {r.role: r.key for r in parent.tensors[p]}
         values: LayerTensors = {}
         for role, ct in cvals.items():
             if role not in P[p]:
-                values[role] = (np.array(ct, copy=True), None, "init")
+                values[role] = (ct, None, "init")
                 continue
             v, ops = _inherit(kind, role, P[p][role], ct, out_map, in_map, maps.parent_size(int(child.in_group[c])))
             f = maps.factors(int(child.out_group[c])) if role in ("weight", "bias") else None
             if f is not None and v.shape[:1] == f.shape:
-                # one pass in the tensor's own dtype (a float64 product and a cast back cost three)
-                v = v * f.astype(ct.dtype).reshape((-1,) + (1,) * (ct.ndim - 1))
+                # one pass in float32 or the tensor's own wider dtype (a float64 product and a cast back cost three)
+                v = _wide(v)
+                v = v * f.astype(v.dtype).reshape((-1,) + (1,) * (ct.ndim - 1))
                 ops.append("attention-scale")
             if noise > 0 and role == "weight":
-                v = v + rng.normal(0.0, noise * float(v.std() or 1.0), v.shape).astype(ct.dtype)
+                v = _wide(v)
+                v = v + rng.normal(0.0, noise * float(v.std() or 1.0), v.shape).astype(v.dtype)
             values[role] = (v, pkeys[role], "+".join(ops))
         return values
 
-    def new(c: int) -> LayerTensors:
-        kind, cvals = int(child.layer_kind[c]), C[c]
+    def new(c: int, cvals: dict[str, np.ndarray]) -> LayerTensors:
+        kind = int(child.layer_kind[c])
         attrs = child.attrs[c] if c < len(child.attrs) else {}
         filled, op = None, "init"
         if c in tails:
@@ -303,13 +347,15 @@ def transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: Lay
             op = "identity" if filled is not None else "init"
         values: LayerTensors = {}
         for role, ct in cvals.items():
-            v = filled[role] if filled is not None and role in filled else np.array(ct, copy=True)
+            v = filled[role] if filled is not None and role in filled else ct
             if noise > 0 and role == "weight" and filled is not None:
-                v = v + rng.normal(0.0, noise * float(np.std(ct) or 1.0), v.shape).astype(ct.dtype)
+                v = _wide(v)
+                v = v + rng.normal(0.0, noise * float(np.std(_wide(ct)) or 1.0), v.shape).astype(v.dtype)
             values[role] = (v, None, op if filled is not None and role in filled else "init")
         return values
 
-    return transfer_layers(child, lambda c: inherited(c, int(pairs[c])) if pairs[c] >= 0 else new(c))
+    return transfer_layers(child, child_inits, lambda c, cvals: inherited(c, int(pairs[c]), cvals) if pairs[c] >= 0
+                           else new(c, cvals), sink)
 
 
 def _key(refs, role: str) -> str:

@@ -69,7 +69,7 @@ def checkpoint_onnx(directory: str, template: bytes | None, what: str,
     if state is None:
         raise KeeperError(f"{what}: the checkpoint holds none of {CHECKPOINT_FILES}; save the model's state_dict "
                           "as model.pt in the directory passed to tune.Checkpoint.from_directory")
-    from keeper.torch_support import architecture_template, export, fill_template
+    from keeper.torch_support import architecture_template, export_graph, fill_template
 
     if template is None and find is not None:
         template = find(state)
@@ -79,7 +79,7 @@ def checkpoint_onnx(directory: str, template: bytes | None, what: str,
                               "trainable); call warm_start(model, example_input) or give KeeperCallback a "
                               "model_builder")
         module, example = builder()
-        template = architecture_template(export(module, example))
+        template = architecture_template(export_graph(module, example))
     return fill_template(template, state, what)
 
 

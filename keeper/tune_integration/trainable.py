@@ -1,8 +1,10 @@
 """``warm_start``: the one line inside a Ray Tune trainable.
 
-It exports the trial's model, asks the running keeper service which zoo model to inherit from, transforms that
-parent's weights in the trial's own process (read straight from the zoo's store, so no weights pass through a
-service actor, and no extra Ray task waits for a CPU the trials hold), and loads them on the model's device.
+It exports the trial's model as a graph without weights (the module's tensors are read in place, never serialised
+into ONNX), asks the running keeper service which zoo model to inherit from (sending the graph only), transforms
+that parent's weights in the trial's own process (read, memory-mapped, straight from the zoo's store, so no
+weights pass through a service actor, and no extra Ray task waits for a CPU the trials hold), and loads them on the
+model's device.
 
 It also writes the trial's architecture template (:func:`keeper.torch_support.architecture_template`: the ONNX
 graph without parameter values, plus the ONNX-to-state_dict map) as ``keeper-architecture.onnx`` into the trial
@@ -55,25 +57,26 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
             or it did not answer within ``timeout_s``.
     """
     from keeper.actors.transfer import warm_from_store
-    from keeper.torch_support import export, load_result
+    from keeper.torch_support import export_graph, load_result, module_weights
     from keeper.tune_integration import distributed
 
     rank, size = distributed.rank_and_size()
     if size == 1:
-        exported, graph, choice = _ask(model, example_input, config, dynamo, trainable, timeout_s)
+        exported, graph, choice = _ask(model, example_input, config, dynamo, trainable, timeout_s, True)
     elif rank == 0:  # one choice, one hit and one template per Ray Train trial
         try:
-            exported, graph, choice = _ask(model, example_input, config, dynamo, trainable, timeout_s)
+            exported, graph, choice = _ask(model, example_input, config, dynamo, trainable, timeout_s, True)
         except BaseException as exc:
             distributed.share_choice(exc)  # raises it here too, once the other ranks know
             raise
         choice = distributed.share_choice(choice)
     else:
-        exported = export(model, example_input, dynamo=dynamo)
+        exported = export_graph(model, example_input, dynamo=dynamo)
         graph = None
         choice = distributed.share_choice(None)
     result = warm_from_store(choice.uri, choice.parent, exported.onnx,
-                             choice.noise if noise is None else float(noise), choice.seed, graph)
+                             choice.noise if noise is None else float(noise), choice.seed, graph,
+                             child_weights=module_weights(model, exported))
     result = load_result(model, result, exported.keys)
     if size > 1:
         distributed.sync_module(model)
@@ -81,30 +84,33 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
 
 
 def ask_parent(model: Any, example_input: Any, *, config: Any = None, dynamo: bool | None = None,
-               trainable: Any = None, timeout_s: float = 300.0) -> tuple[Any, Any]:
+               trainable: Any = None, timeout_s: float = 300.0, graph_only: bool = False) -> tuple[Any, Any]:
     """The first half of :func:`warm_start`: export ``model``, save its architecture template to the trial
     directory, and ask the service for a parent (counting a hit). Returns ``(Exported, choice)``, where
     ``choice`` is the :class:`~keeper.selection.ParentChoice` ``Keeper.choose`` returns; the model is not
-    changed."""
-    exported, _, choice = _ask(model, example_input, config, dynamo, trainable, timeout_s)
+    changed.
+
+    ``graph_only``: export the graph without weights (:func:`keeper.torch_support.export_graph`; the caller reads
+    the module's weights with ``module_weights``), else ONNX with weights (:func:`keeper.torch_support.export`)."""
+    exported, _, choice = _ask(model, example_input, config, dynamo, trainable, timeout_s, graph_only)
     return exported, choice
 
 
 def _ask(model: Any, example_input: Any, config: Any, dynamo: bool | None, trainable: Any,
-         timeout_s: float) -> tuple[Any, Any, Any]:
+         timeout_s: float, graph_only: bool) -> tuple[Any, Any, Any]:
     """(Exported, its LayerGraph, ParentChoice): the graph is extracted here, once; the front door gets its
     arrays (plain data) and the transfer in this process reuses it."""
     from keeper.actors.launcher import get_handle
     from keeper.actors.remote import Demand, get
     from keeper.graph import load_graph
-    from keeper.torch_support import architecture_template, export
+    from keeper.torch_support import architecture_template, export, export_graph
     from keeper.tune_integration.templates import save_template
 
     handle = get_handle(config)
     if handle is None:
         raise ServiceError("warm_start: no keeper service is running; add KeeperCallback(...) to the "
                            "tune.RunConfig callbacks, or run `keeper serve` first")
-    exported = export(model, example_input, dynamo=dynamo)
+    exported = (export_graph if graph_only else export)(model, example_input, dynamo=dynamo)
     template = architecture_template(exported)
     _save_architecture(template, trainable)
     graph = load_graph(exported.onnx)
