@@ -40,7 +40,7 @@ from keeper.onnx_weights import apart_specs, clear_data, read_initializers, writ
 from keeper.warm import WarmResult
 
 __all__ = ["Exported", "export", "export_graph", "module_weights", "register", "load_warm", "load_result",
-           "warm_start", "warm_exported", "architecture_template", "fill_template"]
+           "warm_start", "warm_exported", "architecture_template", "fill_template", "template_apart"]
 
 
 @dataclass
@@ -169,6 +169,12 @@ def _key_shapes(proto, keys: dict[str, tuple[str, str]]) -> dict[str, tuple[int,
 def _with_state(proto, keys: dict[str, tuple[str, str]], shapes: dict[str, tuple[int, ...]], state: dict[str, Any],
                 what: str = "module") -> Any:
     """A copy of ``proto`` whose mapped tensors hold ``state``'s values (torch tensors or arrays)."""
+    return write_weights(proto, _state_arrays(keys, shapes, state, what))
+
+
+def _state_arrays(keys: dict[str, tuple[str, str]], shapes: dict[str, tuple[int, ...]], state: dict[str, Any],
+                  what: str) -> dict[str, np.ndarray]:
+    """ONNX key -> ``state``'s value in the ONNX tensor's orientation and shape."""
     real = {}
     for onnx_key, (sd_key, how) in keys.items():
         if sd_key not in state:
@@ -183,7 +189,7 @@ def _with_state(proto, keys: dict[str, tuple[str, str]], shapes: dict[str, tuple
             raise KeeperError(f"{what}: state_dict entry {sd_key!r} has shape {tuple(arr.shape)}, the architecture "
                               f"expects {shape}; the checkpoint belongs to another architecture")
         real[onnx_key] = arr.reshape(shape)
-    return write_weights(proto, real)
+    return real
 
 
 def module_weights(module: torch.nn.Module, exported: Exported) -> dict[str, np.ndarray]:
@@ -260,8 +266,26 @@ def fill_template(template: bytes, state: dict[str, Any], what: str = "checkpoin
     Raises:
         KeeperError: ``template`` is not a keeper template, or ``state`` misses or mis-shapes a tensor.
     """
-    import onnx
+    proto, keys, shapes = _parse_template(template, what)
+    return write_weights(proto, _state_arrays(keys, shapes, state, what)).SerializeToString()
 
+
+def template_apart(template: bytes, state: dict[str, Any], what: str = "checkpoint") -> tuple[bytes, dict]:
+    """``template`` and ``state`` as a graph without weights plus its weights apart (initializer name -> array in
+    the graph's dtype), for models of any size: nothing is serialised into ONNX.
+
+    Raises:
+        KeeperError: ``template`` is not a keeper template, or ``state`` misses or mis-shapes a tensor.
+    """
+    proto, keys, shapes = _parse_template(template, what)
+    specs = apart_specs(proto)
+    arrays = _state_arrays(keys, shapes, state, what)
+    return proto.SerializeToString(), {k: np.asarray(v).astype(specs[k][0], copy=False) if k in specs else v
+                                       for k, v in arrays.items()}
+
+
+def _parse_template(template: bytes, what: str) -> tuple[Any, dict[str, tuple[str, str]], dict[str, tuple]]:
+    """(graph proto without the key map, ONNX key -> (state_dict key, how), ONNX key -> shape)."""
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(bytes(template))  # protobuf parsing executes and unpickles nothing
@@ -281,7 +305,7 @@ def fill_template(template: bytes, state: dict[str, Any], what: str = "checkpoin
     kept = [p for p in proto.metadata_props if p.key != _KEYS_PROP]
     del proto.metadata_props[:]
     proto.metadata_props.extend(kept)
-    return _with_state(proto, keys, shapes, state, what).SerializeToString()
+    return proto, keys, shapes
 
 
 def _export_bytes(module: torch.nn.Module, args: tuple, dynamo: bool) -> bytes:

@@ -599,7 +599,10 @@ def neighbours(spec: dict, rng: np.random.Generator) -> list[dict]:
         i = int(rng.integers(n))
         for factor in (grow, shrink):
             widths = list(s["widths"])
-            widths[i] = _resize(widths[i], factor)
+            k = i
+            if _resize(widths[i], factor) == widths[i]:  # already at the narrowest: narrow the widest stage instead
+                k = int(np.argmax(widths))
+            widths[k] = _resize(widths[k], factor)
             out.append({**s, "widths": widths})
         if depth_key is None:  # mlp: a new hidden layer copies its predecessor's width, so it can be the identity
             out.append({**s, "widths": s["widths"][: i + 1] + [s["widths"][i]] + s["widths"][i + 1:]})
@@ -616,6 +619,8 @@ def neighbours(spec: dict, rng: np.random.Generator) -> list[dict]:
                 out.append({**s, depth_key: fewer})
             if s["kernel"] < max(_KERNELS):
                 out.append({**s, "kernel": s["kernel"] + 2})
+            else:  # the largest kernel: a smaller one (centre crop) is the kernel neighbour
+                out.append({**s, "kernel": s["kernel"] - 2})
     result = []
     for v in out:
         try:

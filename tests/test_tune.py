@@ -97,6 +97,10 @@ def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registe
     assert all(s > 0.3 for s in rows["score"][1:])
     zoo = Zoo(service["zoo"])
     assert len(zoo) == 4 and len(cb.registered) == 4
+    # trials' state_dicts are registered as a graph plus safetensors weights: no weight goes through ONNX
+    from keeper.zoo import WEIGHTS_EXTRA
+
+    assert all(WEIGHTS_EXTRA in r.extra_checksums for r in zoo.store.records())
     # every trial directory holds the architecture template the callback read
     for trial in cb.trials:
         assert trial.storage.storage_filesystem.get_file_info(

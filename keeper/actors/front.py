@@ -180,13 +180,17 @@ class Keeper:
         return {"names": [names[i] for i in order], "scores": scores[order].tolist(), "scored": scored,
                 "seconds": time.perf_counter() - t0}
 
-    def register(self, model: ModelInput, accuracy: float, name: str | None = None) -> dict[str, Any]:
+    def register(self, model: ModelInput, accuracy: float, name: str | None = None,
+                 weights: bytes | None = None) -> dict[str, Any]:
         """Admit a trained model through the ZooManager; returns its catalog record as a dict.
 
-        Identical content is stored once, whatever name it comes with, so retries are safe.
+        ``weights``: safetensors bytes when ``model`` is its graph without weights (models of any size). Identical
+        content is stored once, whatever name it comes with, so retries are safe.
         """
-        rec = self._manager_call("register", self.config.timeouts.register_s, bytes(_as_bytes(model)),
-                                 accuracy, name)
+        blob = model if isinstance(model, (bytes, bytearray, memoryview)) or weights is None else \
+            load_model(model, weights_apart=True).SerializeToString()
+        rec = self._manager_call("register", self.config.timeouts.register_s, bytes(_as_bytes(blob)),
+                                 accuracy, name, weights)
         with self._stats_lock:
             self.registers += 1
         self._view_backoff_until = 0.0

@@ -127,8 +127,10 @@ class ZooManager:
         return sorted(self._arrays)
 
     # -- writes
-    def register(self, model: ModelInput, accuracy: float, name: str | None = None) -> dict[str, Any]:
+    def register(self, model: ModelInput, accuracy: float, name: str | None = None,
+                 weights: bytes | None = None) -> dict[str, Any]:
         """Admit a trained model; returns its catalog record as a dict (the stored one for identical content).
+        ``weights``: safetensors bytes when ``model`` is its graph without weights (any size).
 
         Raises:
             AdmissionError, InvalidModelError: refused; nothing was stored.
@@ -136,7 +138,7 @@ class ZooManager:
         """
         with self._lock:
             before = set(self.zoo.names())
-            rec = self.zoo.register(model, accuracy, name)
+            rec = self.zoo.register(model, accuracy, name, weights=weights)
             self._sync(before)
         self._maybe_refit()
         return rec.to_json()

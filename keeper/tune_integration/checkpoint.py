@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from keeper.errors import KeeperError
 
-__all__ = ["CHECKPOINT_FILES", "checkpoint_onnx", "register_trial"]
+__all__ = ["CHECKPOINT_FILES", "checkpoint_onnx", "checkpoint_model", "register_trial"]
 
 CHECKPOINT_FILES = ("model.onnx", "model.safetensors", "model.pt")
 
@@ -50,7 +50,23 @@ def _state_dict(directory: str, what: str) -> dict[str, Any] | None:
 def checkpoint_onnx(directory: str, template: bytes | None, what: str,
                     builder: Callable[[], tuple[Any, Any]] | None = None,
                     find: Callable[[dict], bytes | None] | None = None) -> bytes:
-    """ONNX bytes with the trained weights of the checkpoint in ``directory``.
+    """ONNX bytes with the trained weights of the checkpoint in ``directory`` (models under ONNX's 2 GB; see
+    :func:`checkpoint_model` for any size). Arguments and errors as :func:`checkpoint_model`."""
+    model, weights = checkpoint_model(directory, template, what, builder, find)
+    if weights is None:
+        return model
+    from keeper.onnx_safety import load_model
+    from keeper.onnx_weights import write_weights
+
+    return write_weights(load_model(model, what=what, weights_apart=True), weights).SerializeToString()
+
+
+def checkpoint_model(directory: str, template: bytes | None, what: str,
+                     builder: Callable[[], tuple[Any, Any]] | None = None,
+                     find: Callable[[dict], bytes | None] | None = None) -> tuple[bytes, dict | None]:
+    """The trained model of the checkpoint in ``directory``: ``(model.onnx bytes, None)``, or for a state_dict the
+    architecture's graph without weights and the weights apart (initializer name -> array), so a model of any
+    size is registered without serialising its weights into ONNX.
 
     Args:
         template: the trial's architecture template, or None when warm_start did not write one.
@@ -64,23 +80,32 @@ def checkpoint_onnx(directory: str, template: bytes | None, what: str,
     onnx_path = os.path.join(directory, "model.onnx")
     if os.path.exists(onnx_path):
         with open(onnx_path, "rb") as f:
-            return f.read()
+            return f.read(), None
+    from keeper.torch_support import template_apart
+
     state = _state_dict(directory, what)
     if state is None:
         raise KeeperError(f"{what}: the checkpoint holds none of {CHECKPOINT_FILES}; save the model's state_dict "
                           "as model.pt in the directory passed to tune.Checkpoint.from_directory")
-    from keeper.torch_support import architecture_template, export_graph, fill_template
+    return template_apart(template if template is not None else _template_of(directory, what, builder, find, state),
+                          state, what)
 
-    if template is None and find is not None:
-        template = find(state)
-    if template is None:
-        if builder is None:
-            raise KeeperError(f"{what}: the trial's architecture is unknown (warm_start was not called in the "
-                              "trainable); call warm_start(model, example_input) or give KeeperCallback a "
-                              "model_builder")
-        module, example = builder()
-        template = architecture_template(export_graph(module, example))
-    return fill_template(template, state, what)
+
+def _template_of(directory: str, what: str, builder: Callable[[], tuple[Any, Any]] | None,
+                 find: Callable[[dict], bytes | None] | None, state: dict | None = None) -> bytes:
+    """The architecture template of the state_dict in ``directory``: found by its signature, or built."""
+    from keeper.torch_support import architecture_template, export_graph
+
+    state = state if state is not None else _state_dict(directory, what)
+    template = find(state) if find is not None else None
+    if template is not None:
+        return template
+    if builder is None:
+        raise KeeperError(f"{what}: the trial's architecture is unknown (warm_start was not called in the "
+                          "trainable); call warm_start(model, example_input) or give KeeperCallback a "
+                          "model_builder")
+    module, example = builder()
+    return architecture_template(export_graph(module, example))
 
 
 def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float, name: str,
@@ -92,6 +117,7 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
     """
     from keeper.actors.remote import Demand, get
     from keeper.tune_integration.templates import find_template
+    from keeper.weights import weights_bytes
     from keeper.tune_integration.trainable import ARCHITECTURE_FILE
 
     what = f"trial {name}"
@@ -101,8 +127,10 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
     except (FileNotFoundError, OSError):
         template = None  # warm_start ran elsewhere (a Ray Train worker): the zoo's store has it by signature
     with checkpoint.as_directory() as directory:
-        blob = checkpoint_onnx(directory, template, what,
-                               (lambda: builder(config)) if builder is not None else None,
-                               find=(lambda state: find_template(zoo_uri, state)) if zoo_uri else None)
+        model, weights = checkpoint_model(directory, template, what,
+                                          (lambda: builder(config)) if builder is not None else None,
+                                          find=(lambda state: find_template(zoo_uri, state)) if zoo_uri else None)
     need = Demand(f"registering {what} (timeouts.register_s)", actor=handle)
-    return get(handle.register.remote(blob, float(accuracy), name), timeout_s, need)
+    # weights apart as safetensors bytes: no ONNX 2 GB bound, and plain bytes on the wire
+    blob = None if weights is None else weights_bytes(weights)
+    return get(handle.register.remote(model, float(accuracy), name, blob), timeout_s, need)
