@@ -15,7 +15,7 @@ has; changing that is a change to what extraction records, and ``LayerGraph.FORM
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import onnx
 
@@ -58,7 +58,7 @@ class _Walk:
 
 
 # A handler gives the group of a node's output, or None when it assigned its outputs itself (a Split into parts).
-Handler = Callable[[_Walk, int, onnx.NodeProto, NodeInfo, list, "str | None"], "int | None"]
+Handler = Callable[[_Walk, int, onnx.NodeProto, NodeInfo, list[str], Optional[str]], Optional[int]]
 
 
 def _layer(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:

@@ -178,7 +178,8 @@ def value_inputs(node: onnx.NodeProto) -> list[str]:
     return ins[:1] if node.op_type == "CastLike" else ins
 
 
-def attr(node: onnx.NodeProto, name: str, default=None):
+def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """The value of the node's attribute ``name``, or ``default`` when it has none."""
     for a in node.attribute:
         if a.name == name:
             return onnx.helper.get_attribute_value(a)

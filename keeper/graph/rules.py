@@ -14,7 +14,7 @@ vectors besides it (a bias, a norm's shift).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import onnx
@@ -59,7 +59,7 @@ class RuleContext:
         return self.reader.ref_shape(ref)
 
 
-Rule = Callable[[RuleContext, onnx.NodeProto], "NodeInfo | None"]
+Rule = Callable[[RuleContext, onnx.NodeProto], Optional[NodeInfo]]
 
 
 def _inputs(n: onnx.NodeProto) -> list[str]:
