@@ -24,7 +24,8 @@ from typing import Callable, NamedTuple, Sequence, Union
 import numba
 import numpy as np
 
-from keeper.graph import Kind, LayerGraph, as_graph
+from keeper.graph import LayerGraph, as_graph
+from keeper.kinds import Merge, kind_mask, kinds_where
 from keeper.onnx_safety import ModelInput
 
 __all__ = [
@@ -51,8 +52,7 @@ def class_by_kind_and_rank(graph: LayerGraph) -> np.ndarray:
 
 
 _LEVELS = 64  # resolution levels told apart; deeper ones share the last code
-_LEVELLED = np.zeros(256, dtype=np.int64)  # by kind (int8 codes): 1 where the class carries levels
-_LEVELLED[[Kind.CONV, Kind.DWCONV, Kind.CONVT, Kind.BATCHNORM]] = 1
+_LEVELLED = kind_mask(lambda t: t.levelled).astype(np.int64)  # by kind code: 1 where the class carries levels
 
 
 def class_by_kind_rank_and_level(graph: LayerGraph) -> np.ndarray:
@@ -152,7 +152,7 @@ def _skip_costs(graph: LayerGraph) -> np.ndarray:
     nothing); any other new layer breaks the function, so it should rather be matched when inheritance is equal."""
     k, s = graph.layer_kind, graph.shape
     square = s[:, 0] == s[:, 1]
-    free = (((k == Kind.CONV) | (k == Kind.LINEAR)) & square) | (k == Kind.DWCONV) | (k == Kind.BATCHNORM)
+    free = _IDENTITY_ANY_SHAPE[k] | (_IDENTITY_IF_SQUARE[k] & square)
     succs: list[list[int]] = [[] for _ in range(graph.num_nodes)]
     for node in range(graph.num_nodes):
         for p in graph.predecessors(node).tolist():
@@ -172,7 +172,7 @@ def _inside_residual_branch(node: int, succs: list[list[int]], kind: np.ndarray,
         if not succs[cur]:
             return False  # reached a graph output without merging
         for nxt in succs[cur]:
-            if kind[nxt] == Kind.ADD:
+            if kind[nxt] in _RESIDUAL_KINDS:
                 adds.add(nxt)
             elif nxt not in seen:
                 seen.add(nxt)
@@ -182,8 +182,13 @@ def _inside_residual_branch(node: int, succs: list[list[int]], kind: np.ndarray,
     return len(adds) == 1
 
 
-_MERGE_KINDS = (Kind.ADD, Kind.CONCAT)
-_NONLINEAR_KINDS = (Kind.ACTIVATION, Kind.POOL)
+# by kind, from keeper.kinds: which layers can start as the identity (some only when square), which nodes merge
+# branches (residual adds among them), which are nonlinearities
+_IDENTITY_ANY_SHAPE = kind_mask(lambda t: t.identity is not None and not t.identity.needs_square)
+_IDENTITY_IF_SQUARE = kind_mask(lambda t: t.identity is not None and t.identity.needs_square)
+_MERGE_KINDS = kinds_where(lambda t: t.merge is not None)
+_RESIDUAL_KINDS = kinds_where(lambda t: t.merge is Merge.SUM)
+_NONLINEAR_KINDS = kinds_where(lambda t: t.nonlinear)
 
 
 def _edge_costs(graph: LayerGraph) -> np.ndarray:

@@ -22,7 +22,8 @@ from typing import Callable, Mapping
 import ml_dtypes
 import numpy as np
 
-from keeper.graph import Kind, LayerGraph
+from keeper.graph import LayerGraph
+from keeper.kinds import traits
 from keeper.matching import Alignment
 from keeper.onnx_weights import canonical, layer_arrays, to_source
 from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
@@ -31,7 +32,6 @@ from keeper.transforms.width import take_inputs, take_units, take_units_and_inpu
 
 __all__ = ["Transfer", "transfer", "transfer_layers", "LayerTensors"]
 
-_IN_AXIS_KINDS = (Kind.CONV, Kind.CONVT, Kind.LINEAR)
 # dtypes whose arithmetic keeper runs in float32 (bfloat16 keeps 8 bits of mantissa: a division by a replication
 # count or a product with an attention factor in it would round the function away)
 _LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -77,7 +77,7 @@ class _GroupMaps:
         """A new square layer that can be an identity passes its units through: its other side copies the same
         parent units (so VGG blocks inserted back to back all line up). Forward, then backward."""
         c = self.child
-        square = [i for i in range(c.num_layers) if pairs[i] < 0 and c.layer_kind[i] in (Kind.CONV, Kind.LINEAR)
+        square = [i for i in range(c.num_layers) if pairs[i] < 0 and _square_identity(int(c.layer_kind[i]))
                   and c.shape[i, 0] == c.shape[i, 1] and c.in_group[i] >= 0 and c.out_group[i] >= 0]
         for seq, (a, b) in ((square, (0, 1)), (square[::-1], (1, 0))):
             for i in seq:
@@ -220,12 +220,19 @@ def _moves(m: np.ndarray, parent_len: int) -> bool:
     return len(m) != parent_len or bool(np.any(m != np.arange(len(m))))
 
 
+def _square_identity(kind: int) -> bool:
+    """Layers of the kind start as the identity when they have as many output as input units (conv, linear)."""
+    ident = traits(kind).identity
+    return ident is not None and ident.needs_square
+
+
 def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_map, parent_in: int) -> tuple[np.ndarray, list[str]]:
     """Turn parent tensor ``pt`` into the child's shape ``ct.shape``; returns the array and the operators used."""
     ops: list[str] = []
     t = pt
+    kt = traits(kind)
     take_out = t.ndim >= 1 and _map_fits(out_map, ct.shape[0], t.shape[0]) and _moves(out_map, t.shape[0])
-    take_in = (role == "weight" and kind in _IN_AXIS_KINDS and t.ndim >= 2
+    take_in = (role == "weight" and kt.in_axis is not None and t.ndim >= 2
                and _map_fits(in_map, ct.shape[1], t.shape[1]) and _moves(in_map, t.shape[1]))
     if take_out:
         ops.append("widen" if len(out_map) > t.shape[0] else "shrink")
@@ -240,7 +247,7 @@ def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_m
         t = take_units(t, out_map, 0)
     elif take_in:
         t = take_inputs(t, in_map, parent_in, 1) if grow_in else take_units(t, in_map, 1)
-    if role == "weight" and kind in (Kind.CONV, Kind.DWCONV, Kind.CONVT) and t.ndim > 2 and t.shape[2:] != ct.shape[2:]:
+    if role == "weight" and kt.kernel_axes and t.ndim > 2 and t.shape[2:] != ct.shape[2:]:
         ops.append("kernel-pad" if np.prod(ct.shape[2:]) > np.prod(t.shape[2:]) else "kernel-crop")
         t = fit_kernel(t, ct.shape[2:])
     if t.shape != ct.shape:

@@ -9,47 +9,57 @@ from __future__ import annotations
 
 import numpy as np
 
-from keeper.graph import Kind, LayerGraph
+from keeper.graph import LayerGraph
+from keeper.kinds import Identity, Merge, kinds_where, traits
 
 __all__ = ["identity_fill", "zero_fill", "new_branch_tails"]
 
 
 def identity_fill(kind: int, child: dict[str, np.ndarray], *, epsilon: float = 1e-5,
                   strides: list[int] | None = None) -> dict[str, np.ndarray] | None:
-    """Identity values for a layer (role -> array, shapes as ``child``), or None when it cannot be the identity."""
+    """Identity values for a layer (role -> array, shapes as ``child``), or None when it cannot be the identity.
+
+    How a kind starts as the identity is its ``identity`` trait (:mod:`keeper.kinds`); None there means never.
+    """
     w = child.get("weight", child.get("scale"))
-    if w is None:
+    how = traits(kind).identity
+    if w is None or how is None:
         return None
-    if kind == Kind.BATCHNORM:
+    if how is Identity.UNIT_NORM:
         c = w.shape[0]
         return {"scale": np.full(c, np.sqrt(1.0 + epsilon), w.dtype), "bias": np.zeros(c, w.dtype),
                 "mean": np.zeros(c, w.dtype), "var": np.ones(c, w.dtype)}
     if strides and any(s != 1 for s in strides):
         return None
-    out = _zeros(child)
-    if kind == Kind.LINEAR and w.shape[0] == w.shape[1]:
+    if how is Identity.EYE:
+        if w.shape[0] != w.shape[1]:
+            return None
+        out = _zeros(child)
         out["weight"] = np.eye(w.shape[0], dtype=w.dtype)
         return out
-    if kind in (Kind.CONV, Kind.DWCONV) and all(k % 2 == 1 for k in w.shape[2:]):
-        centre = tuple(k // 2 for k in w.shape[2:])
-        d = out["weight"]
-        if kind == Kind.CONV and w.shape[0] == w.shape[1]:
-            idx = np.arange(w.shape[0])
-            d[(idx, idx) + centre] = 1.0
-        elif kind == Kind.DWCONV and w.shape[1] == 1:
-            d[(np.arange(w.shape[0]), 0) + centre] = 1.0
-        else:
-            return None
-        out["weight"] = d
+    # Dirac: one at the kernel centre, which only an odd kernel has
+    if not all(k % 2 == 1 for k in w.shape[2:]):
+        return None
+    centre = tuple(k // 2 for k in w.shape[2:])
+    if how is Identity.DIRAC and w.shape[0] == w.shape[1]:
+        out = _zeros(child)
+        idx = np.arange(w.shape[0])
+        out["weight"][(idx, idx) + centre] = 1.0
+        return out
+    if how is Identity.DIRAC_DEPTHWISE and w.shape[1] == 1:
+        out = _zeros(child)
+        out["weight"][(np.arange(w.shape[0]), 0) + centre] = 1.0
         return out
     return None
 
 
 def zero_fill(kind: int, child: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Values that make the layer output zero: zero weights and shifts (BatchNorm keeps unit statistics)."""
+    """Values that make the layer output zero: zero weights and shifts; the roles of the kind's ``zero_ones`` trait
+    stay one (a BatchNorm keeps unit variance)."""
     out = _zeros(child)
-    if kind == Kind.BATCHNORM and "var" in out:
-        out["var"] = np.ones_like(child["var"])
+    for role in traits(kind).zero_ones:
+        if role in out:
+            out[role] = np.ones_like(child[role])
     return out
 
 
@@ -57,6 +67,11 @@ def _zeros(child: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     # np.zeros, not zeros_like: it takes pages the OS already zeroed instead of writing every byte, which was
     # about a fifth of a deepened 100M-parameter ResNet's transfer time (profiled on scripts/bench_warm.py's models)
     return {k: np.zeros(v.shape, v.dtype) for k, v in child.items()}
+
+
+# by kind, from keeper.kinds: residual adds (a zero branch leaves the skip input), and every merge
+_RESIDUAL_KINDS = kinds_where(lambda t: t.merge is Merge.SUM)
+_MERGE_KINDS = kinds_where(lambda t: t.merge is not None)
 
 
 def new_branch_tails(graph: LayerGraph, new_layer: np.ndarray) -> set[int]:
@@ -71,7 +86,7 @@ def new_branch_tails(graph: LayerGraph, new_layer: np.ndarray) -> set[int]:
     node_layer[graph.layer_node] = np.arange(graph.num_layers)
     fanout = np.bincount(graph.pred_indices, minlength=graph.num_nodes)
     tails: set[int] = set()
-    for node in np.flatnonzero(graph.kind == Kind.ADD):
+    for node in np.flatnonzero(np.isin(graph.kind, sorted(_RESIDUAL_KINDS))):
         preds = graph.predecessors(int(node))
         if len(preds) != 2:
             continue
@@ -82,7 +97,7 @@ def new_branch_tails(graph: LayerGraph, new_layer: np.ndarray) -> set[int]:
                 if node_layer[cur] >= 0:
                     layers.append(int(node_layer[cur]))
                 p = graph.predecessors(cur)
-                if len(p) != 1 or fanout[cur] > 1 or graph.kind[cur] in (Kind.ADD, Kind.CONCAT):
+                if len(p) != 1 or fanout[cur] > 1 or graph.kind[cur] in _MERGE_KINDS:
                     break
                 if fanout[int(p[0])] > 1:  # p[0] is the fork: the branch starts after it
                     break

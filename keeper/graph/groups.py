@@ -1,0 +1,226 @@
+"""Channel groups: which layers' unit axes must share one channel indexing.
+
+A conv's output, the BatchNorm after it, the residual stream it is added to and the next conv's input get one
+group id; a concatenation along channels is a composite group made of its parts; a packed q/k/v projection's
+output is a composite of its parts (:mod:`keeper.graph.packed`). Data nodes are visited in canonical order and
+each kind has one handler (:data:`HANDLERS`) saying which group its output takes; weighted kinds share one
+handler driven by their traits (:mod:`keeper.kinds`: an input axis opens a group for the input, a per-channel
+layer keeps its input's group).
+
+Invariant: group ids depend only on the canonical order and the graph (stored graphs keep them), so a handler
+must open groups (``UnionFind.new``, or ``_Walk.group_in`` of a tensor no node produced) exactly as it always
+has; changing that is a change to what extraction records, and ``LayerGraph.FORMAT`` must be bumped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import onnx
+
+from keeper.errors import KeeperError
+from keeper.graph.packed import PackedProjections, reshape_last_dim
+from keeper.graph.reader import ModelReader, attr
+from keeper.graph.rules import NodeInfo
+from keeper.graph.unionfind import UnionFind
+from keeper.kinds import Kind, Traits, traits
+
+__all__ = ["ChannelGroups", "channel_groups", "HANDLERS", "handler"]
+
+
+@dataclass(frozen=True)
+class ChannelGroups:
+    """Compacted groups: sizes (-1 unknown or inconsistent), composite parts in CSR form, each layer's (input,
+    output) group (-1 for none), and the ``attrs["packed"]`` of packed projections by data node."""
+
+    sizes: list[int]
+    parts_indptr: list[int]
+    parts: list[int]
+    layer_groups: dict[int, tuple[int, int]]
+    packed: dict[int, dict[str, Any]]
+
+
+class _Walk:
+    """State of one pass: the union-find, the group of each tensor seen, and each layer's groups."""
+
+    def __init__(self, reader: ModelReader, nodes: Sequence[onnx.NodeProto], info: Sequence[NodeInfo]):
+        self.reader = reader
+        self.uf = UnionFind()
+        self.tensor_group: dict[str, int] = {}
+        self.layer_groups: dict[int, tuple[int, int]] = {}
+        self.packed = PackedProjections(reader, nodes, info, self.uf, self.tensor_group)
+
+    def group_in(self, name: str) -> int:
+        """The group of tensor ``name``; a fresh group when no node produced it (a graph input)."""
+        g = self.tensor_group.get(name)
+        return self.uf.new() if g is None else g
+
+
+# A handler gives the group of a node's output, or None when it assigned its outputs itself (a Split into parts).
+Handler = Callable[[_Walk, int, onnx.NodeProto, NodeInfo, list[str], Optional[str]], Optional[int]]
+
+
+def _layer(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
+    """Any weighted kind, by its traits: an input axis opens (or joins) a group of ``in_units * groups`` channels
+    and a new output group; a per-channel layer keeps its input's group; otherwise (embedding) no input group."""
+    t: Traits = traits(d.kind)
+    s, uf = d.shape, w.uf
+    if t.in_axis is not None:
+        gi = uf.sized(w.group_in(ins[0]), s[t.in_axis] * d.groups) if ins else -1
+        g_out = uf.new(s[0])
+    elif t.per_channel:
+        gi = uf.sized(w.group_in(ins[0]), s[0]) if ins else uf.new(s[0])
+        g_out = gi
+    else:
+        gi, g_out = -1, uf.new(s[0])
+    w.layer_groups[i] = (gi, g_out)
+    return g_out
+
+
+def _linear(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
+    """A linear layer, whose output may be a packed projection unpacked further down."""
+    g_out = _layer(w, i, n, d, ins, out)
+    if out:
+        w.packed.linear_out[out] = i
+    return g_out
+
+
+def _elementwise(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
+    """Add, Mul and the like: every data input shares the output's channels (a residual stream)."""
+    if len(ins) < 2:
+        return _pass(w, i, n, d, ins, out)
+    g = w.group_in(ins[0])
+    for x in ins[1:]:
+        g = w.uf.union(g, w.group_in(x))
+    return g
+
+
+def _pass(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
+    """The output keeps the channel group of the first data input."""
+    return w.group_in(ins[0]) if ins else w.uf.new()
+
+
+def _fresh(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
+    """An output indexed by something else than its input's channels."""
+    return w.uf.new()
+
+
+def _split(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int | None:
+    """A part of a packed projection takes its part group; any other slice opens a group."""
+    pk = w.packed
+    if n.op_type == "Gather" and (pg := pk.gathered_part(n)) is not None:
+        return pg
+    if n.op_type == "SequenceAt" and (pg := pk.sequence_part(n)) is not None:
+        return pg
+    if n.op_type == "Split" and (pgs := pk.split_parts(n)) is not None:
+        for o, pg in zip(n.output, pgs):
+            w.tensor_group[o] = pg
+        return None
+    return w.uf.new()
+
+
+def _matmul(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
+    """Activation x activation: the output is indexed like the second operand (attention weights x values),
+    except q @ k^T of one packed projection, whose output is indexed by positions, not by units."""
+    if len(ins) != 2:
+        return w.uf.new()
+    pa, pb = w.packed.part(w.group_in(ins[0])), w.packed.part(w.group_in(ins[1]))
+    if pa and pb and pa[0] == pb[0] and pa[1] != pb[1]:
+        w.packed.dots.add((pa[0], min(pa[1], pb[1]), max(pa[1], pb[1])))
+        return w.uf.new()
+    return w.group_in(ins[1])
+
+
+def _reshape(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
+    """A reshape keeps its input's group when it keeps the channel axis; a part of a packed projection split into
+    heads ``(..., heads, d / heads)`` or merged back keeps its unit indexing and records its heads."""
+    if not ins:
+        return w.uf.new()
+    uf = w.uf
+    if n.op_type == "Reshape" and w.packed.part(w.group_in(ins[0])):
+        # an unknown target passes the group on, as elsewhere
+        g, last = uf.find(w.group_in(ins[0])), reshape_last_dim(w.reader, n)
+        if last <= 0 or (uf.size[g] > 0 and uf.size[g] % last == 0):
+            if 0 < last < uf.size[g]:
+                w.packed.part_heads[g] = uf.size[g] // last
+            return g
+        return uf.new()
+    a, b = w.reader.shapes.get(ins[0]), w.reader.shapes.get(out or "")
+    return w.group_in(ins[0]) if _keeps_channels(a, b) else uf.new()
+
+
+def _concat(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
+    """Along channels (axis 1 or the last), with every part's size known: a composite of the parts; otherwise
+    the inputs share one group."""
+    if not ins:
+        return w.uf.new()
+    uf = w.uf
+    axis = int(attr(n, "axis", 0))
+    shp = w.reader.shapes.get(out or "")
+    r = len(shp) if shp else None
+    ax = axis % r if r else axis
+    gs = [uf.find(w.group_in(x)) for x in ins]
+    if r is not None and (ax == 1 or ax == r - 1) and all(uf.size[g] > 0 for g in gs):
+        return uf.new(sum(uf.size[g] for g in gs), gs)
+    g_out = gs[0]
+    for g in gs[1:]:
+        g_out = uf.union(g_out, g)
+    return g_out
+
+
+def _keeps_channels(a: tuple | None, b: tuple | None) -> bool:
+    """A reshape keeps the channel group when it only drops/adds singleton or batch-like axes around it."""
+    if not a or not b or a[-1] <= 0 or b[-1] <= 0:
+        return True  # unknown shapes: pass the group on; a real conflict shows up as an inconsistent size
+    if a[-1] == b[-1] and a[-1] > 0:
+        return True
+    # flatten after global pooling: (B, C, 1, 1) -> (B, C)
+    if len(a) >= 3 and len(b) == 2 and all(d == 1 for d in a[2:]) and a[1] == b[1] and a[1] > 0:
+        return True
+    return False
+
+
+# One handler per kind. Weighted kinds default to ``_layer`` (their traits say how they share channels), so a new
+# weighted kind needs no line here; a new weightless kind does.
+HANDLERS: Mapping[Kind, Handler] = {
+    **{k: _layer for k in Kind if traits(k).weighted},
+    Kind.LINEAR: _linear,
+    Kind.ADD: _elementwise, Kind.MUL: _elementwise,
+    Kind.ACTIVATION: _pass, Kind.POOL: _pass, Kind.SOFTMAX: _pass, Kind.TRANSPOSE: _pass, Kind.REDUCE: _pass,
+    Kind.SPLIT: _split, Kind.MATMUL: _matmul, Kind.RESHAPE: _reshape, Kind.CONCAT: _concat, Kind.OTHER: _fresh,
+}
+
+
+def handler(kind: int) -> Handler:
+    """The channel-group handler of ``kind``.
+
+    Raises:
+        KeeperError: the kind has none (a new weightless kind must add one to ``HANDLERS``).
+    """
+    h = HANDLERS.get(kind)  # type: ignore[call-overload]
+    if h is None:
+        raise KeeperError(f"layer kind {kind!r}: no channel-group handler in keeper.graph.groups.HANDLERS; a "
+                          "weightless kind needs one (most pass their input's group on: _pass)")
+    return h
+
+
+def channel_groups(reader: ModelReader, nodes: Sequence[onnx.NodeProto], order: Sequence[int],
+                   info: Sequence[NodeInfo], const: set[str], meta: set[str]) -> ChannelGroups:
+    """Channel groups of the data nodes ``nodes`` visited in canonical ``order`` (see the module docstring)."""
+    w = _Walk(reader, nodes, info)
+    for i in order:
+        n, d = nodes[i], info[i]
+        ins = [x for x in n.input if x and x not in const and x not in meta]
+        out = n.output[0] if n.output else None
+        if d.bias_add is not None:  # a linear layer with its absorbed bias Add answers for the Add's output
+            out = d.bias_add.output[0]
+        g_out = handler(d.kind)(w, i, n, d, ins, out)
+        if g_out is None:
+            continue
+        for o in (n.output if d.bias_add is None else [out]):
+            if o:
+                w.tensor_group[o] = g_out
+    c = w.uf.compact()
+    remap = {i: (c.ids[a] if a >= 0 else -1, c.ids[b] if b >= 0 else -1) for i, (a, b) in w.layer_groups.items()}
+    return ChannelGroups(c.sizes, c.parts_indptr, c.parts, remap, w.packed.attrs())

@@ -1,0 +1,191 @@
+"""Reading a checked ModelProto: the ONNX conventions every other part of the graph package builds on.
+
+:class:`ModelReader` sorts the file's nodes topologically (a file may list them in any order), infers activation
+shapes on a weight-free copy, tells constants from data, and follows a weight from the op that reads it back to
+its initializer through Identity/Transpose/Cast/Reshape/Squeeze/Unsqueeze/Flatten (:class:`TensorRef`), so a
+dynamo export (renamed, pre-transposed, aliased weights) reads the same as a TorchScript one.
+
+Invariant: nothing here depends on the order of nodes in the file beyond the topological order it must allow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from keeper.errors import InvalidModelError
+from keeper.graph.types import TensorRef
+
+__all__ = ["ModelReader", "value_inputs", "attr", "as_str"]
+
+# Ops a constant may pass through on its way from an initializer to the op that uses it.
+_WEIGHT_CHAIN_OPS = {"Identity", "Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+
+
+class ModelReader:
+    """A checked ModelProto made easy to query: nodes in a topological order of the file, producers, inferred
+    activation shapes, constant values, and weights traced back to their initializers. Holds only Python state."""
+
+    def __init__(self, proto: onnx.ModelProto):
+        self.graph = proto.graph
+        self.init_shapes = {t.name: tuple(int(d) for d in t.dims) for t in self.graph.initializer}
+        self.init_by_name = {t.name: t for t in self.graph.initializer}
+        self.nodes = self._toposort(list(self.graph.node))
+        self.producer: dict[str, onnx.NodeProto] = {}
+        for n in self.nodes:
+            for o in n.output:
+                if o:
+                    self.producer[o] = n
+        self.shapes = self._infer_shapes(proto)
+
+    # -- ordering of the file's nodes (they may come in any order)
+    def _toposort(self, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+        produced_by = {}
+        for i, n in enumerate(nodes):
+            for o in n.output:
+                if o:
+                    produced_by[o] = i
+        indeg = [0] * len(nodes)
+        users: list[list[int]] = [[] for _ in nodes]
+        for i, n in enumerate(nodes):
+            for inp in set(x for x in n.input if x):
+                j = produced_by.get(inp)
+                if j is not None and j != i:
+                    indeg[i] += 1
+                    users[j].append(i)
+        ready = [i for i, d in enumerate(indeg) if d == 0]
+        order = []
+        while ready:
+            i = ready.pop()
+            order.append(nodes[i])
+            for u in users[i]:
+                indeg[u] -= 1
+                if indeg[u] == 0:
+                    ready.append(u)
+        if len(order) != len(nodes):
+            raise InvalidModelError("model: its graph has a cycle; an ONNX graph must be acyclic")
+        return order
+
+    def _infer_shapes(self, proto: onnx.ModelProto) -> dict[str, tuple]:
+        """Activation shapes by ONNX shape inference on a weight-free copy (dims may be symbolic: -1)."""
+        light = onnx.ModelProto()
+        light.ir_version = proto.ir_version
+        light.opset_import.extend(proto.opset_import)
+        light.functions.extend(proto.functions)
+        g = light.graph
+        g.node.extend(self.nodes)  # sorted: inference reads nodes in order, a shuffled file would lose shapes
+        g.input.extend(proto.graph.input)
+        g.output.extend(proto.graph.output)
+        g.value_info.extend(proto.graph.value_info)
+        known = {vi.name for vi in proto.graph.input}
+        for t in proto.graph.initializer:
+            if t.name not in known:
+                # small integer constants (shapes, axes) keep their values so Reshape targets can be inferred
+                if t.data_type == onnx.TensorProto.INT64 and int(np.prod(t.dims)) <= 16:
+                    g.initializer.append(t)
+                else:
+                    g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+        except Exception:  # inference is a help, never a requirement
+            inferred = light
+        shapes = {}
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+            tt = vi.type.tensor_type
+            if tt.HasField("shape"):
+                shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
+        return shapes
+
+    # -- constants and weights
+    def classify(self) -> tuple[set, set]:
+        """Names of constant tensors and of shape-only ('meta') tensors."""
+        const = set(self.init_shapes)
+        meta: set[str] = set()
+        for n in self.nodes:
+            ins = value_inputs(n)
+            if n.op_type == "Constant" or (ins and all(x in const for x in ins)):
+                const.update(o for o in n.output if o)
+            elif n.op_type in ("Shape", "Size") or (ins and all(x in const or x in meta for x in ins)):
+                meta.update(o for o in n.output if o)
+        return const, meta
+
+    def const_value(self, name: str) -> np.ndarray | None:
+        """Value of a small constant (shapes, axes); None when not directly readable."""
+        if name in self.init_by_name:
+            return numpy_helper.to_array(self.init_by_name[name])
+        n = self.producer.get(name)
+        if n is not None and n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+                if a.name == "value_ints":
+                    return np.array(list(a.ints), dtype=np.int64)
+                if a.name == "value_int":
+                    return np.array(a.i, dtype=np.int64)
+        return None
+
+    def trace_weight(self, name: str, role: str) -> TensorRef | None:
+        """Follow ``name`` back to its initializer through shape-only ops; None when it is computed."""
+        steps: list[tuple[str, tuple[int, ...]]] = []
+        key = name
+        only_identity = True
+        cur = name
+        while cur not in self.init_shapes:
+            n = self.producer.get(cur)
+            if n is None or n.op_type not in _WEIGHT_CHAIN_OPS:
+                return None
+            if n.op_type == "Transpose":
+                perm = next((tuple(a.ints) for a in n.attribute if a.name == "perm"), None)
+                steps.append(("T", perm if perm is not None else ()))
+            elif n.op_type in ("Reshape", "Squeeze", "Unsqueeze", "Flatten"):
+                shp = self.shapes.get(n.output[0])
+                if shp is None or any(d < 0 for d in shp):
+                    return None
+                steps.append(("R", tuple(shp)))
+            if n.op_type not in ("Identity", "Cast"):
+                only_identity = False
+            cur = n.input[0]
+        src_shape = self.init_shapes[cur]
+        chain = []
+        shape = src_shape
+        for op, arg in reversed(steps):
+            if op == "T":
+                perm = arg or tuple(reversed(range(len(shape))))
+                shape = tuple(shape[p] for p in perm)
+                chain.append(("T", perm))
+            else:
+                if int(np.prod(arg)) != int(np.prod(shape)):
+                    return None
+                shape = arg
+                chain.append(("R", arg))
+        return TensorRef(role, key if only_identity else cur, cur, src_shape, tuple(chain))
+
+    @staticmethod
+    def ref_shape(ref: TensorRef) -> tuple[int, ...]:
+        shape = ref.source_shape
+        for op, arg in ref.chain:
+            shape = tuple(shape[p] for p in arg) if op == "T" else arg
+        return shape
+
+
+def value_inputs(node: onnx.NodeProto) -> list[str]:
+    """The inputs whose values the output depends on (CastLike's second input lends only its dtype: the dynamo
+    exporter builds the zero bias of a bias-free conv as CastLike(0, x), which is a constant, not data)."""
+    ins = [x for x in node.input if x]
+    return ins[:1] if node.op_type == "CastLike" else ins
+
+
+def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """The value of the node's attribute ``name``, or ``default`` when it has none."""
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def as_str(v: Any) -> str:
+    """A string attribute as str (ONNX gives bytes)."""
+    return v.decode() if isinstance(v, bytes) else str(v or "")

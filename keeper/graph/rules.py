@@ -1,0 +1,225 @@
+"""Per-op rules: what one ONNX node is to keeper (its kind, and for a layer its canonical shape and tensors).
+
+:data:`OP_RULES` maps an op type to the rule that recognises a weighted layer in it; a rule returns a
+:class:`NodeInfo` or None when the node does not read its weights from constants (a Conv whose weight is computed
+is no layer). Every other node, and a node its rule declines, takes its kind from :data:`WEIGHTLESS` (``OTHER``
+when the op is not listed). :func:`resolution_step` is the one per-op fact about resolution levels.
+
+Canonical orientation (the invariant every rule keeps): axis 0 of ``shape`` is output units, axis 1 input units
+(when the kind has an input axis, see :mod:`keeper.kinds`), then kernel axes; ``refs[0]`` is the main tensor,
+whose ``canon`` transposes the op's input into that orientation. ``vectors`` counts the trainable per-output-unit
+vectors besides it (a bias, a norm's shift).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+import onnx
+
+from keeper.graph.reader import ModelReader, as_str, attr
+from keeper.graph.types import MAX_RANK, TensorRef
+from keeper.kinds import Kind, traits
+
+__all__ = ["NodeInfo", "RuleContext", "OP_RULES", "WEIGHTLESS", "node_info", "resolution_step"]
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What extraction records of one data node. Weightless nodes have only ``kind``.
+
+    ``bias_add`` is the Add node a MatMul rule absorbed as the layer's bias (extraction then drops that Add and
+    lets the layer answer for its output).
+    """
+
+    kind: Kind
+    shape: tuple[int, ...] = ()
+    refs: tuple[TensorRef, ...] = ()
+    vectors: int = 0
+    groups: int = 1
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    bias_add: onnx.NodeProto | None = None
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What a rule may read: the model, its constant tensor names, and the data nodes reading each tensor."""
+
+    reader: ModelReader
+    const: set[str]
+    users: Mapping[str, list[onnx.NodeProto]]
+
+    def ref(self, name: str, role: str) -> TensorRef | None:
+        """The weight ``name`` traced to its initializer; None when it is no constant or is computed."""
+        return self.reader.trace_weight(name, role) if name and name in self.const else None
+
+    def shape(self, ref: TensorRef) -> tuple[int, ...]:
+        return self.reader.ref_shape(ref)
+
+
+Rule = Callable[[RuleContext, onnx.NodeProto], Optional[NodeInfo]]
+
+
+def _inputs(n: onnx.NodeProto) -> list[str]:
+    return list(n.input) + [""] * 5  # absent optional inputs read as ""
+
+
+def _conv(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
+    ins = _inputs(n)
+    w = ctx.ref(ins[1], "weight")
+    if not w:
+        return None
+    s = ctx.shape(w)
+    g = int(attr(n, "group", 1))
+    refs = [w]
+    b = ctx.ref(ins[2], "bias")
+    if b:
+        refs.append(b)
+    attrs = {"pads": list(attr(n, "pads", []) or []), "strides": list(attr(n, "strides", []) or []),
+             "dilations": list(attr(n, "dilations", []) or []), "auto_pad": as_str(attr(n, "auto_pad", ""))}
+    if n.op_type == "ConvTranspose":
+        if g != 1:
+            return NodeInfo(Kind.OTHER)
+        perm = (1, 0) + tuple(range(2, len(s)))  # ONNX stores (in, out, k...)
+        refs[0] = _with_canon(w, perm)
+        return NodeInfo(Kind.CONVT, tuple(s[p] for p in perm), tuple(refs), len(refs) - 1, attrs=attrs)
+    kind = Kind.DWCONV if (g > 1 and s[1] == 1) else Kind.CONV
+    return NodeInfo(kind, s, tuple(refs), len(refs) - 1, groups=g, attrs=attrs)
+
+
+def _gemm(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
+    ins = _inputs(n)
+    w = ctx.ref(ins[1], "weight")
+    if not w or ctx.ref(ins[0], "weight"):
+        return None
+    s = ctx.shape(w)
+    if len(s) != 2 or int(attr(n, "transA", 0)):
+        return NodeInfo(Kind.OTHER)
+    if not int(attr(n, "transB", 0)):
+        w, s = _with_canon(w, (1, 0)), (s[1], s[0])
+    refs = [w]
+    b = ctx.ref(ins[2], "bias")
+    if b and int(np.prod(ctx.shape(b))) == s[0]:
+        refs.append(b)
+    return NodeInfo(Kind.LINEAR, s, tuple(refs), len(refs) - 1)
+
+
+def _matmul(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
+    """A MatMul by a constant matrix is a linear layer; a following Add of a constant vector is its bias."""
+    ins = _inputs(n)
+    w = ctx.ref(ins[1], "weight")
+    if not w or len(ctx.shape(w)) != 2:
+        return None
+    k_in, k_out = ctx.shape(w)
+    refs = [_with_canon(w, (1, 0))]
+    outs = ctx.users.get(n.output[0], [])
+    if len(outs) == 1 and outs[0].op_type == "Add":
+        add = outs[0]
+        other = [x for x in add.input if x != n.output[0]]
+        b = ctx.ref(other[0], "bias") if len(other) == 1 else None
+        if b and int(np.prod(ctx.shape(b))) == k_out:
+            return NodeInfo(Kind.LINEAR, (k_out, k_in), (refs[0], b), 1, bias_add=add)
+    return NodeInfo(Kind.LINEAR, (k_out, k_in), tuple(refs), 0)
+
+
+def _batchnorm(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
+    ins = _inputs(n)
+    rs = [ctx.ref(ins[j], role) for j, role in ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var"))]
+    if not all(rs):
+        return NodeInfo(Kind.OTHER)  # statistics computed in the graph: not a layer keeper can transfer
+    c = int(np.prod(ctx.shape(rs[0])))
+    return NodeInfo(Kind.BATCHNORM, (c,), tuple(rs), 1, attrs={"epsilon": float(attr(n, "epsilon", 1e-5))})
+
+
+def _layernorm(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
+    ins = _inputs(n)
+    sc = ctx.ref(ins[1], "scale")
+    if not sc:
+        return None
+    b = ctx.ref(ins[2], "bias")
+    rs = (sc, b) if b else (sc,)
+    c = int(np.prod(ctx.shape(sc)))
+    return NodeInfo(Kind.LAYERNORM, (c,), rs, len(rs) - 1, attrs={"epsilon": float(attr(n, "epsilon", 1e-5))})
+
+
+def _embedding(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
+    ins = _inputs(n)
+    w = ctx.ref(ins[0], "weight")
+    if not w or ins[1] in ctx.const:
+        return None
+    s = ctx.shape(w)
+    if len(s) != 2:
+        return None
+    return NodeInfo(Kind.EMBEDDING, (s[1], s[0]), (_with_canon(w, (1, 0)),), 0)
+
+
+def _param(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
+    """An Add or Mul of one learned tensor with more than one element (positional embedding, layer scale)."""
+    consts = [x for x in n.input if x in ctx.const]
+    if len(consts) != 1:
+        return None
+    p = ctx.ref(consts[0], "weight")
+    if p is None or int(np.prod(ctx.shape(p))) <= 1:
+        return None
+    s = ctx.shape(p)
+    # canonical: the channel axis first, the others in order. The channel axis is the only non-singleton one when
+    # there is one (a per-channel scale (1, C, 1, 1) of a conv net), else the last one (a positional embedding
+    # (1, T, D) of a transformer).
+    wide = [a for a, d in enumerate(s) if d != 1]
+    ax = wide[0] if len(wide) == 1 else len(s) - 1
+    perm = (ax,) + tuple(a for a in range(len(s)) if a != ax)
+    return NodeInfo(Kind.PARAM, tuple(s[q] for q in perm), (_with_canon(p, perm),), 0)
+
+
+def _with_canon(ref: TensorRef, perm: tuple[int, ...]) -> TensorRef:
+    return TensorRef(ref.role, ref.key, ref.source, ref.source_shape, ref.chain, tuple(perm))
+
+
+# Weighted layers: op type -> the rule recognising one. A new weighted op adds its rule here and its Kind's traits
+# in keeper.kinds.
+OP_RULES: Mapping[str, Rule] = {
+    "Conv": _conv, "ConvTranspose": _conv, "Gemm": _gemm, "MatMul": _matmul,
+    "BatchNormalization": _batchnorm, "LayerNormalization": _layernorm, "Gather": _embedding,
+    "Add": _param, "Mul": _param,
+}
+
+# Every other op: op type -> its kind (OTHER when not listed). A new weightless op adds one line here.
+WEIGHTLESS: Mapping[str, Kind] = {
+    "Add": Kind.ADD, "Sub": Kind.ADD, "Mul": Kind.MUL, "Div": Kind.MUL, "Concat": Kind.CONCAT,
+    "Split": Kind.SPLIT, "Slice": Kind.SPLIT, "SplitToSequence": Kind.SPLIT, "SequenceAt": Kind.SPLIT,
+    "MaxPool": Kind.POOL, "AveragePool": Kind.POOL,
+    "GlobalAveragePool": Kind.POOL, "GlobalMaxPool": Kind.POOL, "LpPool": Kind.POOL,
+    "Relu": Kind.ACTIVATION, "LeakyRelu": Kind.ACTIVATION, "Sigmoid": Kind.ACTIVATION, "Tanh": Kind.ACTIVATION,
+    "Gelu": Kind.ACTIVATION, "Erf": Kind.ACTIVATION, "Clip": Kind.ACTIVATION, "Elu": Kind.ACTIVATION,
+    "Selu": Kind.ACTIVATION, "HardSigmoid": Kind.ACTIVATION, "HardSwish": Kind.ACTIVATION,
+    "Softplus": Kind.ACTIVATION, "Mish": Kind.ACTIVATION, "PRelu": Kind.ACTIVATION, "Dropout": Kind.ACTIVATION,
+    "Identity": Kind.ACTIVATION, "Cast": Kind.ACTIVATION, "Sqrt": Kind.ACTIVATION, "Pow": Kind.ACTIVATION,
+    "Neg": Kind.ACTIVATION, "Exp": Kind.ACTIVATION, "Log": Kind.ACTIVATION, "Abs": Kind.ACTIVATION,
+    "Max": Kind.ADD, "Min": Kind.ADD, "Where": Kind.OTHER,
+    "MatMul": Kind.MATMUL, "Softmax": Kind.SOFTMAX, "LogSoftmax": Kind.SOFTMAX,
+    "Reshape": Kind.RESHAPE, "Flatten": Kind.RESHAPE, "Squeeze": Kind.RESHAPE, "Unsqueeze": Kind.RESHAPE,
+    "Transpose": Kind.TRANSPOSE, "ReduceMean": Kind.REDUCE, "ReduceMax": Kind.REDUCE, "ReduceSum": Kind.REDUCE,
+    "Gather": Kind.SPLIT, "Pad": Kind.ACTIVATION, "Resize": Kind.ACTIVATION, "Expand": Kind.RESHAPE,
+}
+
+
+def node_info(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo:
+    """The NodeInfo of one data node: its op's rule when it recognises a layer, else its weightless kind."""
+    rule = OP_RULES.get(n.op_type)
+    info = rule(ctx, n) if rule is not None else None
+    if info is None:
+        return NodeInfo(WEIGHTLESS.get(n.op_type, Kind.OTHER))
+    if traits(info.kind).weighted and len(info.shape) > MAX_RANK:  # e.g. a rank-6 learned tensor
+        return NodeInfo(Kind.OTHER)
+    return info
+
+
+def resolution_step(n: onnx.NodeProto) -> int:
+    """+1 for a strided conv or pool (it lowers the resolution), -1 for a strided transposed conv, else 0.
+    Global pools and reductions are left out: a head after them should match a head whatever the stage count."""
+    if n.op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"):
+        if any(int(s) > 1 for s in (attr(n, "strides", []) or [])):
+            return -1 if n.op_type == "ConvTranspose" else 1
+    return 0

@@ -1,0 +1,146 @@
+"""The LayerGraph data types and their persistence: :class:`TensorRef` and :class:`LayerGraph`.
+
+Invariant: ``LayerGraph.from_arrays(g.to_arrays())`` gives back ``g`` exactly (the arrays, names, tensor refs
+and attrs); the stored form is plain numpy arrays plus one JSON blob, read back with ``allow_pickle=False``.
+Kind codes are stored as int8 in ``kind`` and ``layer_kind`` (see :mod:`keeper.kinds`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from keeper.errors import InvalidModelError
+from keeper.kinds import traits
+
+__all__ = ["TensorRef", "LayerGraph", "MAX_RANK"]
+
+# Canonical parameter shapes are stored padded to this rank (``LayerGraph.shape`` is ``num_layers x MAX_RANK``);
+# a learned tensor of higher rank is no layer.
+MAX_RANK = 5
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """One parameter tensor a layer reads.
+
+    ``key`` names it in a WarmResult's ``weights`` (the name the op sees when only Identity nodes stand between
+    it and the initializer, so deduplicated initializers are untied; the initializer's name otherwise).
+    ``source`` is the initializer holding the data; ``chain`` turns the source array into the op's input
+    (("T", perm) / ("R", shape) steps); ``canon`` is the extra transpose from the op's input to keeper's
+    canonical orientation (empty when none).
+    """
+
+    role: str
+    key: str
+    source: str
+    source_shape: tuple[int, ...]
+    chain: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    canon: tuple[int, ...] = ()
+
+    def to_json(self) -> list:
+        return [self.role, self.key, self.source, list(self.source_shape),
+                [[op, list(arg)] for op, arg in self.chain], list(self.canon)]
+
+    @classmethod
+    def from_json(cls, v: list) -> "TensorRef":
+        return cls(v[0], v[1], v[2], tuple(v[3]), tuple((op, tuple(arg)) for op, arg in v[4]), tuple(v[5]))
+
+
+@dataclass
+class LayerGraph:
+    """A model as flat arrays. See the module docstring for the meaning of each part.
+
+    Node arrays (length ``num_nodes``, canonical order): ``kind``, ``pred_indptr``/``pred_indices``.
+    Layer arrays (length ``num_layers``, layers in canonical order): ``layer_node`` (node index),
+    ``layer_kind``, ``shape`` (``num_layers x 5`` canonical parameter shape, padded with 1), ``rank``,
+    ``vectors`` (trainable per-output-unit vectors besides the main tensor, e.g. 1 for a bias),
+    ``params`` (trainable elements), ``conv_groups``, ``in_group``/``out_group`` (channel group or -1),
+    ``in_level``/``out_level`` (resolution level of the layer's input and output; they differ only across a
+    strided layer).
+    Group arrays: ``group_size`` (units, or -1 when unknown/inconsistent), ``group_parts_indptr`` /
+    ``group_parts`` (the parts of a concatenation group, in order; empty for plain groups).
+    """
+
+    kind: np.ndarray
+    pred_indptr: np.ndarray
+    pred_indices: np.ndarray
+    layer_node: np.ndarray
+    layer_kind: np.ndarray
+    shape: np.ndarray
+    rank: np.ndarray
+    vectors: np.ndarray
+    params: np.ndarray
+    conv_groups: np.ndarray
+    in_group: np.ndarray
+    out_group: np.ndarray
+    in_level: np.ndarray
+    out_level: np.ndarray
+    group_size: np.ndarray
+    group_parts_indptr: np.ndarray
+    group_parts: np.ndarray
+    layer_names: list[str] = field(default_factory=list)
+    tensors: list[tuple[TensorRef, ...]] = field(default_factory=list)
+    attrs: list[dict[str, Any]] = field(default_factory=list)
+
+    # Version of what extraction records; 2 added packed projections (attrs["packed"]), 3 resolution levels. A
+    # stored graph of an older version is re-extracted from its model (see keeper.zoo.graph_from_blob). Bump it
+    # with any change to what extraction records (kinds, shapes, groups and their numbering, order, refs, attrs),
+    # so that stored graphs are re-extracted; docs/architecture.md ("The graph package") says when.
+    FORMAT = 3
+
+    _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",
+               "params", "conv_groups", "in_group", "out_group", "in_level", "out_level", "group_size",
+               "group_parts_indptr", "group_parts")
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.kind.shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.layer_kind.shape[0])
+
+    @property
+    def total_params(self) -> int:
+        """Trainable parameter elements over all layers."""
+        return int(self.params.sum())
+
+    def predecessors(self, node: int) -> np.ndarray:
+        return self.pred_indices[self.pred_indptr[node]:self.pred_indptr[node + 1]]
+
+    def group_of_parts(self, group: int) -> np.ndarray:
+        return self.group_parts[self.group_parts_indptr[group]:self.group_parts_indptr[group + 1]]
+
+    def summary(self) -> dict[str, Any]:
+        """A small JSON-able description for catalogs and logs."""
+        kinds: dict[str, int] = {}
+        for k in self.layer_kind.tolist():
+            name = traits(k).name
+            kinds[name] = kinds.get(name, 0) + 1
+        return {"nodes": self.num_nodes, "layers": self.num_layers, "params": self.total_params,
+                "layer_kinds": kinds}
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Plain numpy arrays (for ``np.savez``; reload with ``allow_pickle=False``)."""
+        out = {name: getattr(self, name) for name in self._ARRAYS}
+        meta = {"layer_names": self.layer_names, "tensors": [[t.to_json() for t in ts] for ts in self.tensors],
+                "attrs": self.attrs}
+        out["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        out["format"] = np.array(self.FORMAT, dtype=np.int64)
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "LayerGraph":
+        try:
+            meta = json.loads(bytes(np.asarray(arrays["meta"], dtype=np.uint8)).decode())
+            kw = {name: np.asarray(arrays[name]) for name in cls._ARRAYS}
+            return cls(**kw, layer_names=list(meta["layer_names"]),
+                       tensors=[tuple(TensorRef.from_json(t) for t in ts) for ts in meta["tensors"]],
+                       attrs=list(meta["attrs"]))
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            raise InvalidModelError(f"stored graph arrays are incomplete or corrupt ({exc}); "
+                                    "re-register the model to rebuild them") from None
