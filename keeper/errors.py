@@ -16,6 +16,7 @@ __all__ = [
     "TransformError",
     "ServiceError",
     "ConfigError",
+    "PartialWarmWarning",
 ]
 
 
@@ -61,3 +62,8 @@ class ServiceError(KeeperError):
 
 class ConfigError(KeeperError, ValueError):
     """A configuration file or value is invalid; the message names the key, what was expected and the fix."""
+
+
+class PartialWarmWarning(UserWarning):
+    """A warm start from a parent left some of the module's tensors at their own initialisation (not inherited);
+    the message names them. Silent partial success is never the outcome."""

@@ -32,7 +32,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from keeper.errors import KeeperError
+from keeper.errors import KeeperError, PartialWarmWarning
 from keeper.graph import graph_from_proto
 from keeper.onnx_safety import load_model
 from keeper.onnx_safety import has_data
@@ -381,6 +381,13 @@ def load_warm(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple
             done.add(sd_key)
     result.unexpected = sorted(set(unexpected) | {k for k in result.mapping if k not in keys})
     result.missing = sorted(k for k in state if k not in done)
+    if result.parent is not None and result.missing:
+        shown = ", ".join(result.missing[:8]) + (f" and {len(result.missing) - 8} more" if len(result.missing) > 8
+                                                 else "")
+        warnings.warn(PartialWarmWarning(
+            f"keeper: warmed from {result.parent!r}, but {len(result.missing)} tensor(s) of the module were not "
+            f"inherited and keep their own initialisation: {shown} (keeper did not read them as layer tensors); "
+            "see WarmResult.missing"), stacklevel=3)
     return result
 
 

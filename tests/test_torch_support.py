@@ -261,3 +261,36 @@ def test_bfloat16_and_float16_modules_keep_their_dtype(tmp_path, dynamo):
         ref = outputs(parent.float(), x.float())
         got = outputs(child.float(), x.float())
         assert rel_dev(ref, got) <= 3e-2
+
+
+class _LearnedPositions(torch.nn.Module):
+    """A learned table read by a constant index (as GPT-2's position embedding is): not a layer keeper reads yet."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.randn(4, 8))
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(x + self.pos[torch.arange(4)])
+
+
+def test_a_warm_that_leaves_a_tensor_behind_says_so(tmp_path):
+    import warnings
+
+    from keeper.errors import PartialWarmWarning
+    from keeper.torch_support import export, warm_start
+    from keeper.zoo import Zoo
+
+    x = torch.randn(1, 4, 8)
+    zoo = Zoo(str(tmp_path / "zoo"))
+    zoo.register(export(_LearnedPositions(), x).onnx, 0.9, "p")
+    with pytest.warns(PartialWarmWarning, match=r"'p'.*1 tensor\(s\).*: pos "):
+        result = warm_start(_LearnedPositions(), x, zoo, noise=0.0)
+    assert result.missing == ["pos"]
+    # a warm that inherits everything stays silent
+    mlp = lambda: torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))  # noqa: E731
+    zoo.register(export(mlp(), torch.randn(1, 8)).onnx, 0.9, "mlp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PartialWarmWarning)
+        assert warm_start(mlp(), torch.randn(1, 8), zoo, noise=0.0).parent == "mlp"
