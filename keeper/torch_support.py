@@ -422,13 +422,11 @@ def warm_exported(module: torch.nn.Module, exported: Exported, zoo_or_handle: An
     transform runs here, reading the parent from the zoo's store, so no weights pass through an actor."""
     child_weights = module_weights(module, exported) if exported.apart else None
     if hasattr(zoo_or_handle, "choose") and hasattr(zoo_or_handle.choose, "remote"):
-        from keeper.actors.remote import Demand, get
-        from keeper.actors.transfer import warm_from_store
+        from keeper.actors.transfer import ask_service, warm_from_store
         from keeper.graph import load_graph
 
         graph = load_graph(exported.onnx)  # once: the service gets its arrays, the transfer below reuses it
-        choice = get(zoo_or_handle.choose.remote(graph.to_arrays(), True), timeout_s,
-                     Demand("warm_start: the keeper service's parent choice", actor=zoo_or_handle))
+        choice = ask_service(zoo_or_handle, graph, timeout_s)
         result = warm_from_store(choice.uri, choice.parent, exported.onnx,
                                  choice.noise if noise is None else float(noise), choice.seed, graph,
                                  child_weights=child_weights)

@@ -27,7 +27,7 @@ from keeper.matching import Alignment, align
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.onnx_weights import layer_arrays, model_weights, read_initializers
 from keeper.weights import WeightsInput
-from keeper.transforms.compose import LayerTensors, Transfer, transfer_layers
+from keeper.transforms.compose import LayerTensors, Transfer, paste_overlap, transfer_layers
 from keeper.transforms.depth import identity_fill
 from keeper.transforms.width import take_inputs, take_units, unit_map
 from keeper.warm import WarmResult
@@ -45,13 +45,6 @@ def _corner(t: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``t`` zero-padded or cropped at the end of each kernel axis (the published kernel operator)."""
     out = np.zeros(t.shape[:2] + tuple(shape), dtype=t.dtype)
     sl = (slice(None), slice(None)) + tuple(slice(0, min(a, b)) for a, b in zip(t.shape[2:], shape))
-    out[sl] = t[sl]
-    return out
-
-
-def _paste(t: np.ndarray, ct: np.ndarray) -> np.ndarray:
-    out = np.array(ct, copy=True)
-    sl = tuple(slice(0, min(a, b)) for a, b in zip(t.shape, ct.shape))
     out[sl] = t[sl]
     return out
 
@@ -85,7 +78,7 @@ def published_transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], 
                 t = take_inputs(t, m, t.shape[1], 1)
             if role == "weight" and t.ndim > 2 and t.shape[2:] != ct.shape[2:]:
                 t = _corner(t, ct.shape[2:])
-            values[role] = (_paste(t, ct).astype(ct.dtype), pkeys[role], "published")
+            values[role] = (paste_overlap(t, ct).astype(ct.dtype), pkeys[role], "published")
         return values
 
     def new(c: int, C: dict[str, np.ndarray]) -> LayerTensors:

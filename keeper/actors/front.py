@@ -187,10 +187,8 @@ class Keeper:
         ``weights``: safetensors bytes when ``model`` is its graph without weights (models of any size). Identical
         content is stored once, whatever name it comes with, so retries are safe.
         """
-        blob = model if isinstance(model, (bytes, bytearray, memoryview)) or weights is None else \
-            load_model(model, weights_apart=True).SerializeToString()
-        rec = self._manager_call("register", self.config.timeouts.register_s, bytes(_as_bytes(blob)),
-                                 accuracy, name, weights)
+        rec = self._manager_call("register", self.config.timeouts.register_s,
+                                 _as_bytes(model, weights_apart=weights is not None), accuracy, name, weights)
         with self._stats_lock:
             self.registers += 1
         self._view_backoff_until = 0.0
@@ -404,7 +402,7 @@ def _member_sigs(view: View, index: Any) -> np.ndarray | None:
     return view.sigs[pos] if bool(np.all(view.names[pos] == members)) else None
 
 
-def _as_bytes(model: ModelInput) -> bytes:
+def _as_bytes(model: ModelInput, weights_apart: bool = False) -> bytes:
     if isinstance(model, (bytes, bytearray, memoryview)):
         return bytes(model)
-    return load_model(model).SerializeToString()
+    return load_model(model, weights_apart=weights_apart).SerializeToString()

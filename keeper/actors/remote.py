@@ -115,8 +115,10 @@ def infeasible(resources: Mapping[str, float]) -> str:
     if any(all(float(n.get(r, 0.0)) + 1e-9 >= a for r, a in resources.items()) for n in nodes):
         return ""
     asks = ", ".join(_amount(a, r) for r, a in resources.items())
-    biggest = max((float(n.get(r, 0.0)) for n in nodes for r in resources), default=0.0)
-    return f"it asks for {asks} on one node and no node of the {len(nodes)} has that much (largest: {biggest:g})"
+    short = [f"largest: {_amount(most, r)}" for r, a in resources.items()
+             if (most := max((float(n.get(r, 0.0)) for n in nodes), default=0.0)) + 1e-9 < a]
+    why = "; ".join(short) if short else "each fits on some node, but no node has all of them"
+    return f"it asks for {asks} on one node and no node of the {len(nodes)} has that much ({why})"
 
 
 def actor_state(handle: Any) -> str | None:

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -26,10 +27,20 @@ from keeper.onnx_safety import ModelInput
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 from keeper.weights import SafeTensors, WeightsInput
 
-__all__ = ["warm_from_store", "read_parent", "store_for"]
+__all__ = ["warm_from_store", "read_parent", "store_for", "ask_service"]
 
 _stores: dict[str, object] = {}
 _stores_lock = threading.Lock()
+
+
+def ask_service(handle: Any, graph: LayerGraph, timeout_s: float, what: str = "warm_start") -> Any:
+    """The service's :class:`~keeper.selection.ParentChoice` for the child ``graph``, counting a hit: the first half
+    of a warm whose transfer runs in this process (:func:`warm_from_store`). The graph travels as its arrays
+    (plain data), so the front door extracts nothing."""
+    from keeper.actors.remote import Demand, get
+
+    return get(handle.choose.remote(graph.to_arrays(), True), timeout_s,
+               Demand(f"{what}: the keeper service's parent choice", actor=handle))
 
 
 def store_for(uri: str, fresh: bool = False):

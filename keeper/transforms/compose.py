@@ -30,7 +30,7 @@ from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
 from keeper.transforms.kernel import fit_kernel
 from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
 
-__all__ = ["Transfer", "transfer", "transfer_layers", "LayerTensors"]
+__all__ = ["Transfer", "transfer", "transfer_layers", "LayerTensors", "paste_overlap"]
 
 # dtypes whose arithmetic keeper runs in float32 (bfloat16 keeps 8 bits of mantissa: a division by a replication
 # count or a product with an attention factor in it would round the function away)
@@ -203,7 +203,7 @@ def _packed_groups(g: LayerGraph) -> dict[int, dict]:
     return out
 
 
-def _fit(parent_t: np.ndarray, child_t: np.ndarray) -> np.ndarray:
+def paste_overlap(parent_t: np.ndarray, child_t: np.ndarray) -> np.ndarray:
     """Parent values on the overlapping leading block, the child's own values elsewhere."""
     out = np.array(child_t, copy=True)
     sl = tuple(slice(0, min(a, b)) for a, b in zip(parent_t.shape, child_t.shape))
@@ -252,7 +252,7 @@ def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_m
         t = fit_kernel(t, ct.shape[2:])
     if t.shape != ct.shape:
         ops.append("slice")
-        t = _fit(t, ct)
+        t = paste_overlap(t, ct)
     return t, ops or ["copy"]
 
 

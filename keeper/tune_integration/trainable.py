@@ -101,7 +101,7 @@ def _ask(model: Any, example_input: Any, config: Any, dynamo: bool | None, train
     """(Exported, its LayerGraph, ParentChoice): the graph is extracted here, once; the front door gets its
     arrays (plain data) and the transfer in this process reuses it."""
     from keeper.actors.launcher import get_handle
-    from keeper.actors.remote import Demand, get
+    from keeper.actors.transfer import ask_service
     from keeper.graph import load_graph
     from keeper.torch_support import architecture_template, export, export_graph
     from keeper.tune_integration.templates import save_template
@@ -114,8 +114,7 @@ def _ask(model: Any, example_input: Any, config: Any, dynamo: bool | None, train
     template = architecture_template(exported)
     _save_architecture(template, trainable)
     graph = load_graph(exported.onnx)
-    choice = get(handle.choose.remote(graph.to_arrays(), True), timeout_s,
-                 Demand("warm_start: the keeper service's parent choice", actor=handle))
+    choice = ask_service(handle, graph, timeout_s)
     # also in the zoo's store, found from the checkpoint's state_dict alone (Ray Train runs, restored trials)
     save_template(choice.uri, template, model.state_dict())
     return exported, graph, choice
