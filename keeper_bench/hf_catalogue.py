@@ -1,0 +1,254 @@
+"""Real architectures at test size: Hugging Face transformers built from small configs (random init, nothing
+downloaded), plus torchvision and timm models when those libraries import.
+
+:data:`CATALOGUE` maps a model name to a builder that returns ``(module, example_args)``: the module in eval mode
+returning one tensor (:class:`FirstOutput`), and the positional arguments of one forward call. A builder draws its
+initial weights from torch's global generator, so two calls give two different initialisations of one
+architecture; :func:`build` seeds one call. :func:`optional_catalogue` gives the torchvision / timm models and,
+for a library that does not import, the reason they are left out.
+
+Invariant: every builder gives a module of at most a few hundred thousand parameters whose forward on its example
+runs in milliseconds on a CPU, so a test or a benchmark may build each model many times.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+__all__ = ["CATALOGUE", "TRANSFORMERS", "CNNS", "Builder", "FirstOutput", "build", "optional_catalogue", "torchvision_schemas"]
+
+Builder = Callable[[], "tuple[torch.nn.Module, tuple]"]
+
+_SEQ = 8      # tokens per example
+_VOCAB = 64   # vocabulary of the text models
+_IMAGE = 32   # side of the images of the vision models
+
+
+def torchvision_schemas() -> bool:
+    """Define the operator schemas ``torchvision::nms`` and ``torchvision::qnms`` when torchvision is installed
+    but its compiled operators did not load (a torchvision wheel built for another torch: on the package index
+    torchvision has no CPU-only build, and ``--no-deps`` installs it beside a CPU torch). Without them torchvision
+    fails at import, and with it every Hugging Face model module (transformers imports torchvision when it is
+    installed). Only the schemas are defined: calling either operator still fails, and nothing here needs them.
+    Returns whether schemas were defined. Called when this module is imported."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        return False
+    missing = []
+    for op in ("nms", "qnms"):
+        try:
+            torch._C._dispatch_find_schema_or_throw(f"torchvision::{op}", "")
+        except RuntimeError:
+            missing.append(op)
+    if not missing:
+        return False
+    lib = torch.library.Library("torchvision", "FRAGMENT")
+    for op in missing:
+        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _LIBRARIES.append(lib)  # a Library deregisters its definitions when collected
+    return True
+
+
+_LIBRARIES: list = []
+torchvision_schemas()
+
+
+def _ids(batch: int = 1, seq: int = _SEQ) -> torch.Tensor:
+    return torch.arange(batch * seq, dtype=torch.long).reshape(batch, seq) % _VOCAB
+
+
+def _pixels(side: int = _IMAGE, channels: int = 3) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)  # a fixed input: the caller's generator draws only weights
+    return torch.randn(1, channels, side, side, generator=g)
+
+
+class FirstOutput(torch.nn.Module):
+    """A Hugging Face model whose forward returns its first output tensor (``last_hidden_state`` or ``logits``):
+    one tensor out, whatever the library's output classes. Its state_dict keys are the model's under ``model.``."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        out = self.model(*args)
+        return out[0] if isinstance(out, (tuple, list)) else next(iter(out.values()))
+
+
+def _ready(model: torch.nn.Module) -> torch.nn.Module:
+    return FirstOutput(model).eval()
+
+
+def gpt2() -> tuple[torch.nn.Module, tuple]:
+    """GPT-2 with its LM head: ``lm_head.weight`` is tied to ``transformer.wte.weight``; learned positions."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=_VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4, use_cache=False, bos_token_id=0, eos_token_id=0,
+                     tie_word_embeddings=True)
+    return _ready(GPT2LMHeadModel(cfg)), (_ids(),)
+
+
+def bert() -> tuple[torch.nn.Module, tuple]:
+    """BERT: word, position and token-type embeddings, post-LayerNorm blocks, a pooler."""
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(vocab_size=_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=16, type_vocab_size=2)
+    return _ready(BertModel(cfg)), (_ids(),)
+
+
+def distilbert() -> tuple[torch.nn.Module, tuple]:
+    """DistilBERT: word and position embeddings, no token types."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    cfg = DistilBertConfig(vocab_size=_VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                           max_position_embeddings=16)
+    return _ready(DistilBertModel(cfg)), (_ids(),)
+
+
+def vit() -> tuple[torch.nn.Module, tuple]:
+    """ViT: a class token (Expand + Concat of a parameter) and learned positions."""
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(image_size=_IMAGE, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=64)
+    return _ready(ViTModel(cfg, add_pooling_layer=False)), (_pixels(),)
+
+
+def deit() -> tuple[torch.nn.Module, tuple]:
+    """DeiT: class and distillation tokens, learned positions."""
+    from transformers import DeiTConfig, DeiTModel
+
+    cfg = DeiTConfig(image_size=_IMAGE, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64)
+    return _ready(DeiTModel(cfg, add_pooling_layer=False)), (_pixels(),)
+
+
+def swin() -> tuple[torch.nn.Module, tuple]:
+    """Swin: windowed attention with relative-position bias tables read by a constant index, patch merging."""
+    from transformers import SwinConfig, SwinModel
+
+    cfg = SwinConfig(image_size=_IMAGE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
+                     mlp_ratio=2.0)
+    return _ready(SwinModel(cfg)), (_pixels(),)
+
+
+def levit() -> tuple[torch.nn.Module, tuple]:
+    """LeViT: learned attention biases (``attention_biases``, gathered by a constant index) added to scores."""
+    from transformers import LevitConfig, LevitModel
+
+    cfg = LevitConfig(image_size=64, patch_size=16, hidden_sizes=[32, 48], num_attention_heads=[2, 3], depths=[1, 1],
+                      key_dim=[8, 8], drop_path_rate=0, mlp_ratio=[2, 2], attention_ratio=[2, 2],
+                      down_ops=[["Subsample", 8, 2, 4, 2, 2]])
+    return _ready(LevitModel(cfg)), (_pixels(64),)
+
+
+def t5_encoder() -> tuple[torch.nn.Module, tuple]:
+    """T5 encoder: RMS-normed pre-norm blocks, a relative-attention bias table in the first block."""
+    from transformers import T5Config, T5EncoderModel
+
+    cfg = T5Config(vocab_size=_VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                   relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+                   use_cache=False)
+    return _ready(T5EncoderModel(cfg)), (_ids(),)
+
+
+def llama() -> tuple[torch.nn.Module, tuple]:
+    """Llama: grouped-query attention (4 heads, 2 KV heads), rotary positions, SwiGLU, RMSNorm."""
+    from transformers import LlamaConfig, LlamaModel
+
+    cfg = LlamaConfig(vocab_size=_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16, use_cache=False)
+    return _ready(LlamaModel(cfg)), (_ids(),)
+
+
+def convnext() -> tuple[torch.nn.Module, tuple]:
+    """ConvNeXt: depthwise 7x7 convs, channels-last LayerNorm, layer scales."""
+    from transformers import ConvNextConfig, ConvNextModel
+
+    cfg = ConvNextConfig(num_channels=3, hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
+                         out_features=None)
+    return _ready(ConvNextModel(cfg)), (_pixels(),)
+
+
+def resnet() -> tuple[torch.nn.Module, tuple]:
+    """ResNet with basic blocks."""
+    from transformers import ResNetConfig, ResNetModel
+
+    cfg = ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic")
+    return _ready(ResNetModel(cfg)), (_pixels(),)
+
+
+def mobilenet_v2() -> tuple[torch.nn.Module, tuple]:
+    """MobileNetV2 at width 0.35: inverted residuals, depthwise convs, ReLU6."""
+    from transformers import MobileNetV2Config, MobileNetV2Model
+
+    cfg = MobileNetV2Config(num_channels=3, image_size=_IMAGE, depth_multiplier=0.35, finegrained_output=False)
+    return _ready(MobileNetV2Model(cfg)), (_pixels(),)
+
+
+def efficientnet() -> tuple[torch.nn.Module, tuple]:
+    """EfficientNet at width and depth 0.25: MBConv blocks with squeeze-excite, SiLU."""
+    from transformers import EfficientNetConfig, EfficientNetModel
+
+    cfg = EfficientNetConfig(num_channels=3, image_size=_IMAGE, width_coefficient=0.25, depth_coefficient=0.25,
+                             hidden_dim=320)
+    return _ready(EfficientNetModel(cfg)), (_pixels(),)
+
+
+TRANSFORMERS: dict[str, Builder] = {
+    "gpt2": gpt2, "bert": bert, "distilbert": distilbert, "vit": vit, "deit": deit, "swin": swin, "levit": levit,
+    "t5-encoder": t5_encoder, "llama": llama,
+}
+CNNS: dict[str, Builder] = {
+    "convnext": convnext, "resnet": resnet, "mobilenet-v2": mobilenet_v2, "efficientnet": efficientnet,
+}
+# Every Hugging Face architecture keeper is measured on: name -> builder of (module in eval mode, example args).
+CATALOGUE: dict[str, Builder] = {**TRANSFORMERS, **CNNS}
+
+
+def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
+    """``CATALOGUE[name]()`` with its weights drawn from ``seed`` (the global generator is left as it was).
+
+    Raises:
+        KeyError: ``name`` is not in the catalogue (the message lists the names).
+    """
+    if name not in CATALOGUE:
+        raise KeyError(f"model {name!r}: not in keeper_bench.hf_catalogue.CATALOGUE; one of {sorted(CATALOGUE)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return CATALOGUE[name]()
+
+
+def optional_catalogue() -> tuple[dict[str, Builder], dict[str, str]]:
+    """torchvision and timm models at small size, when those libraries import: (builders, {library: reason it is
+    left out}). Neither has a CPU-only wheel set that installs beside every torch build, so both stay optional."""
+    builders: dict[str, Builder] = {}
+    skipped: dict[str, str] = {}
+    try:
+        import torchvision.models as tvm
+    except Exception as exc:  # ImportError, or torchvision's operator registration failing against this torch
+        skipped["torchvision"] = f"torchvision does not import ({type(exc).__name__}: {exc})"
+    else:
+        x = _pixels()
+        builders["tv-resnet18"] = lambda: (tvm.resnet18(num_classes=10).eval(), (x,))
+        builders["tv-mobilenet_v3_small"] = lambda: (tvm.mobilenet_v3_small(num_classes=10).eval(), (x,))
+        builders["tv-vit_b_32"] = lambda: (tvm.VisionTransformer(image_size=_IMAGE, patch_size=8, num_layers=2,
+                                                                  num_heads=4, hidden_dim=32, mlp_dim=64,
+                                                                  num_classes=10).eval(), (x,))
+    try:
+        import timm
+    except Exception as exc:
+        skipped["timm"] = f"timm does not import ({type(exc).__name__}: {exc})"
+    else:
+        x = _pixels()
+        builders["timm-vit_tiny"] = lambda: (timm.create_model(
+            "vit_tiny_patch16_224", pretrained=False, img_size=_IMAGE, patch_size=8, depth=2, embed_dim=32,
+            num_heads=4, num_classes=10).eval(), (x,))
+        builders["timm-deit_tiny_distilled"] = lambda: (timm.create_model(
+            "deit_tiny_distilled_patch16_224", pretrained=False, img_size=_IMAGE, patch_size=8, depth=2,
+            embed_dim=32, num_heads=4, num_classes=10).eval(), (x,))
+    return builders, skipped
