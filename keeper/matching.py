@@ -8,7 +8,9 @@ order-preserving, so branches and merges (residual adds, concatenations, attenti
 every child element is inherited at most once, which bounds the score.
 
 Invariants:
-    * ``similarity(p, c) == inherited / c.total_params`` is in [0, 1];
+    * ``similarity(p, c) == inherited / c.score_total`` is in [0, 1] (the child's layer elements, a tensor
+      shared by several layers once per layer, plus the learned elements no layer holds, which no parent can
+      give: a child with such tensors scores below 1);
     * it is exactly 1.0 when ``p`` and ``c`` have the same architecture (integer arithmetic, no rounding);
     * a child that is a sub-network of its parent (fewer blocks, same widths) inherits every element it has.
 
@@ -93,7 +95,7 @@ class MatchArrays:
     cls: np.ndarray      # int32 (n,)
     shape: np.ndarray    # int64 (n, 5)
     vectors: np.ndarray  # int64 (n,)
-    total: int           # trainable elements of the whole graph
+    total: int           # the score's denominator (LayerGraph.score_total)
     skip: np.ndarray     # int64 (n,): tie-break cost of leaving the layer unmatched (see _dp_pairs)
     edge: np.ndarray     # int64 (n,): tie-break cost of a run of unmatched layers starting or ending here
     context: np.ndarray  # int64 (n,): code of what feeds the layer, for the tie-break (see _context_codes)
@@ -106,7 +108,7 @@ class MatchArrays:
 def match_arrays(graph: LayerGraph, rules: MatchRules = DEFAULT_RULES) -> MatchArrays:
     cls = np.ascontiguousarray(rules.node_class(graph), dtype=np.int32)
     return MatchArrays(cls, np.ascontiguousarray(graph.shape, dtype=np.int64),
-                       np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.total_params),
+                       np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.score_total),
                        _skip_costs(graph), _edge_costs(graph), _context_codes(graph, cls))
 
 
@@ -440,7 +442,7 @@ def _scored(g: GraphLike | MatchArrays, rules: MatchRules) -> MatchArrays | _Sco
     graph = as_graph(g)
     return _Scored(np.ascontiguousarray(rules.node_class(graph), dtype=np.int32),
                    np.ascontiguousarray(graph.shape, dtype=np.int64),
-                   np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.total_params))
+                   np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.score_total))
 
 
 def similarity(parent: GraphLike, child: GraphLike, rules: MatchRules = DEFAULT_RULES) -> float:

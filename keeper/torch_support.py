@@ -40,7 +40,7 @@ from keeper.onnx_weights import apart_specs, clear_data, read_initializers, writ
 from keeper.warm import WarmResult
 
 __all__ = ["Exported", "export", "export_graph", "module_weights", "register", "load_warm", "load_result",
-           "warm_start", "warm_exported", "architecture_template", "fill_template", "template_apart"]
+           "warm_start", "warm_exported", "architecture_template", "fill_template", "template_apart", "tied_keys"]
 
 
 @dataclass
@@ -362,23 +362,24 @@ def load_warm(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple
     tensors with no state_dict entry) and returns ``result``.
     """
     state = _float_state(module)
+    tied = tied_keys(state)
     done = set()
     unexpected = []
     with torch.no_grad():
         for onnx_key, (sd_key, how) in keys.items():
             if sd_key in state and result.mapping.get(onnx_key, ("", ""))[1] == "init":
-                done.add(sd_key)  # the module's own tensor: it stays where it is
+                done.update(tied.get(sd_key, (sd_key,)))  # the module's own tensor: it stays where it is
                 continue
             if onnx_key not in result.weights or sd_key not in state:
                 unexpected.append(onnx_key)
                 continue
             arr = np.asarray(result.weights[onnx_key])
             arr = arr.T if how == "T" else arr
-            dst = state[sd_key]
-            if tuple(arr.shape) != tuple(dst.shape):
-                arr = arr.reshape(dst.shape)
-            dst.copy_(_as_tensor(arr))  # copy_ converts dtype and device in one pass
-            done.add(sd_key)
+            for key in tied.get(sd_key, (sd_key,)):  # every key sharing the tensor (GPT-2's wte and lm_head)
+                dst = state[key]
+                src = arr.reshape(dst.shape) if tuple(arr.shape) != tuple(dst.shape) else arr
+                dst.copy_(_as_tensor(src))  # copy_ converts dtype and device in one pass
+                done.add(key)
     result.unexpected = sorted(set(unexpected) | {k for k in result.mapping if k not in keys})
     result.missing = sorted(k for k in state if k not in done)
     if result.parent is not None and result.missing:
@@ -389,6 +390,18 @@ def load_warm(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple
             f"inherited and keep their own initialisation: {shown} (keeper did not read them as layer tensors); "
             "see WarmResult.missing"), stacklevel=3)
     return result
+
+
+def tied_keys(state: dict[str, torch.Tensor]) -> dict[str, tuple[str, ...]]:
+    """State_dict key -> every key sharing its tensor (same storage, offset, shape and strides), for the keys
+    that share one: tied weights such as GPT-2's ``transformer.wte.weight`` and ``lm_head.weight``. The export
+    sees one tensor, keeper transfers it once, and loading writes it back under each key."""
+    by_tensor: dict[tuple, list[str]] = {}
+    for k, v in state.items():
+        if v.numel():
+            ident = (v.device, v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.stride())
+            by_tensor.setdefault(ident, []).append(k)
+    return {k: tuple(ks) for ks in by_tensor.values() if len(ks) > 1 for k in ks}
 
 
 def _as_tensor(arr: np.ndarray) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["CATALOGUE", "TRANSFORMERS", "CNNS", "Builder", "FirstOutput", "build", "optional_catalogue", "torchvision_schemas"]
+__all__ = ["CATALOGUE", "TRANSFORMERS", "CNNS", "Builder", "FirstOutput", "build", "jitter", "optional_catalogue", "torchvision_schemas"]
 
 Builder = Callable[[], "tuple[torch.nn.Module, tuple]"]
 
@@ -67,19 +67,33 @@ def _pixels(side: int = _IMAGE, channels: int = 3) -> torch.Tensor:
 
 class FirstOutput(torch.nn.Module):
     """A Hugging Face model whose forward returns its first output tensor (``last_hidden_state`` or ``logits``):
-    one tensor out, whatever the library's output classes. Its state_dict keys are the model's under ``model.``."""
+    one tensor out, whatever the library's output classes. Its state_dict keys are the model's under ``model.``.
 
-    def __init__(self, model: torch.nn.Module):
+    ``full_mask``: pass an all-ones attention mask built from the token ids. transformers then skips its check for
+    packed sequences, whose ``torch.diff`` the TorchScript exporter cannot export. ``output``: which output to
+    return (ConvNeXt's final LayerNorm acts on its pooled output, the second).
+
+    Caches of tensors computed from parameters (LeViT keeps its gathered attention biases between eval calls) are
+    dropped before each call: a cached tensor would be exported as a constant instead of read from the parameter,
+    and would outlive a warm start that changes the parameter."""
+
+    def __init__(self, model: torch.nn.Module, full_mask: bool = False, output: int = 0):
         super().__init__()
         self.model = model
+        self.full_mask = full_mask
+        self.output = output
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        out = self.model(*args)
-        return out[0] if isinstance(out, (tuple, list)) else next(iter(out.values()))
+        for m in self.model.modules():
+            if isinstance(getattr(m, "attention_bias_cache", None), dict):
+                m.attention_bias_cache = {}
+        kwargs = {"attention_mask": torch.ones_like(args[0])} if self.full_mask else {}
+        out = self.model(*args, **kwargs)
+        return out[self.output] if isinstance(out, (tuple, list)) else list(out.values())[self.output]
 
 
-def _ready(model: torch.nn.Module) -> torch.nn.Module:
-    return FirstOutput(model).eval()
+def _ready(model: torch.nn.Module, full_mask: bool = False, output: int = 0) -> torch.nn.Module:
+    return FirstOutput(model, full_mask, output).eval()
 
 
 def gpt2() -> tuple[torch.nn.Module, tuple]:
@@ -88,16 +102,17 @@ def gpt2() -> tuple[torch.nn.Module, tuple]:
 
     cfg = GPT2Config(vocab_size=_VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4, use_cache=False, bos_token_id=0, eos_token_id=0,
                      tie_word_embeddings=True)
-    return _ready(GPT2LMHeadModel(cfg)), (_ids(),)
+    return _ready(GPT2LMHeadModel(cfg), full_mask=True), (_ids(),)
 
 
 def bert() -> tuple[torch.nn.Module, tuple]:
-    """BERT: word, position and token-type embeddings, post-LayerNorm blocks, a pooler."""
+    """BERT: word, position and token-type embeddings, post-LayerNorm blocks (no pooler: it does not reach the
+    output keeper is given)."""
     from transformers import BertConfig, BertModel
 
     cfg = BertConfig(vocab_size=_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=16, type_vocab_size=2)
-    return _ready(BertModel(cfg)), (_ids(),)
+    return _ready(BertModel(cfg, add_pooling_layer=False)), (_ids(),)
 
 
 def distilbert() -> tuple[torch.nn.Module, tuple]:
@@ -162,7 +177,7 @@ def llama() -> tuple[torch.nn.Module, tuple]:
 
     cfg = LlamaConfig(vocab_size=_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16, use_cache=False)
-    return _ready(LlamaModel(cfg)), (_ids(),)
+    return _ready(LlamaModel(cfg), full_mask=True), (_ids(),)
 
 
 def convnext() -> tuple[torch.nn.Module, tuple]:
@@ -171,7 +186,7 @@ def convnext() -> tuple[torch.nn.Module, tuple]:
 
     cfg = ConvNextConfig(num_channels=3, hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
                          out_features=None)
-    return _ready(ConvNextModel(cfg)), (_pixels(),)
+    return _ready(ConvNextModel(cfg), output=1), (_pixels(),)
 
 
 def resnet() -> tuple[torch.nn.Module, tuple]:
@@ -210,17 +225,34 @@ CNNS: dict[str, Builder] = {
 CATALOGUE: dict[str, Builder] = {**TRANSFORMERS, **CNNS}
 
 
-def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
-    """``CATALOGUE[name]()`` with its weights drawn from ``seed`` (the global generator is left as it was).
+def build(name: str, seed: int = 0, builders: dict[str, Builder] | None = None) -> tuple[torch.nn.Module, tuple]:
+    """``CATALOGUE[name]()`` with its weights drawn from ``seed``, every parameter then moved by seeded noise
+    (:func:`jitter`) so that no tensor keeps a constant initial value (zero class tokens, unit layer scales) that
+    two builds would share: a tensor a warm leaves behind then shows in the output. The global generator is
+    left as it was.
 
     Raises:
         KeyError: ``name`` is not in the catalogue (the message lists the names).
     """
-    if name not in CATALOGUE:
-        raise KeyError(f"model {name!r}: not in keeper_bench.hf_catalogue.CATALOGUE; one of {sorted(CATALOGUE)}")
+    builders = CATALOGUE if builders is None else builders
+    if name not in builders:
+        raise KeyError(f"model {name!r}: not in the catalogue; one of {sorted(builders)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return CATALOGUE[name]()
+        module, args = builders[name]()
+        jitter(module, seed)
+    return module, args
+
+
+def jitter(module: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.Module:
+    """Add seeded Gaussian noise of standard deviation ``scale`` to every floating-point parameter of ``module``
+    in place (buffers, such as BatchNorm statistics, are left alone); returns ``module``."""
+    g = torch.Generator().manual_seed(10_000 + seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point():
+                p.add_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype) * scale)
+    return module
 
 
 def optional_catalogue() -> tuple[dict[str, Builder], dict[str, str]]:

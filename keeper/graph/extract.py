@@ -79,7 +79,23 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
     preds = _predecessors(nodes, keep, absorbed)
     order = canonical_order(keep, preds, [d.kind for d in info], nodes)
     groups = channel_groups(reader, nodes, order, info, const, meta)
-    return _layout(nodes, info, order, preds, groups)
+    graph = _layout(nodes, info, order, preds, groups)
+    graph.unread = _unread(ctx, nodes, graph)
+    return graph
+
+
+def _unread(ctx: RuleContext, nodes: Sequence[onnx.NodeProto], graph: LayerGraph) -> dict[str, int]:
+    """Learned tensors the data nodes read (as weights, or as tables looked up) that no layer holds: an op with no
+    rule, or a rule that declined. A tensor only computed into other constants (RoPE's ``inv_freq`` into cos and
+    sin) is not read as such and is no parameter."""
+    held = {r.source for refs in graph.tensors for r in refs}
+    out: dict[str, int] = {}
+    for n in nodes:
+        for x in n.input:
+            r = ctx.learned(x, "weight")
+            if r is not None and r.source not in held:
+                out[r.source] = int(np.prod(r.source_shape))
+    return dict(sorted(out.items()))
 
 
 def _predecessors(nodes: Sequence[onnx.NodeProto], keep: list[int], absorbed: dict[int, int]) -> dict[int, list[int]]:

@@ -23,6 +23,16 @@ __all__ = ["ModelReader", "value_inputs", "attr", "as_str"]
 
 # Ops a constant may pass through on its way from an initializer to the op that uses it.
 _WEIGHT_CHAIN_OPS = {"Identity", "Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+# Ops that read a learned table without computing on its values: a lookup by constant indices (positions, a
+# relative-position index), a broadcast (a class token expanded over the batch), a slice. Their first input is
+# the table; the others are indices or shapes.
+_LOOKUP_OPS = {"Gather", "GatherElements", "Expand", "Slice", "Tile"}
+# Ops that combine a looked-up table with constants that are no table (a mask added to a position bias): the table
+# is what is learned.
+_COMBINE_OPS = {"Add", "Sub", "Mul", "Div", "Where", "Concat"}
+# Float types a learned tensor has.
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                onnx.TensorProto.DOUBLE}
 
 
 class ModelReader:
@@ -40,6 +50,7 @@ class ModelReader:
                 if o:
                     self.producer[o] = n
         self.shapes = self._infer_shapes(proto)
+        self._tables: dict[str, str | None] = {}  # tensor -> the learned table it reads (trace_table), memoised
 
     # -- ordering of the file's nodes (they may come in any order)
     def _toposort(self, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
@@ -100,16 +111,32 @@ class ModelReader:
         return shapes
 
     # -- constants and weights
+    def is_learned(self, name: str) -> bool:
+        """Whether initializer ``name`` can be a learned tensor: floating point with more than one element (a
+        scalar is a constant of the formula: an epsilon, a scale)."""
+        t = self.init_by_name.get(name)
+        return t is not None and t.data_type in _FLOAT_TYPES and int(np.prod(t.dims)) > 1
+
     def classify(self) -> tuple[set, set]:
-        """Names of constant tensors and of shape-only ('meta') tensors."""
+        """Names of constant tensors and of shape-only ('meta') tensors.
+
+        A value computed from a learned initializer is a constant, never shape information, even when an index or
+        a shape it is read with is (a position table gathered at ``arange(seq_len)``, a class token expanded to
+        the batch size): rules must be able to trace it back to its table (:meth:`trace_table`)."""
         const = set(self.init_shapes)
+        learned = {k for k in self.init_shapes if self.is_learned(k)}
         meta: set[str] = set()
         for n in self.nodes:
             ins = value_inputs(n)
+            outs = [o for o in n.output if o]
             if n.op_type == "Constant" or (ins and all(x in const for x in ins)):
-                const.update(o for o in n.output if o)
-            elif n.op_type in ("Shape", "Size") or (ins and all(x in const or x in meta for x in ins)):
-                meta.update(o for o in n.output if o)
+                const.update(outs)
+            elif n.op_type in ("Shape", "Size"):
+                meta.update(outs)
+            elif ins and all(x in const or x in meta for x in ins):
+                (const if any(x in learned for x in ins) else meta).update(outs)
+            if n.op_type not in ("Shape", "Size") and any(x in learned for x in ins):
+                learned.update(outs)
         return const, meta
 
     def const_value(self, name: str) -> np.ndarray | None:
@@ -162,6 +189,35 @@ class ModelReader:
                 shape = arg
                 chain.append(("R", arg))
         return TensorRef(role, key if only_identity else cur, cur, src_shape, tuple(chain))
+
+    def trace_table(self, name: str, role: str) -> TensorRef | None:
+        """The learned table ``name`` is read from, through shape-only ops, lookups by constant indices, broadcasts
+        and slices (:data:`_LOOKUP_OPS`), and combinations with constants that trace to no table (a mask added to
+        a position bias); None when no learned table, or more than one, is behind it, or when values are
+        computed from it (RoPE's cos/sin tables come from ``inv_freq`` through MatMul and Cos: no table).
+
+        The reference is to the whole table as stored (no chain): the op reads some of its rows, possibly many
+        times, so the table itself is what a warm transfers."""
+        src = self._table_source(name, 0)
+        return None if src is None else TensorRef(role, src, src, self.init_shapes[src])
+
+    def _table_source(self, name: str, depth: int) -> str | None:
+        if name in self._tables:
+            return self._tables[name]
+        self._tables[name] = None  # a cycle, or a chain deeper than any lookup, reads as no table
+        src: str | None = None
+        n = self.producer.get(name)
+        if name in self.init_shapes:
+            src = name if self.is_learned(name) else None
+        elif n is None or depth > 64:
+            src = None
+        elif n.op_type in _WEIGHT_CHAIN_OPS or n.op_type in _LOOKUP_OPS:
+            src = self._table_source(n.input[0], depth + 1)
+        elif n.op_type in _COMBINE_OPS:
+            found = {self._table_source(x, depth + 1) for x in n.input if x} - {None}
+            src = found.pop() if len(found) == 1 else None
+        self._tables[name] = src
+        return src
 
     @staticmethod
     def ref_shape(ref: TensorRef) -> tuple[int, ...]:

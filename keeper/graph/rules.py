@@ -55,6 +55,15 @@ class RuleContext:
         """The weight ``name`` traced to its initializer; None when it is no constant or is computed."""
         return self.reader.trace_weight(name, role) if name and name in self.const else None
 
+    def table(self, name: str, role: str) -> TensorRef | None:
+        """The learned table constant ``name`` reads (looked up, broadcast, sliced: see
+        :meth:`~keeper.graph.reader.ModelReader.trace_table`); None when it is no constant or reads none."""
+        return self.reader.trace_table(name, role) if name and name in self.const else None
+
+    def learned(self, name: str, role: str) -> TensorRef | None:
+        """The weight ``name`` as the op reads it, else the whole learned table it reads; None when neither."""
+        return self.ref(name, role) or self.table(name, role)
+
     def shape(self, ref: TensorRef) -> tuple[int, ...]:
         return self.reader.ref_shape(ref)
 
@@ -156,17 +165,43 @@ def _embedding(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
 
 
 def _param(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
-    """An Add or Mul of one learned tensor with more than one element (positional embedding, layer scale)."""
+    """An Add or Mul of one learned tensor with more than one element: a positional embedding, a layer scale, or
+    a table read by constant indices and added to the data (a relative-position bias added to attention scores,
+    a position table gathered at ``arange(seq_len)``)."""
     consts = [x for x in n.input if x in ctx.const]
     if len(consts) != 1:
         return None
-    p = ctx.ref(consts[0], "weight")
+    p = ctx.learned(consts[0], "weight")
     if p is None or int(np.prod(ctx.shape(p))) <= 1:
         return None
+    return _channel_first(ctx, p)
+
+
+def _tokens(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
+    """A Concat of the data with learned tokens (ViT's class token, DeiT's class and distillation tokens, each
+    expanded over the batch) along an axis other than the channels: one layer holding the tokens, the first as
+    its main tensor and each other as one more per-channel vector."""
+    refs = [ctx.learned(x, "weight") for x in n.input if x in ctx.const]
+    if not refs or any(r is None for r in refs) or len(refs) == len([x for x in n.input if x]):
+        return None
+    out_rank = len(ctx.reader.shapes.get(n.output[0], ()))
+    axis = int(attr(n, "axis", 0))
+    if out_rank and axis % out_rank == out_rank - 1:
+        return None  # a concatenation of channels: the tokens would be channels of their own
+    first = _channel_first(ctx, refs[0])
+    units = first.shape[0]
+    if any(int(np.prod(ctx.shape(r))) != units for r in refs[1:]):
+        return None
+    extra = tuple(TensorRef(f"token{k}", c.key, c.source, c.source_shape, c.chain, c.canon)
+                  for k, c in enumerate((_channel_first(ctx, r).refs[0] for r in refs[1:]), 1))
+    return NodeInfo(Kind.PARAM, first.shape, first.refs + extra, len(extra))
+
+
+def _channel_first(ctx: RuleContext, p: TensorRef) -> NodeInfo:
+    """A learned tensor as a PARAM layer: the channel axis first, the others in order. The channel axis is the
+    only non-singleton one when there is one (a per-channel scale (1, C, 1, 1) of a conv net), else the last one
+    (a positional embedding (1, T, D) of a transformer, a bias table (positions, heads))."""
     s = ctx.shape(p)
-    # canonical: the channel axis first, the others in order. The channel axis is the only non-singleton one when
-    # there is one (a per-channel scale (1, C, 1, 1) of a conv net), else the last one (a positional embedding
-    # (1, T, D) of a transformer).
     wide = [a for a, d in enumerate(s) if d != 1]
     ax = wide[0] if len(wide) == 1 else len(s) - 1
     perm = (ax,) + tuple(a for a in range(len(s)) if a != ax)
@@ -182,7 +217,7 @@ def _with_canon(ref: TensorRef, perm: tuple[int, ...]) -> TensorRef:
 OP_RULES: Mapping[str, Rule] = {
     "Conv": _conv, "ConvTranspose": _conv, "Gemm": _gemm, "MatMul": _matmul,
     "BatchNormalization": _batchnorm, "LayerNormalization": _layernorm, "Gather": _embedding,
-    "Add": _param, "Mul": _param,
+    "Add": _param, "Mul": _param, "Concat": _tokens,
 }
 
 # Every other op: op type -> its kind (OTHER when not listed). A new weightless op adds one line here.

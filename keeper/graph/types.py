@@ -63,6 +63,9 @@ class LayerGraph:
     strided layer).
     Group arrays: ``group_size`` (units, or -1 when unknown/inconsistent), ``group_parts_indptr`` /
     ``group_parts`` (the parts of a concatenation group, in order; empty for plain groups).
+    ``unread``: learned tensors the model reads that no layer holds (initializer name -> elements): an op keeper
+    has no rule for. They are no layer, so a warm cannot transfer them; they count in :attr:`total_params` and in
+    the score's denominator (:attr:`score_total`), so a child holding them never scores 1.0.
     """
 
     kind: np.ndarray
@@ -85,12 +88,14 @@ class LayerGraph:
     layer_names: list[str] = field(default_factory=list)
     tensors: list[tuple[TensorRef, ...]] = field(default_factory=list)
     attrs: list[dict[str, Any]] = field(default_factory=list)
+    unread: dict[str, int] = field(default_factory=dict)
 
-    # Version of what extraction records; 2 added packed projections (attrs["packed"]), 3 resolution levels. A
+    # Version of what extraction records; 2 added packed projections (attrs["packed"]), 3 resolution levels, 4
+    # learned tables read by lookups (positions, relative-position biases, class tokens) and ``unread``. A
     # stored graph of an older version is re-extracted from its model (see keeper.zoo.graph_from_blob). Bump it
     # with any change to what extraction records (kinds, shapes, groups and their numbering, order, refs, attrs),
     # so that stored graphs are re-extracted; docs/architecture.md ("The graph package") says when.
-    FORMAT = 3
+    FORMAT = 4
 
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",
                "params", "conv_groups", "in_group", "out_group", "in_level", "out_level", "group_size",
@@ -106,8 +111,27 @@ class LayerGraph:
 
     @property
     def total_params(self) -> int:
-        """Trainable parameter elements over all layers."""
-        return int(self.params.sum())
+        """Trainable parameter elements of the model: every layer's, a tensor several layers read (tied
+        embeddings, a bias table shared by all blocks) once, plus the :attr:`unread` ones."""
+        return int(self.params.sum()) - self.shared_params + sum(self.unread.values())
+
+    @property
+    def shared_params(self) -> int:
+        """Elements that layers read again after an earlier layer (canonical order) read the same tensor."""
+        seen: set[str] = set()
+        again = 0
+        for li, refs in enumerate(self.tensors):
+            for r in refs[:1 + int(self.vectors[li])]:  # the trainable ones: main tensor and vectors
+                if r.source in seen:
+                    again += int(np.prod(r.source_shape))
+                seen.add(r.source)
+        return again
+
+    @property
+    def score_total(self) -> int:
+        """The similarity's denominator: every layer's elements as the alignment counts them (a shared tensor
+        once per layer reading it, as each such layer inherits it again) plus the unread ones."""
+        return int(self.params.sum()) + sum(self.unread.values())
 
     def predecessors(self, node: int) -> np.ndarray:
         return self.pred_indices[self.pred_indptr[node]:self.pred_indptr[node + 1]]
@@ -128,7 +152,7 @@ class LayerGraph:
         """Plain numpy arrays (for ``np.savez``; reload with ``allow_pickle=False``)."""
         out = {name: getattr(self, name) for name in self._ARRAYS}
         meta = {"layer_names": self.layer_names, "tensors": [[t.to_json() for t in ts] for ts in self.tensors],
-                "attrs": self.attrs}
+                "attrs": self.attrs, "unread": self.unread}
         out["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         out["format"] = np.array(self.FORMAT, dtype=np.int64)
         return out
@@ -140,7 +164,7 @@ class LayerGraph:
             kw = {name: np.asarray(arrays[name]) for name in cls._ARRAYS}
             return cls(**kw, layer_names=list(meta["layer_names"]),
                        tensors=[tuple(TensorRef.from_json(t) for t in ts) for ts in meta["tensors"]],
-                       attrs=list(meta["attrs"]))
+                       attrs=list(meta["attrs"]), unread={str(k): int(v) for k, v in meta.get("unread", {}).items()})
         except (KeyError, ValueError, TypeError, IndexError) as exc:
             raise InvalidModelError(f"stored graph arrays are incomplete or corrupt ({exc}); "
                                     "re-register the model to rebuild them") from None
