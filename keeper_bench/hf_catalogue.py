@@ -7,6 +7,9 @@ initial weights from torch's global generator, so two calls give two different i
 architecture; :func:`build` seeds one call. :func:`optional_catalogue` gives the torchvision / timm models and,
 for a library that does not import, the reason they are left out.
 
+Swin and the T5 encoder use transformers' eager attention: with its SDPA attention, torch 2.13's dynamo exporter
+fails to decompose the reshape after attention (a view of a transposed tensor) for these two models.
+
 Invariant: every builder gives a module of at most a few hundred thousand parameters whose forward on its example
 runs in milliseconds on a CPU, so a test or a benchmark may build each model many times.
 """
@@ -147,7 +150,7 @@ def swin() -> tuple[torch.nn.Module, tuple]:
     from transformers import SwinConfig, SwinModel
 
     cfg = SwinConfig(image_size=_IMAGE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
-                     mlp_ratio=2.0)
+                     mlp_ratio=2.0, attn_implementation="eager")
     return _ready(SwinModel(cfg)), (_pixels(),)
 
 
@@ -167,7 +170,7 @@ def t5_encoder() -> tuple[torch.nn.Module, tuple]:
 
     cfg = T5Config(vocab_size=_VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                    relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
-                   use_cache=False)
+                   use_cache=False, attn_implementation="eager")
     return _ready(T5EncoderModel(cfg)), (_ids(),)
 
 

@@ -43,6 +43,7 @@ class Row:
     learned: int = 0        # the module's trainable elements, each shared tensor once
     self_score: float = float("nan")
     deviation: float = float("nan")
+    cold: float = float("nan")    # the child's deviation before the warm (its own init): what exactness is against
     similarity: float = float("nan")
     left: list[str] = field(default_factory=list)
     warned: bool = False
@@ -70,6 +71,8 @@ def measure(name: str, builders: dict[str, Builder], dynamo: bool) -> Row:
         parent, args = build(name, 1, builders)
         child, _ = build(name, 2, builders)
         row.learned = learned_elements(parent)
+        with torch.no_grad():
+            row.cold = rel_dev(parent(*args), child(*args))
         exported = export_graph(parent, args, dynamo=dynamo)
         graph = load_graph(exported.onnx)
         row.parses, row.layers, row.seen = True, graph.num_layers, graph.total_params
@@ -108,12 +111,12 @@ def report(rows: list[Row], skipped: dict[str, str], path: Path, command: str) -
              f"Command: `{command}`", "",
              f"Totals (model x exporter): {totals}.", "",
              "| model | exporter | parses | layers | elements read / learned | self | warm similarity | "
-             "same-arch deviation | tensors left behind | warning | time (s) |",
+             "same-arch deviation (child's own init) | tensors left behind | warning | time (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         left = ", ".join(f"`{k}`" for k in r.left[:4]) + (f" +{len(r.left) - 4}" if len(r.left) > 4 else "")
         lines.append(f"| {r.model} | {r.exporter} | {'yes' if r.parses else 'no: ' + r.error} | {r.layers} | "
-                     f"{r.seen} / {r.learned} | {_fmt(r.self_score)} | {_fmt(r.similarity)} | {_fmt(r.deviation)} | "
+                     f"{r.seen} / {r.learned} | {_fmt(r.self_score)} | {_fmt(r.similarity)} | {_fmt(r.deviation)} ({_fmt(r.cold)}) | "
                      f"{left or '-'} | {'yes' if r.warned else '-'} | {r.seconds:.1f} |")
         if r.parses and r.error:
             lines.append(f"| | | error: {r.error} | | | | | | | | |")
@@ -152,7 +155,8 @@ def main() -> None:
             r = measure(name, models, dynamo)
             rows.append(r)
             print(f"{name:24s} {r.exporter:11s} layers={r.layers:4d} read={r.seen}/{r.learned} "
-                  f"self={_fmt(r.self_score)} sim={_fmt(r.similarity)} dev={_fmt(r.deviation)} left={len(r.left)} "
+                  f"self={_fmt(r.self_score)} sim={_fmt(r.similarity)} dev={_fmt(r.deviation)} (cold {_fmt(r.cold)}) "
+                  f"left={len(r.left)} "
                   f"{r.seconds:.1f}s {r.error}", flush=True)
     command = "PYTHONPATH=. python scripts/bench_coverage.py" + (" --quick" if a.quick else "") + \
         (f" --models {a.models}" if a.models else "")

@@ -263,16 +263,17 @@ def test_bfloat16_and_float16_modules_keep_their_dtype(tmp_path, dynamo):
         assert rel_dev(ref, got) <= 3e-2
 
 
-class _LearnedPositions(torch.nn.Module):
-    """A learned table read by a constant index (as GPT-2's position embedding is): not a layer keeper reads yet."""
+class _Gated(torch.nn.Module):
+    """A learned gate read through a sigmoid: an op no layer rule takes, so the gate is no layer keeper can
+    transfer (the graph lists it as unread)."""
 
     def __init__(self):
         super().__init__()
-        self.pos = torch.nn.Parameter(torch.randn(4, 8))
+        self.gate = torch.nn.Parameter(torch.randn(8))
         self.fc = torch.nn.Linear(8, 3)
 
     def forward(self, x):
-        return self.fc(x + self.pos[torch.arange(4)])
+        return self.fc(x * torch.sigmoid(self.gate))
 
 
 def test_a_warm_that_leaves_a_tensor_behind_says_so(tmp_path):
@@ -282,12 +283,13 @@ def test_a_warm_that_leaves_a_tensor_behind_says_so(tmp_path):
     from keeper.torch_support import export, warm_start
     from keeper.zoo import Zoo
 
-    x = torch.randn(1, 4, 8)
+    x = torch.randn(2, 8)
     zoo = Zoo(str(tmp_path / "zoo"))
-    zoo.register(export(_LearnedPositions(), x).onnx, 0.9, "p")
-    with pytest.warns(PartialWarmWarning, match=r"'p'.*1 tensor\(s\).*: pos "):
-        result = warm_start(_LearnedPositions(), x, zoo, noise=0.0)
-    assert result.missing == ["pos"]
+    zoo.register(export(_Gated(), x).onnx, 0.9, "p")
+    with pytest.warns(PartialWarmWarning, match=r"'p'.*1 tensor\(s\).*: gate "):
+        result = warm_start(_Gated(), x, zoo, noise=0.0)
+    assert result.missing == ["gate"]
+    assert result.score == pytest.approx(27 / 35)  # the gate's 8 elements are the child's, of 35 it has
     # a warm that inherits everything stays silent
     mlp = lambda: torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))  # noqa: E731
     zoo.register(export(mlp(), torch.randn(1, 8)).onnx, 0.9, "mlp")

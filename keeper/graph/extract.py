@@ -80,21 +80,21 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
     order = canonical_order(keep, preds, [d.kind for d in info], nodes)
     groups = channel_groups(reader, nodes, order, info, const, meta)
     graph = _layout(nodes, info, order, preds, groups)
-    graph.unread = _unread(ctx, nodes, graph)
+    graph.unread = _unread(ctx, meta, nodes, graph)
     return graph
 
 
-def _unread(ctx: RuleContext, nodes: Sequence[onnx.NodeProto], graph: LayerGraph) -> dict[str, int]:
-    """Learned tensors the data nodes read (as weights, or as tables looked up) that no layer holds: an op with no
-    rule, or a rule that declined. A tensor only computed into other constants (RoPE's ``inv_freq`` into cos and
-    sin) is not read as such and is no parameter."""
+def _unread(ctx: RuleContext, meta: set[str], nodes: Sequence[onnx.NodeProto], graph: LayerGraph) -> dict[str, int]:
+    """Learned tensors the data nodes read (as weights, or through lookups, known or not) that no layer holds: an
+    op with no rule, or a rule that declined. A tensor only computed into other constants with positions (RoPE's
+    ``inv_freq`` into cos and sin) is not read as such and is no parameter."""
     held = {r.source for refs in graph.tensors for r in refs}
     out: dict[str, int] = {}
     for n in nodes:
         for x in n.input:
-            r = ctx.learned(x, "weight")
-            if r is not None and r.source not in held:
-                out[r.source] = int(np.prod(r.source_shape))
+            if x in ctx.const:
+                for src in ctx.reader.read_by(x, meta) - held:
+                    out[src] = int(np.prod(ctx.reader.init_shapes[src]))
     return dict(sorted(out.items()))
 
 

@@ -26,10 +26,17 @@ _WEIGHT_CHAIN_OPS = {"Identity", "Cast", "Transpose", "Reshape", "Squeeze", "Uns
 # Ops that read a learned table without computing on its values: a lookup by constant indices (positions, a
 # relative-position index), a broadcast (a class token expanded over the batch), a slice. Their first input is
 # the table; the others are indices or shapes.
-_LOOKUP_OPS = {"Gather", "GatherElements", "Expand", "Slice", "Tile"}
+_LOOKUP_OPS = {"Gather", "GatherElements", "GatherND", "Expand", "Slice", "Tile"}
 # Ops that combine a looked-up table with constants that are no table (a mask added to a position bias): the table
 # is what is learned.
 _COMBINE_OPS = {"Add", "Sub", "Mul", "Div", "Where", "Concat"}
+# Ops that combine a tensor with others into new constants rather than read it: what they feed is derived, not the
+# tensor (RoPE's angles are ``inv_freq @ positions``, then cos and sin). Any other op reading a learned tensor,
+# unary math included (a gate read through a sigmoid), reads it (see ``read_by``), except arithmetic with shape
+# information (:data:`_ARITHMETIC` with a 'meta' operand: the dynamo exporter writes RoPE's outer product
+# ``positions * inv_freq`` as a broadcast Mul).
+_DERIVING_OPS = {"MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "Range"}
+_ARITHMETIC = {"Add", "Sub", "Mul", "Div", "Pow"}
 # Float types a learned tensor has.
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
                 onnx.TensorProto.DOUBLE}
@@ -200,6 +207,41 @@ class ModelReader:
         times, so the table itself is what a warm transfers."""
         src = self._table_source(name, 0)
         return None if src is None else TensorRef(role, src, src, self.init_shapes[src])
+
+    def read_by(self, name: str, meta: set[str]) -> set[str]:
+        """The learned initializers whose values constant ``name`` carries: those it reaches back to through any op
+        but the deriving ones (:data:`_DERIVING_OPS`, and arithmetic with a tensor of ``meta``, the shape-only
+        tensors of :meth:`classify`). Wider than :meth:`trace_table` on purpose: an op keeper has no lookup rule
+        for still reads the tensor, which must then be reported, never dropped in silence."""
+        out: set[str] = set()
+        stack, seen = [name], set()
+        while stack:
+            cur = stack.pop()
+            if cur in seen:
+                continue
+            seen.add(cur)
+            if cur in self.init_shapes:
+                if self.is_learned(cur):
+                    out.add(cur)
+                continue
+            n = self.producer.get(cur)
+            if n is None or n.op_type in _DERIVING_OPS:
+                continue
+            ins = [x for x in value_inputs(n) if x]
+            if n.op_type in _ARITHMETIC and any(self._positions(x, meta) for x in ins):
+                continue
+            stack.extend(ins)
+        return out
+
+    def _positions(self, name: str, meta: set[str]) -> bool:
+        """Whether ``name`` holds shape information or non-scalar constants with no learned tensor in them
+        (positions, index grids): arithmetic with them makes a new table, not a read of a learned one."""
+        if name in meta:
+            return True
+        shape = self.init_shapes.get(name, self.shapes.get(name))
+        if shape is None or any(d < 0 for d in shape) or int(np.prod(shape)) <= 1:
+            return False
+        return not self.read_by(name, meta)
 
     def _table_source(self, name: str, depth: int) -> str | None:
         if name in self._tables:
