@@ -1,0 +1,139 @@
+"""Real architectures (keeper_bench.hf_catalogue: Hugging Face transformers built from small configs, random init):
+every learned tensor is read and a warm from a parent of the same architecture is exact, with both exporters;
+tied weights are transferred once, counted once and written back under every key; constant tables are no layers;
+a warm that leaves a tensor behind says so and scores below 1.
+
+The dynamo exporter is slow, so the suite runs it on the models whose dynamo graphs differ in kind from their
+TorchScript ones (GatherND lookups, RoPE as a broadcast Mul, tied weights, class tokens, a bias table shared by all
+blocks); ``scripts/bench_coverage.py`` runs every model with both exporters.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from keeper.errors import PartialWarmWarning
+from keeper.graph import load_graph
+from keeper.torch_support import export_graph, register, tied_keys, warm_exported
+from keeper.zoo import Zoo
+from keeper_bench.hf_catalogue import CATALOGUE, build
+
+TORCHSCRIPT = ["gpt2", "bert", "distilbert", "vit", "deit", "swin", "levit", "t5-encoder", "llama", "convnext",
+               "resnet"]
+DYNAMO = ["gpt2", "deit", "swin", "t5-encoder", "llama"]
+CASES = [(m, False) for m in TORCHSCRIPT] + [(m, True) for m in DYNAMO]
+EXACT = 1e-5  # float32 round-off of an exact copy is ~1e-7; a tensor left at the child's init gives ~1
+
+
+def rel_dev(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / a.abs().max())
+
+
+def warm_pair(root, parent: torch.nn.Module, child: torch.nn.Module, args: tuple, dynamo: bool) -> SimpleNamespace:
+    """Register ``parent`` in a fresh zoo, warm ``child`` from it; the child's graph, the result and the
+    warnings raised."""
+    zoo = Zoo(str(root / "zoo"))
+    register(parent, args, zoo, 0.9, name="parent", dynamo=dynamo)
+    exported = export_graph(child, args, dynamo=dynamo)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PartialWarmWarning)
+        result = warm_exported(child, exported, zoo, noise=0.0)
+    partial = [str(w.message) for w in caught if issubclass(w.category, PartialWarmWarning)]
+    with torch.no_grad():
+        dev = rel_dev(parent(*args), child(*args))
+    return SimpleNamespace(graph=load_graph(exported.onnx), result=result, partial=partial, dev=dev,
+                           parent=parent, child=child, args=args)
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{'dynamo' if d else 'torchscript'}" for m, d in CASES])
+def warmed(request, tmp_path_factory):
+    name, dynamo = request.param
+    parent, args = build(name, seed=1)
+    child, _ = build(name, seed=2)
+    with torch.no_grad():
+        cold = rel_dev(parent(*args), child(*args))
+    out = warm_pair(tmp_path_factory.mktemp(name), parent, child, args, dynamo)
+    out.name, out.cold = name, cold
+    return out
+
+
+def test_same_architecture_warm_is_exact(warmed):
+    assert warmed.cold > 0.1, "the two inits must differ, or exactness proves nothing"
+    assert warmed.dev < EXACT, f"{warmed.name}: deviation {warmed.dev:.3g} after a same-architecture warm"
+    assert warmed.result.missing == [] and warmed.partial == []
+    assert warmed.result.score == 1.0
+
+
+def test_every_learned_element_is_read_once(warmed):
+    learned = sum(p.numel() for p in warmed.child.parameters())  # parameters() yields a tied tensor once
+    assert warmed.graph.unread == {}
+    assert warmed.graph.total_params == learned
+
+
+def test_tied_weights_transfer_once_count_once_and_load_under_both_keys(tmp_path):
+    parent, args = build("gpt2", seed=1)
+    child, _ = build("gpt2", seed=2)
+    wte, head = "model.transformer.wte.weight", "model.lm_head.weight"
+    assert tied_keys(dict(child.state_dict(keep_vars=True)))[wte] == (wte, head)
+    out = warm_pair(tmp_path, parent, child, args, dynamo=False)
+    sources = [r.source for refs in out.graph.tensors for r in refs]
+    shared = [s for s in set(sources) if sources.count(s) > 1]
+    assert len(shared) == 1, "the embedding and the LM head read one tensor"
+    (n_vocab, d) = parent.state_dict()[wte].shape
+    assert out.graph.shared_params == n_vocab * d
+    assert out.graph.total_params == sum(p.numel() for p in child.parameters())
+    state = child.state_dict()
+    assert torch.equal(state[wte], parent.state_dict()[wte]) and torch.equal(state[head], parent.state_dict()[wte])
+    assert out.result.missing == [] and out.result.score == 1.0
+
+
+def test_constant_tables_are_no_layers():
+    """Llama under dynamo: rotary cos/sin (from inv_freq), the mask and the position ids are constants; the layers
+    are exactly the learned tensors (each norm, projection and the embedding is one layer)."""
+    model, args = build("llama", seed=0)
+    graph = load_graph(export_graph(model, args, dynamo=True).onnx)
+    learned = [k for k, _ in model.named_parameters()]
+    assert graph.num_layers == len(learned)
+    assert graph.unread == {} and graph.total_params == sum(p.numel() for p in model.parameters())
+    assert not any("inv_freq" in r.source for refs in graph.tensors for r in refs)
+
+
+class _GatedViT(torch.nn.Module):
+    """ViT with a learned gate read through a sigmoid on its output: an op no layer rule takes."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.vit, self.args = build("vit", seed=seed)
+        self.gate = torch.nn.Parameter(torch.randn(32, generator=torch.Generator().manual_seed(seed)))
+
+    def forward(self, x):
+        return self.vit(x) * torch.sigmoid(self.gate)
+
+
+def test_a_partial_warm_warns_and_scores_below_one(tmp_path):
+    parent, child = _GatedViT(1), _GatedViT(2)
+    out = warm_pair(tmp_path, parent, child, parent.args, dynamo=False)
+    assert out.graph.unread == {"gate": 32}
+    assert out.result.missing == ["gate"]
+    assert len(out.partial) == 1 and ": gate " in out.partial[0]
+    total = sum(p.numel() for p in child.parameters())
+    assert out.result.score == pytest.approx((total - 32) / total) and out.result.score < 1.0
+    assert torch.equal(child.vit.state_dict()["model.embeddings.cls_token"],
+                       parent.vit.state_dict()["model.embeddings.cls_token"]), "the rest is inherited"
+
+
+def test_the_catalogue_builds_seeded_models():
+    a, args = build("distilbert", seed=3)
+    b, _ = build("distilbert", seed=3)
+    c, _ = build("distilbert", seed=4)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not any(torch.equal(sa[k], sc[k]) for k in sa if sa[k].is_floating_point() and sa[k].numel() > 1)
+    assert set(CATALOGUE) >= {"gpt2", "bert", "distilbert", "vit", "deit", "swin", "levit", "t5-encoder", "llama",
+                              "convnext", "resnet", "mobilenet-v2", "efficientnet"}
+    with pytest.raises(KeyError, match="not in the catalogue"):
+        build("no-such-model")
