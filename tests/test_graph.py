@@ -333,6 +333,57 @@ def test_unknown_and_weird_ops_do_not_break_extraction():
     model.opset_import.append(helper.make_opsetid("custom", 1))
     g = load_graph(model)
     assert g.num_nodes == 3 and g.num_layers == 0
+    # the learned tensors those ops read are not dropped in silence: unread, in the totals, below 1 against itself
+    assert g.unread == {"p6": 8, "w": 32} and g.total_params == g.score_total == 40
+    assert similarity(g, g) == 0.0
+    assert LayerGraph.from_arrays(g.to_arrays()).unread == g.unread
+
+
+def test_learned_tables_read_by_lookups_are_layers():
+    """A position table gathered at constant positions and added to the data, a bias table gathered by a constant
+    index grid (GatherND), and a class token expanded and concatenated: each a PARAM layer holding the whole
+    table; a frequency vector combined with positions into cos (RoPE) is no layer and not unread."""
+    shape = helper.make_node("Constant", [], ["shp"], value=numpy_helper.from_array(np.array([2, 1, 8], np.int64)))
+    nodes = [helper.make_node("Constant", [], ["pos"], value=numpy_helper.from_array(np.arange(3, dtype=np.int64))),
+             helper.make_node("Gather", ["wpe", "pos"], ["pe"]),             # (3, 8) rows of a (5, 8) table
+             helper.make_node("Add", ["x", "pe"], ["h1"]),
+             shape, helper.make_node("Expand", ["cls", "shp"], ["tok"]),      # (1, 1, 8) -> (2, 1, 8)
+             helper.make_node("Concat", ["tok", "h1"], ["h2"], axis=1),      # (2, 4, 8)
+             helper.make_node("Constant", [], ["grid"],
+                              value=numpy_helper.from_array(np.array([[[0], [1]], [[1], [0]]], np.int64))),
+             helper.make_node("GatherND", ["table", "grid"], ["bias"]),      # (2, 2, 8) of a (2, 8) table
+             helper.make_node("MatMul", ["h2", "w"], ["h3"]),
+             helper.make_node("Constant", [], ["t"], value=numpy_helper.from_array(np.ones((4, 1), np.float32))),
+             helper.make_node("MatMul", ["t", "inv_freq"], ["ang"]),          # (4, 1) @ (1, 8): positions x freq
+             helper.make_node("Cos", ["ang"], ["cos"]),
+             helper.make_node("Mul", ["h3", "cos"], ["h4"]),
+             helper.make_node("Slice", ["h4", "s0", "s1", "ax"], ["h5"]),
+             helper.make_node("Add", ["h5", "bias"], ["y"])]
+    inits = {"wpe": _rand(5, 8), "cls": _rand(1, 1, 8), "table": _rand(2, 8), "w": _rand(8, 8),
+             "inv_freq": _rand(1, 8), "s0": np.array([0], np.int64), "s1": np.array([2], np.int64),
+             "ax": np.array([1], np.int64)}
+    g = load_graph(_model(nodes, inits, inputs=(("x", [2, 3, 8]),)))
+    by_source = {refs[0].source: (k, s, refs) for k, s, refs in zip(kinds(g), shapes(g), g.tensors)}
+    assert set(by_source) == {"wpe", "cls", "table", "w"}
+    assert by_source["wpe"][:2] == ("param", (8, 5)) and by_source["wpe"][2][0].chain == ()
+    assert by_source["cls"][:2] == ("param", (8, 1, 1))
+    assert by_source["table"][:2] == ("param", (8, 2))
+    assert g.unread == {} and g.total_params == 40 + 8 + 16 + 64
+    assert similarity(g, g) == 1.0
+
+
+def test_a_tensor_two_layers_read_counts_once():
+    """Tied embedding and output projection (GPT-2's wte and lm_head): one tensor, two layers, counted once."""
+    nodes = [helper.make_node("Gather", ["wte", "ids"], ["h"]),
+             helper.make_node("Transpose", ["wte"], ["wte_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "wte_t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(_rand(10, 4), "wte")])
+    g = load_graph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert kinds(g) == ["embedding", "linear"]
+    assert g.shared_params == 40 and g.total_params == 40 and g.score_total == 80
+    assert similarity(g, g) == 1.0
 
 
 # ------------------------------------------------------------------------------------------ canonical order
