@@ -119,6 +119,9 @@ def _cmd_warm(args) -> int:
     if not as_safetensors:
         onnx.save_model(result.to_onnx(), args.output)
     print(f"wrote {args.output}")
+    if result.parent is not None and result.missing:
+        print(f"{len(result.missing)} learned tensors are read by ops keeper has no rule for and keep the model's "
+              f"own values: {', '.join(result.missing[:8])}{' ...' if len(result.missing) > 8 else ''}")
     if result.unset:
         print(f"{len(result.unset)} tensors get no value from the parent and the model came without weights; they "
               f"are zeros in {args.output}: initialise them yourself (first: {result.unset[0]})")

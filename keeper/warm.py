@@ -49,8 +49,10 @@ class WarmResult:
         mapping: child tensor -> (parent tensor or None, operator), operators such as ``copy``, ``widen``,
             ``kernel-pad``, ``identity``, ``zero``, ``init``.
         model: the child's ONNX bytes as given (its graph, with its own initial weights when they were inline).
-        missing / unexpected: filled by torch loading: state_dict keys not warmed / warm keys with no
-            state_dict entry.
+        missing: tensors not inherited: the child's learned initializers that no layer holds
+            (``LayerGraph.unread``: read by ops keeper has no rule for), which keep the child's values; torch
+            loading replaces them with the state_dict keys not warmed.
+        unexpected: filled by torch loading: warm keys with no state_dict entry.
         unset: child tensors with no value: the child came as a graph without weights and the parent supplies
             none of them (operator ``init``); the caller's own initialisation fills them.
     """
@@ -174,7 +176,9 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
     unset = [k for k in unset if moved.provenance.get(k, (None, "init"))[1] == "init"]
     for k in unset:
         weights.pop(k, None)
-    return WarmResult(parent_name, al.score, weights, moved.provenance, model, unset=unset)
+    # learned tensors no layer holds (an op keeper has no rule for) keep the child's values: say which
+    return WarmResult(parent_name, al.score, weights, moved.provenance, model, missing=sorted(cg.unread),
+                      unset=unset)
 
 
 def _transfer_to_file(pg, pweights, cg, cweights: Mapping[str, np.ndarray], al, noise, seed,

@@ -320,3 +320,28 @@ def test_register_a_directory_takes_each_graphs_safetensors_beside_it(tmp_path, 
     code, out, _ = keeper(capsys, "warm", str(runs / "orphan.onnx"), "-o", str(tmp_path / "o.safetensors"),
                           "--zoo", str(tmp_path / "empty-zoo"))
     assert code == 0 and "no parent" in out and "are zeros in" in out
+
+
+def _gated_onnx(seed: int) -> bytes:
+    """x -> Linear -> * sigmoid(gate): the gate is read by an op keeper has no layer rule for."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 6)).astype(np.float32), "fc.weight"),
+             numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "fc.bias"),
+             numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "gate")]
+    nodes = [helper.make_node("Gemm", ["x", "fc.weight", "fc.bias"], ["h"]),
+             helper.make_node("Sigmoid", ["gate"], ["g"]), helper.make_node("Mul", ["h", "g"], ["y"])]
+    graph = helper.make_graph(nodes, "gated", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_warm_names_the_tensors_it_could_not_read(tmp_path, zoo_dir, capsys):
+    registered(zoo_dir, write(tmp_path / "parent.onnx", _gated_onnx(1)), "gated")
+    capsys.readouterr()
+    child = write(tmp_path / "child.onnx", _gated_onnx(2))
+    code, out, _ = keeper(capsys, "warm", child, "-o", str(tmp_path / "warm.onnx"), "--noise", "0", "--zoo", zoo_dir)
+    assert code == 0
+    assert "parent gated  similarity 0.9444" in out  # 102 of the 108 learned elements: not the gate's 6
+    assert "1 learned tensors are read by ops keeper has no rule for and keep the model's own values: gate" in out

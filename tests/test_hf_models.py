@@ -18,7 +18,7 @@ import torch
 
 from keeper.errors import PartialWarmWarning
 from keeper.graph import load_graph
-from keeper.torch_support import export_graph, register, tied_keys, warm_exported
+from keeper.torch_support import export_graph, module_weights, register, tied_keys, warm_exported
 from keeper.zoo import Zoo
 from keeper_bench.hf_catalogue import CATALOGUE, build
 
@@ -46,7 +46,7 @@ def warm_pair(root, parent: torch.nn.Module, child: torch.nn.Module, args: tuple
     with torch.no_grad():
         dev = rel_dev(parent(*args), child(*args))
     return SimpleNamespace(graph=load_graph(exported.onnx), result=result, partial=partial, dev=dev,
-                           parent=parent, child=child, args=args)
+                           parent=parent, child=child, args=args, zoo=zoo, exported=exported)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{'dynamo' if d else 'torchscript'}" for m, d in CASES])
@@ -124,6 +124,8 @@ def test_a_partial_warm_warns_and_scores_below_one(tmp_path):
     assert out.result.score == pytest.approx((total - 32) / total) and out.result.score < 1.0
     assert torch.equal(child.vit.state_dict()["model.embeddings.cls_token"],
                        parent.vit.state_dict()["model.embeddings.cls_token"]), "the rest is inherited"
+    # without torch, the zoo's own warm names the tensor too (its ONNX name)
+    assert out.zoo.warm(out.exported.onnx, weights=module_weights(child, out.exported), noise=0.0).missing == ["gate"]
 
 
 def test_the_catalogue_builds_seeded_models():
