@@ -107,8 +107,16 @@ def report(rows: list[Row], skipped: dict[str, str], path: Path, command: str) -
     totals = (f"{parsed}/{n} parse, {self_one}/{n} score 1.0 against themselves, {complete}/{n} have every learned "
               f"element read (tied tensors once), {exact}/{n} warm exactly from a parent of their own architecture "
               f"(relative deviation < {EXACT:g}, no tensor left behind)")
+    import os
+    import platform
+
+    import transformers
+
+    machine = (f"{platform.machine()}, {os.cpu_count()} CPU cores visible, Python {platform.python_version()}, "
+               f"torch {torch.__version__}, transformers {transformers.__version__}")
     lines = ["# Coverage of real architectures", "",
-             f"Command: `{command}`", "",
+             f"Command: `{command}`", "", f"Machine: {machine}. Times are wall-clock per row (two exports, one "
+             "register, one warm) on a shared machine.", "",
              f"Totals (model x exporter): {totals}.", "",
              "| model | exporter | parses | layers | elements read / learned | self | warm similarity | "
              "same-arch deviation (child's own init) | tensors left behind | warning | time (s) |",
