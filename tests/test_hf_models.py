@@ -49,16 +49,28 @@ def warm_pair(root, parent: torch.nn.Module, child: torch.nn.Module, args: tuple
                            parent=parent, child=child, args=args, zoo=zoo, exported=exported)
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{'dynamo' if d else 'torchscript'}" for m, d in CASES])
-def warmed(request, tmp_path_factory):
-    name, dynamo = request.param
-    parent, args = build(name, seed=1)
-    child, _ = build(name, seed=2)
-    with torch.no_grad():
-        cold = rel_dev(parent(*args), child(*args))
-    out = warm_pair(tmp_path_factory.mktemp(name), parent, child, args, dynamo)
-    out.name, out.cold = name, cold
-    return out
+@pytest.fixture(scope="module")
+def warm_case(tmp_path_factory):
+    """(model name, dynamo) -> its same-architecture warm (parent seed 1, child seed 2), each made once."""
+    done: dict[tuple[str, bool], SimpleNamespace] = {}
+
+    def get(name: str, dynamo: bool) -> SimpleNamespace:
+        if (name, dynamo) not in done:
+            parent, args = build(name, seed=1)
+            child, _ = build(name, seed=2)
+            with torch.no_grad():
+                cold = rel_dev(parent(*args), child(*args))
+            out = warm_pair(tmp_path_factory.mktemp(name), parent, child, args, dynamo)
+            out.name, out.cold = name, cold
+            done[(name, dynamo)] = out
+        return done[(name, dynamo)]
+
+    return get
+
+
+@pytest.fixture(params=CASES, ids=[f"{m}-{'dynamo' if d else 'torchscript'}" for m, d in CASES])
+def warmed(request, warm_case):
+    return warm_case(*request.param)
 
 
 def test_same_architecture_warm_is_exact(warmed):
@@ -74,12 +86,12 @@ def test_every_learned_element_is_read_once(warmed):
     assert warmed.graph.total_params == learned
 
 
-def test_tied_weights_transfer_once_count_once_and_load_under_both_keys(tmp_path):
-    parent, args = build("gpt2", seed=1)
-    child, _ = build("gpt2", seed=2)
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_tied_weights_transfer_once_count_once_and_load_under_both_keys(warm_case, dynamo):
+    out = warm_case("gpt2", dynamo)
+    parent, child = out.parent, out.child
     wte, head = "model.transformer.wte.weight", "model.lm_head.weight"
     assert tied_keys(dict(child.state_dict(keep_vars=True)))[wte] == (wte, head)
-    out = warm_pair(tmp_path, parent, child, args, dynamo=False)
     sources = [r.source for refs in out.graph.tensors for r in refs]
     shared = [s for s in set(sources) if sources.count(s) > 1]
     assert len(shared) == 1, "the embedding and the LM head read one tensor"
@@ -91,11 +103,11 @@ def test_tied_weights_transfer_once_count_once_and_load_under_both_keys(tmp_path
     assert out.result.missing == [] and out.result.score == 1.0
 
 
-def test_constant_tables_are_no_layers():
+def test_constant_tables_are_no_layers(warm_case):
     """Llama under dynamo: rotary cos/sin (from inv_freq), the mask and the position ids are constants; the layers
     are exactly the learned tensors (each norm, projection and the embedding is one layer)."""
-    model, args = build("llama", seed=0)
-    graph = load_graph(export_graph(model, args, dynamo=True).onnx)
+    out = warm_case("llama", True)
+    model, graph = out.child, out.graph
     learned = [k for k, _ in model.named_parameters()]
     assert graph.num_layers == len(learned)
     assert graph.unread == {} and graph.total_params == sum(p.numel() for p in model.parameters())

@@ -3,7 +3,10 @@
 :class:`ModelReader` sorts the file's nodes topologically (a file may list them in any order), infers activation
 shapes on a weight-free copy, tells constants from data, and follows a weight from the op that reads it back to
 its initializer through Identity/Transpose/Cast/Reshape/Squeeze/Unsqueeze/Flatten (:class:`TensorRef`), so a
-dynamo export (renamed, pre-transposed, aliased weights) reads the same as a TorchScript one.
+dynamo export (renamed, pre-transposed, aliased weights) reads the same as a TorchScript one. A learned table
+read by lookups (positions gathered at ``arange(seq_len)``, a relative-position bias gathered by an index grid, a
+class token expanded over the batch) is followed back to the table (``trace_table``), and ``read_by`` names the
+learned tensors any constant carries, so that a tensor no rule takes is reported, never dropped.
 
 Invariant: nothing here depends on the order of nodes in the file beyond the topological order it must allow.
 """
@@ -32,9 +35,9 @@ _LOOKUP_OPS = {"Gather", "GatherElements", "GatherND", "Expand", "Slice", "Tile"
 _COMBINE_OPS = {"Add", "Sub", "Mul", "Div", "Where", "Concat"}
 # Ops that combine a tensor with others into new constants rather than read it: what they feed is derived, not the
 # tensor (RoPE's angles are ``inv_freq @ positions``, then cos and sin). Any other op reading a learned tensor,
-# unary math included (a gate read through a sigmoid), reads it (see ``read_by``), except arithmetic with shape
-# information (:data:`_ARITHMETIC` with a 'meta' operand: the dynamo exporter writes RoPE's outer product
-# ``positions * inv_freq`` as a broadcast Mul).
+# unary math included (a gate read through a sigmoid), reads it (see ``read_by``), except arithmetic with
+# positions (:data:`_ARITHMETIC` with shape information or a non-scalar constant holding no learned tensor: the
+# dynamo exporter writes RoPE's outer product ``positions * inv_freq`` as a broadcast Mul).
 _DERIVING_OPS = {"MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "Range"}
 _ARITHMETIC = {"Add", "Sub", "Mul", "Div", "Pow"}
 # Float types a learned tensor has.
