@@ -115,7 +115,7 @@ def report(rows: list[Row], skipped: dict[str, str], path: Path, command: str) -
     machine = (f"{platform.machine()}, {os.cpu_count()} CPU cores visible, Python {platform.python_version()}, "
                f"torch {torch.__version__}, transformers {transformers.__version__}")
     lines = ["# Coverage of real architectures", "",
-             f"Command: `{command}`", "", f"Machine: {machine}. Times are wall-clock per row (two exports, one "
+             f"Command: `{command}`", "", f"Machine: {machine}. Times are wall-clock per row (three exports, one "
              "register, one warm) on a shared machine.", "",
              f"Totals (model x exporter): {totals}.", "",
              "| model | exporter | parses | layers | elements read / learned | self | warm similarity | "
