@@ -25,6 +25,7 @@ import numba
 import numpy as np
 
 from keeper.graph import LayerGraph, as_graph
+from keeper.graph.stream import residual_stream
 from keeper.kinds import Merge, kind_mask, kinds_where
 from keeper.onnx_safety import ModelInput
 
@@ -192,10 +193,26 @@ _NONLINEAR_KINDS = kinds_where(lambda t: t.nonlinear)
 
 
 def _edge_costs(graph: LayerGraph) -> np.ndarray:
-    """How badly a run of new layers would sit next to each layer: 0 where the layer's input comes through a
-    merge (a residual add, a concatenation) or from the graph input, the block boundaries of residual nets and
-    transformers; ``_EDGE_NONLINEAR`` through a nonlinearity or pool only (a VGG block boundary, or the middle
-    of a residual branch); ``_EDGE_INSIDE`` when another layer feeds it directly (a norm after its conv)."""
+    """How badly a run of new layers would sit next to each layer (a run starting at it, or ending just before it).
+
+    Where the graph has blocks (fork-join regions of the residual stream, :mod:`keeper.graph.stream`): 0 at a
+    block boundary, at least ``_EDGE_NONLINEAR`` anywhere else inside a block, so new blocks go in whole, between
+    two residual adds, whichever ops an exporter writes around a norm (dynamo spells RMSNorm as a two-input Mul
+    before the norm's weight, which the local rule below reads as "inside"). Elsewhere (a chain of layers without
+    a fork, as in VGG) the local rule: 0 where the layer's input comes through a merge or from the graph input;
+    ``_EDGE_NONLINEAR`` through a nonlinearity or pool only; ``_EDGE_INSIDE`` when another layer feeds it directly
+    (a norm after its conv)."""
+    out = _local_edge_costs(graph)
+    stream = residual_stream(graph)
+    boundary = stream.boundary_before()
+    out[boundary] = 0
+    inside = stream.in_block & ~boundary
+    out[inside] = np.maximum(out[inside], _EDGE_NONLINEAR)
+    return out
+
+
+def _local_edge_costs(graph: LayerGraph) -> np.ndarray:
+    """The edge cost each layer gets from the ops right before it (see :func:`_edge_costs`)."""
     is_layer = np.zeros(graph.num_nodes, dtype=bool)
     is_layer[graph.layer_node] = True
     out = np.zeros(graph.num_layers, dtype=np.int64)
