@@ -150,7 +150,8 @@ def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
 def _skip_costs(graph: LayerGraph) -> np.ndarray:
     """A new layer costs nothing to leave unmatched when it can start as an identity (square conv/linear,
     depthwise conv, BatchNorm) or sits inside a residual branch (whose last layer is zeroed, so the branch adds
-    nothing); any other new layer breaks the function, so it should rather be matched when inheritance is equal."""
+    nothing: a block of the residual stream that an add closes, :mod:`keeper.graph.stream`); any other new layer
+    breaks the function, so it should rather be matched when inheritance is equal."""
     k, s = graph.layer_kind, graph.shape
     square = s[:, 0] == s[:, 1]
     free = _IDENTITY_ANY_SHAPE[k] | (_IDENTITY_IF_SQUARE[k] & square)
@@ -158,8 +159,15 @@ def _skip_costs(graph: LayerGraph) -> np.ndarray:
     for node in range(graph.num_nodes):
         for p in graph.predecessors(node).tolist():
             succs[p].append(node)
+    stream = residual_stream(graph)
     for li, node in enumerate(graph.layer_node.tolist()):
-        if not free[li]:
+        if free[li]:
+            continue
+        if stream.segment[li] >= 0:
+            # from the graph's structure: a layer in a residual block is free, one on the stream is not (a
+            # post-LN norm); the walk below would read a mask added to attention scores as a second merge
+            free[li] = stream.residual[li]
+        else:
             free[li] = _inside_residual_branch(node, succs, graph.kind)
     return np.where(free, 0, _SKIP_NOT_IDENTITY).astype(np.int64)
 

@@ -23,18 +23,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from keeper.graph.types import LayerGraph
+from keeper.kinds import Merge, kinds_where
 
 __all__ = ["Stream", "residual_stream"]
 
 
 @dataclass(frozen=True)
 class Stream:
-    """Per layer (canonical order): ``segment``, the index of the stream node at or before the layer (-1 when
-    the layer is on no input-to-output path: a side input, a dead end), and ``in_block``, True when the layer
-    sits inside a block (off the stream, between two stream nodes) rather than on the stream itself."""
+    """Per layer (canonical order): ``segment``, its place along the stream (``2k`` for a layer that is the
+    ``k``-th stream node, ``2k + 1`` for one in the block after it; -1 when the layer is on no input-to-output
+    path: a side input, a dead end), and ``in_block``, True when the layer sits inside a block (off the stream,
+    between two stream nodes) rather than on the stream itself; ``residual``, True for a layer in a block whose
+    closing stream node is a residual add (a branch that can add nothing), not a concatenation."""
 
     segment: np.ndarray  # int64 (num_layers,)
     in_block: np.ndarray  # bool (num_layers,)
+    residual: np.ndarray  # bool (num_layers,): in a block that a residual add closes (zero its tail, it adds 0)
 
     def boundary_before(self) -> np.ndarray:
         """True where a block starts or ends right before the layer: the layer and the previous layer on the
@@ -61,7 +65,7 @@ def residual_stream(graph: LayerGraph) -> Stream:
     """
     n = graph.num_nodes
     nl = graph.num_layers
-    none = Stream(np.full(nl, -1, dtype=np.int64), np.zeros(nl, dtype=bool))
+    none = Stream(np.full(nl, -1, dtype=np.int64), np.zeros(nl, dtype=bool), np.zeros(nl, dtype=bool))
     if n == 0:
         return none
     indptr, indices = graph.pred_indptr, graph.pred_indices
@@ -108,9 +112,17 @@ def residual_stream(graph: LayerGraph) -> Stream:
     stream_nodes = np.asarray(chain, dtype=np.int64)
     nodes = graph.layer_node.astype(np.int64)
     on_path = to_sink[nodes]
-    segment = np.where(on_path, np.searchsorted(stream_nodes, nodes, side="right") - 1, -1).astype(np.int64)
     in_block = on_path & ~on_stream[nodes]
-    return Stream(segment, in_block)
+    # 2k on the k-th stream node, 2k + 1 in the block after it: a layer on the stream (an embedding, a post-LN
+    # norm) and the block right after it are apart
+    at = np.searchsorted(stream_nodes, nodes, side="right") - 1
+    segment = np.where(on_path, 2 * at + in_block, -1).astype(np.int64)
+    closing = stream_nodes[np.minimum(at + 1, len(stream_nodes) - 1)]
+    residual = in_block & np.isin(graph.kind[closing], sorted(_RESIDUAL_KINDS))
+    return Stream(segment, in_block, residual)
+
+
+_RESIDUAL_KINDS = kinds_where(lambda t: t.merge is Merge.SUM)
 
 
 def _main_source(preds: list[list[int]], succs: list[list[int]]) -> int:
