@@ -29,6 +29,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -262,13 +263,17 @@ def trained_like(model: nn.Module, seed: int = 0) -> nn.Module:
 class GrowthResult:
     """Max relative deviation of the child's outputs from the parent's: ``warm`` (keeper, noise 0) and ``init``
     (the child's own initialisation); the alignment ``score``; the module tensors keeper did not inherit
-    (``missing``); seconds for the two exports and the warm."""
+    (``missing``); seconds for the two exports and the warm; per child layer (canonical order), whether it was
+    left new by the alignment (``new``) and its place along the residual stream (``segment``, see
+    :mod:`keeper.graph.stream`)."""
 
     warm: float
     init: float
     score: float
     missing: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    new: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    segment: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @contextlib.contextmanager
@@ -293,6 +298,9 @@ def growth_deviation(family: str, parent_sizes: dict, child_sizes: dict, *, dyna
                      seed: int = 0) -> GrowthResult:
     """Warm the ``child_sizes`` model of ``family`` from a trained-like ``parent_sizes`` one through ONNX
     (``dynamo`` picks torch's exporter) and measure both deviations (see :class:`GrowthResult`)."""
+    from keeper.graph import load_graph
+    from keeper.graph.stream import residual_stream
+    from keeper.matching import align
     from keeper.torch_support import export, load_warm
     from keeper.warm import warm_from_parent
 
@@ -305,10 +313,13 @@ def growth_deviation(family: str, parent_sizes: dict, child_sizes: dict, *, dyna
         pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
         with torch.no_grad():
             want, cold = parent(*x), child(*x)
-        result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0, seed=seed)
+        pg, cg = load_graph(pe.onnx), load_graph(ce.onnx)
+        alignment = align(pg, cg)
+        result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", parent_graph=pg, child_graph=cg,
+                                  alignment=alignment, noise=0.0, seed=seed)
         load_warm(child, result, ce.keys)
     seconds = time.perf_counter() - t0
     with torch.no_grad():
         got = child(*x)
     return GrowthResult(_deviation(want, got), _deviation(want, cold), float(result.score), list(result.missing),
-                        seconds)
+                        seconds, np.asarray(alignment.pairs) < 0, residual_stream(cg).segment)

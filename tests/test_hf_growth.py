@@ -19,11 +19,6 @@ try:
 except ModuleNotFoundError as exc:  # the test extra installs it; without it these tests cannot build a model
     pytest.skip(f"transformers is not importable: {exc}", allow_module_level=True)
 
-from keeper.graph import load_graph  # noqa: E402
-from keeper.graph.stream import residual_stream  # noqa: E402
-from keeper.matching import align  # noqa: E402
-from keeper.torch_support import export  # noqa: E402
-
 EXPORTERS = {"dynamo": True, "torchscript": False}
 GPT2 = dict(positions=True, tied=False)
 BERT = dict(positions=True)
@@ -40,31 +35,20 @@ D_MODEL_X2 = [
 ]
 
 
-@pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("family,parent,child", DEPTH, ids=[d[0] for d in DEPTH])
-def test_depth_growth_is_exact_with_both_exporters(family, parent, child, exporter):
+def test_depth_growth_is_exact_and_placed_alike_with_both_exporters(family, parent, child):
     # BERT is post-LN: a block is not the identity after a LayerNorm with its own weights, but in front of the
     # embeddings' LayerNorm (the stream's first node after the embeddings) it is, since a LayerNorm of a unit
     # LayerNorm's output is that output's LayerNorm; the placement is that one
-    r = hf_growth.growth_deviation(family, parent, child, dynamo=EXPORTERS[exporter])
-    assert not r.missing, r.missing
-    assert r.warm <= 1e-4, f"{family} depth, {exporter}: deviation {r.warm:.2e} (child's own init {r.init:.2f})"
-
-
-@pytest.mark.parametrize("family,parent,child", DEPTH, ids=[d[0] for d in DEPTH])
-def test_new_layers_are_whole_blocks_placed_alike_by_both_exporters(family, parent, child):
     placed = []
-    for dynamo in EXPORTERS.values():
-        p, x = hf_growth.build(family, **parent)
-        c, _ = hf_growth.build(family, **{**parent, **child})
-        with hf_growth._quiet():
-            pg, cg = load_graph(export(p, x, dynamo=dynamo).onnx), load_graph(export(c, x, dynamo=dynamo).onnx)
-        new = align(pg, cg).pairs < 0
-        segment = residual_stream(cg).segment
-        for s in set(segment[new].tolist()):  # a segment (block) is new as a whole or not at all
-            assert s >= 0 and new[segment == s].all(), (family, dynamo, segment, new)
-        placed.append(new)
-    assert placed[0].shape == placed[1].shape and np.array_equal(placed[0], placed[1])
+    for exporter, dynamo in EXPORTERS.items():
+        r = hf_growth.growth_deviation(family, parent, child, dynamo=dynamo)
+        assert not r.missing, r.missing
+        assert r.warm <= 1e-4, f"{family} depth, {exporter}: deviation {r.warm:.2e} (child's own init {r.init:.2f})"
+        for s in set(r.segment[r.new].tolist()):  # a block of the stream is new as a whole or not at all
+            assert s >= 0 and r.new[r.segment == s].all(), (family, exporter, r.segment, r.new)
+        placed.append(r.new)
+    assert placed[0].shape == placed[1].shape and np.array_equal(placed[0], placed[1]), placed
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
