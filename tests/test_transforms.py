@@ -172,6 +172,7 @@ PRESERVING = [
     ("mobilenetv2-expand", MOBILE, {**MOBILE, "expansion": 3}),
     ("mobilenetv2-kernel", MOBILE, {**MOBILE, "kernel": 5}),
     ("transformer-preln-deepen", PRE_LN, {**PRE_LN, "layers": 3}),
+    ("transformer-preln-ffn", PRE_LN, {**PRE_LN, "ffn": 48}),
     # ViT-style (patches, pre-LN, packed q/k/v): d_model doubled with the heads (heads cloned) or with the head size
     ("transformer-preln-d_model-x2", PRE_LN, {**PRE_LN, "d_model": 32, "heads": 4, "ffn": 64}),
     ("transformer-preln-d_model-x2-head-size", PRE_LN, {**PRE_LN, "d_model": 32, "ffn": 64}),

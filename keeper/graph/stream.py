@@ -6,14 +6,15 @@ pre-RMSNorm transformer exported by TorchScript and by dynamo (which writes RMSN
 and a two-input Mul before the norm's weight) has the same stream and the same blocks. Depth placement in
 :mod:`keeper.matching` reads the boundaries from here.
 
-How: the stream is the chain of dominators of the output, taken from the main input (the source that reaches the
-most nodes; side inputs such as a mask or a shared bias table join the blocks and do not cut the stream). Nodes
+How: the stream is the chain of dominators of the output, taken from the main input (the source with the longest
+path ahead of it; side inputs such as a mask or a shared bias table join the blocks and do not cut the stream). Nodes
 that lie on an input-to-output path but are not on the stream belong to the block between the two stream nodes
 around them. Dominators come from one pass in topological order (Cooper, Harvey and Kennedy's intersection on a
 DAG), which the canonical node order already is.
 
-Invariant: two graphs with the same structure (any widths, either exporter's spelling of an op that keeps one
-input and one output) get the same per-layer segments, and layers of one block are contiguous in canonical order.
+Invariant: layers of one block are contiguous in canonical order; two graphs of one model (any widths, either
+exporter's spelling of its ops) get the same blocks: the same ``in_block``, ``residual`` and ``boundary_before``
+per layer (segment numbers may differ: an exporter may put more single-input nodes on the stream).
 """
 
 from __future__ import annotations
@@ -126,20 +127,15 @@ _RESIDUAL_KINDS = kinds_where(lambda t: t.merge is Merge.SUM)
 
 
 def _main_source(preds: list[list[int]], succs: list[list[int]]) -> int:
-    """The node without predecessors that reaches the most nodes (the first such in order on ties)."""
+    """The node without predecessors with the longest path ahead of it (the first such in order on ties): the
+    model's input runs through every block, a side input (a mask, a bias table, a class token) joins later."""
     n = len(preds)
-    best, best_count = 0, -1
-    for s in (v for v in range(n) if not preds[v]):
-        seen = np.zeros(n, dtype=bool)
-        seen[s] = True
-        count = 1
-        for v in range(s + 1, n):
-            if any(seen[p] for p in preds[v]):
-                seen[v] = True
-                count += 1
-        if count > best_count:
-            best, best_count = s, count
-    return best
+    ahead = np.zeros(n, dtype=np.int64)
+    for v in range(n - 1, -1, -1):  # reverse topological order: successors are done
+        if succs[v]:
+            ahead[v] = 1 + max(int(ahead[w]) for w in succs[v])
+    sources = [v for v in range(n) if not preds[v]]
+    return max(sources, key=lambda v: (int(ahead[v]), -v))
 
 
 def _intersect(idom: np.ndarray, a: int, b: int) -> int:
