@@ -105,8 +105,12 @@ def main() -> None:
     ok = [r for r in rows if not r["error"]]
     exact = [r for r in ok if r["warm"] <= EXACT]
     clean = [r for r in ok if not r["missing"]]
+    clean_exact = [r for r in clean if r["warm"] <= EXACT]
+    clean_other = sorted({r["growth"] for r in clean if r["warm"] > EXACT})
     summary = (f"{len(exact)}/{len(rows)} pairs exact (warm deviation <= {EXACT:g}); {len(clean)}/{len(rows)} with "
-               f"every module tensor read; {len(rows) - len(ok)} failed to run; "
+               f"every module tensor read, of which {len(clean_exact)} exact"
+               + (f" (the others: {', '.join(clean_other)})" if clean_other else "")
+               + f"; {len(rows) - len(ok)} failed to run; "
                f"warm below init in {sum(r['warm'] < r['init'] for r in ok)}/{len(ok)}.")
     print(summary)
     import transformers
