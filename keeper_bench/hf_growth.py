@@ -174,8 +174,8 @@ def _mobilenetv2(T: Any, d: float = 0.5, ffn: float = 4.0) -> tuple[nn.Module, t
 
 
 def _efficientnet(T: Any, layers: float = 1.0, d: float = 1.0, ffn: int = 4) -> tuple[nn.Module, tuple]:
-    # B0's first three stages (the stem is 32 channels wide at width 1, the head conv 1280 as in B0): ``layers`` is the depth coefficient, ``d`` the width coefficient, ``ffn`` the
-    # expansion ratio of the inverted blocks after the first
+    # B0's first three stages (stem 32 channels wide at width 1, head conv 1280 as in B0): ``layers`` is the
+    # depth coefficient, ``d`` the width coefficient, ``ffn`` the expansion ratio of the blocks after the first
     c = T.EfficientNetConfig(image_size=_IMAGE, width_coefficient=d, depth_coefficient=layers, kernel_sizes=[3, 3, 5],
                              in_channels=[32, 16, 24], out_channels=[16, 24, 40], strides=[1, 2, 2],
                              num_block_repeats=[1, 2, 2], expand_ratios=[1, ffn, ffn], hidden_dim=int(1280 * d),

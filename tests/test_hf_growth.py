@@ -38,8 +38,8 @@ D_MODEL_X2 = [
 @pytest.mark.parametrize("family,parent,child", DEPTH, ids=[d[0] for d in DEPTH])
 def test_depth_growth_is_exact_and_placed_alike_with_both_exporters(family, parent, child):
     # BERT is post-LN: a block is not the identity after a LayerNorm with its own weights, but in front of the
-    # embeddings' LayerNorm (the stream's first node after the embeddings) it is, since a LayerNorm of a unit
-    # LayerNorm's output is that output's LayerNorm; the placement is that one
+    # embeddings' LayerNorm it changes nothing: with zero branches it is a unit LayerNorm (the child's own init),
+    # and a LayerNorm gives the same on a unit LayerNorm's output as on its input; the placement is that one
     placed = []
     for exporter, dynamo in EXPORTERS.items():
         r = hf_growth.growth_deviation(family, parent, child, dynamo=dynamo)
