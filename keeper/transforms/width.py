@@ -3,6 +3,11 @@
 Invariant (Net2Net): if a layer's output units are replicated by ``unit_map`` and the next layer's input axis is
 taken with :func:`take_inputs` using the same map (dividing by replication counts), the pair computes the same
 function as the parent pair. Shrinking keeps the most important units, in their original order.
+
+Invariant (HyperCloning): growth by an integer factor ``k`` copies every unit exactly ``k`` times, so a LayerNorm
+over the grown group sees the parent's mean and variance, and an RMSNorm the parent's mean of squares; both keep
+their ``eps`` as it is and their weights and shifts copied by the same map, and the normalised child units are the
+parent's, copied. ``tests/test_transforms.py`` checks both invariants on random shapes.
 """
 
 from __future__ import annotations
