@@ -25,7 +25,7 @@ import numba
 import numpy as np
 
 from keeper.graph import LayerGraph, as_graph
-from keeper.graph.stream import residual_stream
+from keeper.graph.stream import Stream, residual_stream
 from keeper.kinds import Merge, kind_mask, kinds_where
 from keeper.onnx_safety import ModelInput
 
@@ -106,9 +106,10 @@ class MatchArrays:
 
 def match_arrays(graph: LayerGraph, rules: MatchRules = DEFAULT_RULES) -> MatchArrays:
     cls = np.ascontiguousarray(rules.node_class(graph), dtype=np.int32)
+    stream = residual_stream(graph)
     return MatchArrays(cls, np.ascontiguousarray(graph.shape, dtype=np.int64),
                        np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.total_params),
-                       _skip_costs(graph), _edge_costs(graph), _context_codes(graph, cls))
+                       _skip_costs(graph, stream), _edge_costs(graph, stream), _context_codes(graph, cls))
 
 
 # context codes of a layer fed by no weighted layer: straight from the graph input, or through a merge
@@ -147,7 +148,7 @@ def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
     return out
 
 
-def _skip_costs(graph: LayerGraph) -> np.ndarray:
+def _skip_costs(graph: LayerGraph, stream: Stream | None = None) -> np.ndarray:
     """A new layer costs nothing to leave unmatched when it can start as an identity (square conv/linear,
     depthwise conv, BatchNorm) or sits inside a residual branch (whose last layer is zeroed, so the branch adds
     nothing: a block of the residual stream that an add closes, :mod:`keeper.graph.stream`); any other new layer
@@ -159,7 +160,7 @@ def _skip_costs(graph: LayerGraph) -> np.ndarray:
     for node in range(graph.num_nodes):
         for p in graph.predecessors(node).tolist():
             succs[p].append(node)
-    stream = residual_stream(graph)
+    stream = stream or residual_stream(graph)
     for li, node in enumerate(graph.layer_node.tolist()):
         if free[li]:
             continue
@@ -200,7 +201,7 @@ _RESIDUAL_KINDS = kinds_where(lambda t: t.merge is Merge.SUM)
 _NONLINEAR_KINDS = kinds_where(lambda t: t.nonlinear)
 
 
-def _edge_costs(graph: LayerGraph) -> np.ndarray:
+def _edge_costs(graph: LayerGraph, stream: Stream | None = None) -> np.ndarray:
     """How badly a run of new layers would sit next to each layer (a run starting at it, or ending just before it).
 
     Where the graph has blocks (fork-join regions of the residual stream, :mod:`keeper.graph.stream`): 0 at a
@@ -211,7 +212,7 @@ def _edge_costs(graph: LayerGraph) -> np.ndarray:
     ``_EDGE_NONLINEAR`` through a nonlinearity or pool only; ``_EDGE_INSIDE`` when another layer feeds it directly
     (a norm after its conv)."""
     out = _local_edge_costs(graph)
-    stream = residual_stream(graph)
+    stream = stream or residual_stream(graph)
     boundary = stream.boundary_before()
     out[boundary] = 0
     inside = stream.in_block & ~boundary
