@@ -27,6 +27,7 @@ import numba
 import numpy as np
 
 from keeper.graph import LayerGraph, as_graph
+from keeper.graph.stream import Stream, residual_stream
 from keeper.kinds import Merge, kind_mask, kinds_where
 from keeper.onnx_safety import ModelInput
 
@@ -107,9 +108,10 @@ class MatchArrays:
 
 def match_arrays(graph: LayerGraph, rules: MatchRules = DEFAULT_RULES) -> MatchArrays:
     cls = np.ascontiguousarray(rules.node_class(graph), dtype=np.int32)
+    stream = residual_stream(graph)
     return MatchArrays(cls, np.ascontiguousarray(graph.shape, dtype=np.int64),
                        np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.score_total),
-                       _skip_costs(graph), _edge_costs(graph), _context_codes(graph, cls))
+                       _skip_costs(graph, stream), _edge_costs(graph, stream), _context_codes(graph, cls))
 
 
 # context codes of a layer fed by no weighted layer: straight from the graph input, or through a merge
@@ -148,10 +150,11 @@ def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
     return out
 
 
-def _skip_costs(graph: LayerGraph) -> np.ndarray:
+def _skip_costs(graph: LayerGraph, stream: Stream | None = None) -> np.ndarray:
     """A new layer costs nothing to leave unmatched when it can start as an identity (square conv/linear,
     depthwise conv, BatchNorm) or sits inside a residual branch (whose last layer is zeroed, so the branch adds
-    nothing); any other new layer breaks the function, so it should rather be matched when inheritance is equal."""
+    nothing: a block of the residual stream that an add closes, :mod:`keeper.graph.stream`); any other new layer
+    breaks the function, so it should rather be matched when inheritance is equal."""
     k, s = graph.layer_kind, graph.shape
     square = s[:, 0] == s[:, 1]
     free = _IDENTITY_ANY_SHAPE[k] | (_IDENTITY_IF_SQUARE[k] & square)
@@ -159,8 +162,15 @@ def _skip_costs(graph: LayerGraph) -> np.ndarray:
     for node in range(graph.num_nodes):
         for p in graph.predecessors(node).tolist():
             succs[p].append(node)
+    stream = stream or residual_stream(graph)
     for li, node in enumerate(graph.layer_node.tolist()):
-        if not free[li]:
+        if free[li]:
+            continue
+        if stream.segment[li] >= 0:
+            # from the graph's structure: a layer in a residual block is free, one on the stream is not (a
+            # post-LN norm); the walk below would read a mask added to attention scores as a second merge
+            free[li] = stream.residual[li]
+        else:
             free[li] = _inside_residual_branch(node, succs, graph.kind)
     return np.where(free, 0, _SKIP_NOT_IDENTITY).astype(np.int64)
 
@@ -193,11 +203,27 @@ _RESIDUAL_KINDS = kinds_where(lambda t: t.merge is Merge.SUM)
 _NONLINEAR_KINDS = kinds_where(lambda t: t.nonlinear)
 
 
-def _edge_costs(graph: LayerGraph) -> np.ndarray:
-    """How badly a run of new layers would sit next to each layer: 0 where the layer's input comes through a
-    merge (a residual add, a concatenation) or from the graph input, the block boundaries of residual nets and
-    transformers; ``_EDGE_NONLINEAR`` through a nonlinearity or pool only (a VGG block boundary, or the middle
-    of a residual branch); ``_EDGE_INSIDE`` when another layer feeds it directly (a norm after its conv)."""
+def _edge_costs(graph: LayerGraph, stream: Stream | None = None) -> np.ndarray:
+    """How badly a run of new layers would sit next to each layer (a run starting at it, or ending just before it).
+
+    Where the graph has blocks (fork-join regions of the residual stream, :mod:`keeper.graph.stream`): 0 at a
+    block boundary, at least ``_EDGE_NONLINEAR`` anywhere else inside a block, so new blocks go in whole, between
+    two residual adds, whichever ops an exporter writes around a norm (dynamo spells RMSNorm as a two-input Mul
+    before the norm's weight, which the local rule below reads as "inside"). Elsewhere (a chain of layers without
+    a fork, as in VGG) the local rule: 0 where the layer's input comes through a merge or from the graph input;
+    ``_EDGE_NONLINEAR`` through a nonlinearity or pool only; ``_EDGE_INSIDE`` when another layer feeds it directly
+    (a norm after its conv)."""
+    out = _local_edge_costs(graph)
+    stream = stream or residual_stream(graph)
+    boundary = stream.boundary_before()
+    out[boundary] = 0
+    inside = stream.in_block & ~boundary
+    out[inside] = np.maximum(out[inside], _EDGE_NONLINEAR)
+    return out
+
+
+def _local_edge_costs(graph: LayerGraph) -> np.ndarray:
+    """The edge cost each layer gets from the ops right before it (see :func:`_edge_costs`)."""
     is_layer = np.zeros(graph.num_nodes, dtype=bool)
     is_layer[graph.layer_node] = True
     out = np.zeros(graph.num_layers, dtype=np.int64)

@@ -449,3 +449,25 @@ def test_reversed_node_order_reads_the_same():
     del proto.graph.node[:]
     proto.graph.node.extend(nodes)
     assert_same_graph(load_graph(data), load_graph(proto))
+
+
+# ------------------------------------------------------------------------------------------ residual stream
+
+@pytest.mark.parametrize("family", FAMILIES[:4])
+def test_residual_stream_blocks_are_contiguous_and_read_alike_by_both_exporters(family_graphs, family):
+    from keeper.graph.stream import residual_stream
+
+    streams = [residual_stream(family_graphs[(family, e, "keep")]) for e in nets.EXPORTERS]
+    for s in streams:
+        seen, last = set(), None
+        for seg in s.segment.tolist():  # a segment, once left, never comes back: blocks are contiguous
+            assert seg == last or seg not in seen, s.segment
+            seen.add(seg)
+            last = seg
+    a, b = streams
+    np.testing.assert_array_equal(a.in_block, b.in_block)
+    np.testing.assert_array_equal(a.boundary_before(), b.boundary_before())
+    if family == "vgg":  # a chain without forks: no blocks, placement is left to local costs
+        assert not a.in_block.any() and not a.boundary_before().any()
+    else:  # residual blocks: each starts at a boundary
+        assert a.in_block.any() and a.boundary_before().sum() >= 2

@@ -86,6 +86,36 @@ def test_centred_kernel_growth_preserves_same_padded_conv(k, grow, seed):
     np.testing.assert_array_equal(crop, w.numpy())
 
 
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(1, 12), factor=st.integers(1, 4), rows=st.integers(1, 5), out=st.integers(1, 6),
+       seed=st.integers(0, 99))
+def test_integer_growth_keeps_layernorm_and_rmsnorm_and_the_next_layer(p, factor, rows, out, seed):
+    # the residual stream copied ``factor`` times (unit_map at an integer factor): LayerNorm and RMSNorm see the
+    # parent's mean and variance, so the normalised child units are the parent's, copied; the layer reading the
+    # stream (inputs divided by the copies) computes the parent's output
+    rng = np.random.default_rng(seed)
+    x, gamma, beta = rng.normal(size=(rows, p)) * 3 + 1, rng.uniform(0.5, 1.5, p), rng.normal(size=p)
+    w = rng.normal(size=(out, p))
+    before = (x.copy(), gamma.copy(), beta.copy(), w.copy())
+    m = unit_map(p, p * factor, seed=seed)
+    assert np.array_equal(np.bincount(m, minlength=p), np.full(p, factor))  # every unit equally often
+    xc, gc, bc = take_units(x, m, 1), take_units(gamma, m, 0), take_units(beta, m, 0)
+    wc = take_inputs(w, m, p, 1)
+    eps = 1e-5
+
+    def layernorm(a, g, b):
+        return (a - a.mean(1, keepdims=True)) / np.sqrt(a.var(1, keepdims=True) + eps) * g + b
+
+    def rmsnorm(a, g):
+        return a / np.sqrt((a * a).mean(1, keepdims=True) + eps) * g
+
+    for parent, child in ((layernorm(x, gamma, beta), layernorm(xc, gc, bc)), (rmsnorm(x, gamma), rmsnorm(xc, gc))):
+        np.testing.assert_allclose(child, take_units(parent, m, 1), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(child @ wc.T, parent @ w.T, rtol=1e-9, atol=1e-9)
+    for a, b in zip(before, (x, gamma, beta, w)):  # inputs untouched
+        np.testing.assert_array_equal(a, b)
+
+
 def test_identity_fills_are_identities():
     x = torch.randn(2, 6, 7, 7)
     conv = identity_fill(Kind.CONV, {"weight": np.random.randn(6, 6, 3, 3).astype(np.float32),
@@ -142,6 +172,10 @@ PRESERVING = [
     ("mobilenetv2-expand", MOBILE, {**MOBILE, "expansion": 3}),
     ("mobilenetv2-kernel", MOBILE, {**MOBILE, "kernel": 5}),
     ("transformer-preln-deepen", PRE_LN, {**PRE_LN, "layers": 3}),
+    ("transformer-preln-ffn", PRE_LN, {**PRE_LN, "ffn": 48}),
+    # ViT-style (patches, pre-LN, packed q/k/v): d_model doubled with the heads (heads cloned) or with the head size
+    ("transformer-preln-d_model-x2", PRE_LN, {**PRE_LN, "d_model": 32, "heads": 4, "ffn": 64}),
+    ("transformer-preln-d_model-x2-head-size", PRE_LN, {**PRE_LN, "d_model": 32, "ffn": 64}),
 ]
 
 

@@ -132,8 +132,9 @@ class _GroupMaps:
         return unit_map(ps, cs, self._ranking(pg, cs, ps), seed=self.seed, key=pg)
 
     def _packed_map(self, cg: int, pg: int, cparts: list[int], pparts: list[int]) -> np.ndarray | None:
-        """Per-part maps of a packed projection, head by head when both sides have the same number of heads;
-        parts joined by a dot product share one map. Each part's own group gets its slice of the map."""
+        """Per-part maps of a packed projection, head by head when both sides have the same number of heads, whole
+        heads cloned when the child has an integer multiple of the parent's heads of the same size; parts joined
+        by a dot product share one map. Each part's own group gets its slice of the map."""
         ca, pa = self.child_packed[cg], self.parent_packed[pg]
         csz = [int(self.child.group_size[g]) for g in cparts]
         psz = [int(self.parent.group_size[g]) for g in pparts]
@@ -144,10 +145,18 @@ class _GroupMaps:
         offs = np.concatenate([[0], np.cumsum(psz)]).astype(np.int64)
         maps: list[np.ndarray] = []
         heads: list[int] = []
+        cloned: set[int] = set()
         for j, (cs, ps) in enumerate(zip(csz, psz)):
             hc, hp = int(ca["heads"][j]), int(pa["heads"][j])
             h = hc if hc == hp and hc >= 1 and cs % hc == 0 and ps % hc == 0 else 1
             heads.append(h)
+            if hp >= 1 and hc > hp and hc % hp == 0 and ps % hp == 0 and cs * hp == ps * hc:
+                # as many times the heads, each of the parent's size: whole heads are cloned (child head i is
+                # parent head i mod hp), each computes its parent head's attention as it is, so q and k need no
+                # factor; the projection reading the heads divides by the number of copies
+                cloned.add(j)
+                maps.append(np.tile(np.arange(ps), hc // hp))
+                continue
             if j in partner:
                 maps.append(maps[partner[j]])
                 continue
@@ -167,6 +176,8 @@ class _GroupMaps:
         f = np.ones(sum(csz))
         coffs = np.concatenate([[0], np.cumsum(csz)]).astype(np.int64)
         for b, a in partner.items():
+            if a in cloned and b in cloned:
+                continue
             f[coffs[b]:coffs[b + 1]] = 1.0 / np.bincount(maps[b], minlength=psz[b])[maps[b]]
             f[coffs[a]:coffs[a + 1]] *= np.sqrt((csz[a] / heads[a]) / (psz[a] / heads[a]))
         self._factors[cg] = None if np.all(f == 1.0) else f

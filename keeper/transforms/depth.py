@@ -93,6 +93,11 @@ def new_branch_tails(graph: LayerGraph, new_layer: np.ndarray) -> set[int]:
         found = []
         for start in preds:
             cur, layers = int(start), []
+            if fanout[cur] > 1:
+                # the input is the fork itself: the skip path, no branch (a post-LN block adds its branch to the
+                # norm output that also feeds the branch)
+                found.append(None)
+                continue
             while True:
                 if node_layer[cur] >= 0:
                     layers.append(int(node_layer[cur]))

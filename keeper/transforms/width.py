@@ -3,6 +3,11 @@
 Invariant (Net2Net): if a layer's output units are replicated by ``unit_map`` and the next layer's input axis is
 taken with :func:`take_inputs` using the same map (dividing by replication counts), the pair computes the same
 function as the parent pair. Shrinking keeps the most important units, in their original order.
+
+Invariant (HyperCloning): growth by an integer factor ``k`` copies every unit exactly ``k`` times, so a LayerNorm
+over the grown group sees the parent's mean and variance, and an RMSNorm the parent's mean of squares; both keep
+their ``eps`` as it is and their weights and shifts copied by the same map, and the normalised child units are the
+parent's, copied. ``tests/test_transforms.py`` checks both invariants on random shapes.
 """
 
 from __future__ import annotations
@@ -22,9 +27,13 @@ def unit_map(parent_units: int, child_units: int, importance: np.ndarray | None 
              seed: int = 0, key: int = 0) -> np.ndarray:
     """Index of the parent unit each child unit comes from.
 
-    Growing keeps every parent unit once, in place, and fills the rest with copies drawn by a generator seeded
-    from ``(seed, key, sizes)``: two child groups that share a parent group and a size get the same map, which
-    is what lets an inserted identity layer sit between them. Shrinking keeps the ``child_units`` parent units
+    Growing keeps every parent unit once, in place, then copies the whole parent again as many times as fits,
+    then copies distinct units drawn by a generator seeded from ``(seed, key, sizes)``: two child groups that
+    share a parent group and a size get the same map, which is what lets an inserted identity layer sit between
+    them. Every parent unit is copied ``child // parent`` or one more times: growth by an integer factor copies
+    every unit equally often, so a LayerNorm or RMSNorm reading the group sees the parent's mean and variance
+    (HyperCloning, Samragh et al. 2024), and a group split into heads of the parent's size gets whole heads
+    cloned (head ``j`` of the child is head ``j mod parent heads``). Shrinking keeps the ``child_units`` parent units
     of highest ``importance`` (the first ones when no importance is given), in increasing order.
     """
     if parent_units <= 0 or child_units <= 0:
@@ -36,9 +45,10 @@ def unit_map(parent_units: int, child_units: int, importance: np.ndarray | None 
             return np.arange(child_units)
         keep = np.argsort(-np.asarray(importance, dtype=np.float64), kind="stable")[:child_units]
         return np.sort(keep)
+    reps, rest = divmod(child_units, parent_units)
     rng = np.random.default_rng(zlib.crc32(f"{seed}/{key}/{parent_units}/{child_units}".encode()))
-    extra = rng.integers(0, parent_units, size=child_units - parent_units)
-    return np.concatenate([np.arange(parent_units), extra])
+    extra = rng.choice(parent_units, size=rest, replace=False) if rest else np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.tile(np.arange(parent_units), reps), extra])
 
 
 def replication_counts(mapping: np.ndarray, parent_units: int) -> np.ndarray:

@@ -1,0 +1,144 @@
+"""Growth pairs of real architectures: how far a warmed, grown child strays from its parent's function, beside the
+same child at its own initialisation, with both torch exporters.
+
+Models are Hugging Face transformers classes built from small configs (random initialisation, nothing from the
+hub; ``keeper_bench.hf_growth``): GPT-2, BERT, DistilBERT, Llama (GQA, RoPE, SwiGLU, RMSNorm), the T5 encoder,
+ViT, DeiT (with its distillation token), Swin, and the CNNs ResNet, MobileNetV2, EfficientNet and ConvNeXt. For
+each family the pairs of ``keeper_bench.hf_growth.PAIRS``: ``depth`` (more blocks), ``ffn`` (a wider
+feed-forward or expansion), ``d_model x2`` / ``channels x2`` (the residual stream doubled; transformers double
+their heads too, head size kept) and ``x1.5`` (a factor that does not divide).
+
+Per pair and exporter: the parent is made trained-like (``hf_growth.trained_like``), both are exported with
+``keeper.torch_support.export``, the child is warmed with ``warm_from_parent(noise=0.0)`` and loaded with
+``load_warm``; deviation = max |parent(x) - child(x)| / max |parent(x)| in eval mode on the family's example
+input, for the warmed child ("warm") and for the child at its own initialisation ("init"). "not read" counts the
+module tensors keeper did not inherit (``WarmResult.missing``); a warm deviation is only about growth where that
+count is 0. ``exact`` means warm <= 1e-4.
+
+Text models take ``input_ids`` alone, as users call them; GPT-2 and BERT are also run with ``position_ids`` (and
+BERT's ``token_type_ids``) given as inputs, so that their position tables are read by a data index and the rows
+measure the growth operators alone.
+
+Prints a markdown table and writes ``reports/growth.md``.
+
+Usage:
+    python scripts/bench_growth.py [--quick] [--families gpt2,llama] [--exporters dynamo,torchscript]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from keeper_bench import hf_growth  # noqa: E402
+
+EXACT = 1e-4
+# runs beside the families' defaults: position (and token-type) ids as inputs, the tables read as embeddings
+VARIANTS = {"gpt2": [{}, {"positions": True}], "bert": [{}, {"positions": True}]}
+
+
+def _rows(families: list[str], exporters: list[str], quick: bool) -> list[dict]:
+    rows = []
+    for family in families:
+        for variant in VARIANTS.get(family, [{}]):
+            pairs = hf_growth.PAIRS[family]
+            if quick:
+                pairs = pairs[:1] + [p for p in pairs if p[0] in ("d_model x2", "channels x2")]
+            for growth, parent, child in pairs:
+                for exporter in exporters:
+                    t0 = time.perf_counter()
+                    try:
+                        r = hf_growth.growth_deviation(family, {**variant, **parent}, child,
+                                                       dynamo=exporter == "dynamo")
+                        row = dict(warm=r.warm, init=r.init, score=r.score, missing=r.missing, error="")
+                    except Exception as exc:  # a pair that fails is a row of the report, not the end of it
+                        row = dict(warm=float("nan"), init=float("nan"), score=float("nan"), missing=[],
+                                   error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                    row.update(family=family + (" (positions as input)" if variant else ""), growth=growth,
+                               parent=parent, child=child, exporter=exporter, seconds=time.perf_counter() - t0)
+                    rows.append(row)
+                    print(_line(row), flush=True)
+    return rows
+
+
+def _sizes(d: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items()) or "defaults"
+
+
+def _line(row: dict) -> str:
+    if row["error"]:
+        verdict = f"error: {row['error']}"
+    else:
+        verdict = "exact" if row["warm"] <= EXACT else ""
+    missing = row["missing"]
+    shown = ", ".join(missing[:3]) + (f" +{len(missing) - 3}" if len(missing) > 3 else "")
+    return (f"| {row['family']} | {row['growth']} ({_sizes(row['child'])}) | {row['exporter']} | "
+            f"{row['warm']:.2e} | {row['init']:.2f} | {row['score']:.3f} | {len(missing)}"
+            f"{' (' + shown + ')' if missing else ''} | {verdict} | {row['seconds']:.1f} |")
+
+
+HEADER = ("| model | growth (child sizes) | exporter | warm | init | similarity | not read | | s |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="depth and x2 growth only")
+    ap.add_argument("--families", default=",".join(hf_growth.FAMILIES))
+    ap.add_argument("--exporters", default="dynamo,torchscript")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "reports" / "growth.md"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    families = [f for f in args.families.split(",") if f]
+    exporters = [e for e in args.exporters.split(",") if e]
+    print(HEADER, flush=True)
+    t0 = time.perf_counter()
+    rows = _rows(families, exporters, args.quick)
+    ok = [r for r in rows if not r["error"]]
+    exact = [r for r in ok if r["warm"] <= EXACT]
+    clean = [r for r in ok if not r["missing"]]
+    clean_exact = [r for r in clean if r["warm"] <= EXACT]
+    clean_other = sorted({r["growth"] for r in clean if r["warm"] > EXACT})
+    summary = (f"{len(exact)}/{len(rows)} pairs exact (warm deviation <= {EXACT:g}); {len(clean)}/{len(rows)} with "
+               f"every module tensor read, of which {len(clean_exact)} exact"
+               + (f" (the others: {', '.join(clean_other)})" if clean_other else "")
+               + f"; {len(rows) - len(ok)} failed to run; "
+               f"warm below init in {sum(r['warm'] < r['init'] for r in ok)}/{len(ok)}.")
+    print(summary)
+    import transformers
+
+    text = [
+        "# Growth pairs of real architectures",
+        "",
+        f"Command: `python scripts/bench_growth.py{' --quick' if args.quick else ''}"
+        f"{' --families ' + args.families if args.families != ','.join(hf_growth.FAMILIES) else ''}`; "
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; {time.perf_counter() - t0:.0f} s.",
+        "",
+        "Max relative deviation of the child's logits from the trained-like parent's: `warm` is keeper's warm start "
+        "(noise 0), `init` the child at its own initialisation; `not read` counts module tensors keeper did not "
+        "inherit (their names follow), so a warm figure measures the growth operators alone only where it is 0. "
+        "Transformers' `d_model x2` doubles the heads and keeps the head size; `x1.5` is a factor that does not "
+        "divide (not promised).",
+        "",
+        summary,
+        "",
+        HEADER,
+        *[_line(r) for r in rows],
+        "",
+    ]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(text))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

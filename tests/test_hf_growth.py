@@ -1,0 +1,62 @@
+"""Growth of real architectures (Hugging Face transformers built from configs): depth placed by the residual
+stream whichever exporter wrote the graph, and integer-factor d_model growth, computing the parent's function.
+
+GPT-2 and BERT are given their position (and token-type) ids as inputs, so their position tables are read through
+a data index: these tests measure the growth operators; reading tables gathered by a constant index is another
+matter (``WarmResult.missing`` must be empty here, so nothing is left unread silently). GPT-2 is untied here: a
+tied ``wte`` / ``lm_head`` cannot both copy the grown stream (embedding) and divide it (head).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from keeper_bench import hf_growth
+
+try:
+    hf_growth.import_transformers()
+except ModuleNotFoundError as exc:  # the test extra installs it; without it these tests cannot build a model
+    pytest.skip(f"transformers is not importable: {exc}", allow_module_level=True)
+
+EXPORTERS = {"dynamo": True, "torchscript": False}
+GPT2 = dict(positions=True, tied=False)
+BERT = dict(positions=True)
+
+DEPTH = [
+    ("llama", {}, dict(layers=4)),        # pre-RMSNorm, GQA, RoPE, SwiGLU: dynamo writes RMSNorm out in ops
+    ("gpt2", GPT2, dict(layers=4)),       # pre-LN, packed q/k/v (Conv1D)
+    ("bert", BERT, dict(layers=4)),       # post-LN: new blocks go before the embeddings' LayerNorm (see below)
+]
+D_MODEL_X2 = [
+    ("llama", {}, dict(d=64, heads=8, kv_heads=4, ffn=128)),
+    ("gpt2", GPT2, dict(d=64, heads=8, ffn=128)),
+    ("bert", BERT, dict(d=64, heads=8, ffn=128)),
+]
+
+
+@pytest.mark.parametrize("family,parent,child", DEPTH, ids=[d[0] for d in DEPTH])
+def test_depth_growth_is_exact_and_placed_alike_with_both_exporters(family, parent, child):
+    # BERT is post-LN: a block is not the identity after a LayerNorm with its own weights, but in front of the
+    # embeddings' LayerNorm it changes nothing: with zero branches it is a unit LayerNorm (the child's own init),
+    # and a LayerNorm gives the same on a unit LayerNorm's output as on its input; the placement is that one
+    placed = []
+    for exporter, dynamo in EXPORTERS.items():
+        r = hf_growth.growth_deviation(family, parent, child, dynamo=dynamo)
+        assert not r.missing, r.missing
+        assert r.warm <= 1e-4, f"{family} depth, {exporter}: deviation {r.warm:.2e} (child's own init {r.init:.2f})"
+        for s in set(r.segment[r.new].tolist()):  # a block of the stream is new as a whole or not at all
+            assert s >= 0 and r.new[r.segment == s].all(), (family, exporter, r.segment, r.new)
+        placed.append(r.new)
+    assert placed[0].shape == placed[1].shape and np.array_equal(placed[0], placed[1]), placed
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("family,parent,child", D_MODEL_X2, ids=[d[0] for d in D_MODEL_X2])
+def test_d_model_doubling_is_exact_with_both_exporters(family, parent, child, exporter):
+    # every stream unit copied twice (norm statistics kept), whole heads cloned (RoPE and the 1/sqrt(head size)
+    # scale see the parent's head size), GQA's key/value heads cloned alike
+    r = hf_growth.growth_deviation(family, parent, child, dynamo=EXPORTERS[exporter])
+    assert not r.missing, r.missing
+    assert r.warm <= 1e-4, f"{family} d_model x2, {exporter}: deviation {r.warm:.2e} (child's init {r.init:.2f})"
+    assert r.init > 0.5  # the child's own init is far: the warm start is what makes it exact
