@@ -31,7 +31,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["ARMS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize"]
+__all__ = ["ARMS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize", "service_config",
+           "warm_by_arm"]
 
 ARMS = ("cold", "keeper", "keeper-no-accuracy", "published", "name-shape")
 
@@ -120,20 +121,22 @@ def arrivals(n: int, seed: int = 0, families: tuple[str, ...] = ("vgg", "resnet"
     return out
 
 
-def _service(arm: str, seed: int, workdir: str, run: NasRun) -> dict:
+def service_config(arm: str, seed: int, workdir: str, noise: float) -> dict:
+    """The keeper service settings of one arm and seed: its own zoo under ``workdir``, its own namespace."""
     return {"zoo": os.path.join(workdir, f"zoo-{arm}-s{seed}"), "namespace": f"nas-{arm}-s{seed}-{uuid.uuid4().hex[:6]}",
-            "matchers": 1, "noise": run.noise, "seed": seed,
+            "matchers": 1, "noise": noise, "seed": seed,
             "selection": {"accuracy_aware": arm != "keeper-no-accuracy"}}
 
 
-def _warm(arm: str, model: Any, example: Any, service: dict, run: NasRun, states: str, seed: int) -> dict:
-    """Warm ``model`` the arm's way; returns ``{"parent", "score"}``."""
+def warm_by_arm(arm: str, model: Any, example: Any, service: dict, dynamo: bool, states: str, seed: int) -> dict:
+    """Warm ``model`` the arm's way (in a Tune trial; ``states``: where the name-shape arm finds its parents'
+    state_dicts); returns ``{"parent", "score"}``."""
     from keeper.tune_integration.trainable import ask_parent, warm_start
 
     if arm in ("keeper", "keeper-no-accuracy"):
-        r = warm_start(model, example, config=service, dynamo=run.dynamo)
+        r = warm_start(model, example, config=service, dynamo=dynamo)
         return {"parent": r.parent or "", "score": float(r.score)}
-    exported, choice = ask_parent(model, example, config=service, dynamo=run.dynamo)
+    exported, choice = ask_parent(model, example, config=service, dynamo=dynamo)
     parent = choice.parent
     if parent is None:
         return {"parent": "", "score": 0.0}
@@ -171,7 +174,7 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         model = build(spec)
         info = {"parent": "", "score": 0.0}
         if arm != "cold":
-            info = _warm(arm, model, example_input(spec), service, run, states, seed)
+            info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed)
         data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
         h = train(model, data, steps=run.steps, eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
                   seed=seed * 7_919 + i, precise_bn=run.precise_bn)
@@ -216,7 +219,7 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
 
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS}")
-    service = _service(arm, seed, workdir, run)
+    service = service_config(arm, seed, workdir, run.noise)
     states = os.path.join(workdir, f"states-{arm}-s{seed}")
     os.makedirs(states, exist_ok=True)
     prefix = f"{arm}-s{seed}-"
