@@ -10,14 +10,12 @@
   attention, Llama) and FFN size; :func:`arrivals` is the architectures of an experiment in arrival order.
 - Training (:func:`train`): AdamW on random windows of the training bytes, cosine-decayed learning rate over the
   budget, validation loss and next-token accuracy on fixed validation windows every ``eval_every`` steps.
-- Plateau (:func:`tail_gain`, :func:`at_plateau`): the relative improvement of a metric over the last 20% of a
-  run's steps; a run is at its plateau when it is under 1%.
 
 Example:
     >>> corpus = stdlib_corpus()                                             # doctest: +SKIP
     >>> model = build(arrivals(2)[0])                                        # doctest: +SKIP
     >>> h = train(model, corpus, steps=400, eval_every=40)                   # doctest: +SKIP
-    >>> at_plateau(h.steps, h.losses)                                        # doctest: +SKIP
+    >>> keeper_bench.plateau.at_plateau(h.steps, h.losses)                   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ import numpy as np
 
 __all__ = ["CORPUS_FILES", "Corpus", "ByteTokenizer", "stdlib_corpus", "LM_FAMILIES", "sample_spec", "neighbours",
            "arrivals", "arch_label", "build", "example_input", "num_params", "CausalLM", "LmHistory", "train",
-           "evaluate", "tail_gain", "at_plateau"]
+           "evaluate"]
 
 #: Standard-library modules of the corpus, in order; present (as these single files) in CPython 3.9 to 3.13.
 CORPUS_FILES: tuple[str, ...] = (
@@ -119,7 +117,7 @@ class ByteTokenizer:
 # ------------------------------------------------------------------ architectures
 
 LM_FAMILIES = ("gpt2", "llama")
-_WIDTHS = (32, 48, 64, 80)
+_WIDTHS = (32, 48, 64)
 _LAYERS = (1, 2, 3, 4)
 _HEADS = (2, 4)
 _FFN_MULT = (2, 3, 4)
@@ -374,33 +372,3 @@ def train(model: Any, corpus: Corpus, *, steps: int, eval_every: int, batch_size
             report({"step": step, "loss": vl, "accuracy": va})
     h.seconds = time.perf_counter() - start
     return h
-
-
-# ------------------------------------------------------------------ plateau
-
-
-def tail_gain(steps: list[int], values: list[float], tail: float = 0.2, lower_is_better: bool = True) -> float:
-    """Relative improvement of ``values`` over the last ``tail`` share of the run's steps: from the last
-    evaluation at or before step ``(1 - tail) * steps[-1]`` to the final one, divided by the former's magnitude
-    (positive: it still improved).
-
-    Raises:
-        ValueError: no evaluation lies at or before that step (evaluate more often than ``tail`` of the run).
-    """
-    if len(steps) != len(values) or not steps:
-        raise ValueError(f"tail_gain: steps and values must be non-empty and of one length, got {len(steps)} "
-                         f"and {len(values)}")
-    cut = (1.0 - tail) * steps[-1]
-    before = [i for i, s in enumerate(steps) if s <= cut + 1e-9]
-    if not before:
-        raise ValueError(f"tail_gain: no evaluation at or before step {cut:g} of {steps[-1]}; evaluate at least "
-                         f"every {tail:.0%} of the run")
-    v0, v1 = float(values[before[-1]]), float(values[-1])
-    gain = (v0 - v1) if lower_is_better else (v1 - v0)
-    return gain / max(abs(v0), 1e-12)
-
-
-def at_plateau(steps: list[int], values: list[float], tail: float = 0.2, threshold: float = 0.01,
-               lower_is_better: bool = True) -> bool:
-    """Whether the run improved by less than ``threshold`` (relative) over its last ``tail`` of steps."""
-    return tail_gain(steps, values, tail, lower_is_better) < threshold

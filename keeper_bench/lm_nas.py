@@ -11,7 +11,7 @@ read.
 
 Budget: each family trains a fixed number of steps (:attr:`LmRun.budgets`), chosen so that the cold runs are at
 their plateau (validation loss improves by less than 1% relative over the last 20% of the steps,
-:func:`keeper_bench.lm.at_plateau`); :func:`summarize` checks every cold trial.
+:func:`keeper_bench.plateau.at_plateau`); :func:`summarize` checks every cold trial.
 
 Steps to target: the first evaluated step at which a trial's validation loss is at most the cold trial's (same
 architecture and seed) final loss times ``1 + tolerance``; a trial that never gets there counts its whole budget.
@@ -215,13 +215,16 @@ def summarize(cold: list[LmRecord], arm: list[LmRecord], run: LmRun, slower: flo
 
 
 def plateau_check(cold: list[LmRecord], tail: float = 0.2, threshold: float = 0.01) -> dict:
-    """Every cold trial's relative validation-loss gain over its last ``tail`` of steps, and how many are under
-    ``threshold`` (at their plateau)."""
-    from keeper_bench.lm import tail_gain
+    """Per family: every cold trial's relative validation-loss gain over its last ``tail`` of steps
+    (:func:`keeper_bench.plateau.tail_gain`), and how many are under ``threshold`` (at their plateau)."""
+    from keeper_bench.plateau import tail_gain
 
-    gains = [tail_gain(r.steps, r.losses, tail) for r in cold]
-    return {"gains": gains, "at_plateau": sum(g < threshold for g in gains), "trials": len(gains),
-            "max_gain": max(gains), "median_gain": float(np.median(gains))}
+    out: dict[str, dict] = {}
+    for fam in sorted({r.family for r in cold}):
+        gains = [tail_gain(r.steps, r.losses, tail) for r in cold if r.family == fam]
+        out[fam] = {"gains": gains, "at_plateau": sum(g < threshold for g in gains), "trials": len(gains),
+                    "max_gain": max(gains), "median_gain": float(np.median(gains))}
+    return out
 
 
 def records_to_json(records: list[LmRecord]) -> list[dict]:

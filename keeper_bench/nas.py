@@ -15,6 +15,10 @@ Arms:
         (:func:`keeper_bench.baselines.published_transfer`).
     name-shape: keeper's parent choice, then ``load_state_dict`` of the tensors whose name and shape match.
 
+Budgets: ``NasRun.budgets`` gives each family its own number of steps (the plateau budgets of
+``scripts/bench_training.py``: cold runs whose test accuracy improves by less than 1% relative over their last 20%
+of steps, checked by :func:`plateau_check`); a family not listed trains ``steps``.
+
 Steps to target: the first evaluated step at which a trial reaches its target accuracy, the accuracy the cold
 arm's trial of the same architecture and seed ends with, minus ``margin``; a trial that never reaches it
 counts its whole budget.
@@ -32,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["ARMS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize", "service_config",
-           "warm_by_arm"]
+           "warm_by_arm", "plateau_check"]
 
 ARMS = ("cold", "keeper", "keeper-no-accuracy", "published", "name-shape")
 
@@ -41,7 +45,7 @@ ARMS = ("cold", "keeper", "keeper-no-accuracy", "published", "name-shape")
 class NasRun:
     """Training settings shared by every trial of every arm."""
 
-    steps: int = 400
+    steps: int = 400             # budget of a family not in ``budgets``
     eval_every: int = 20
     batch_size: int = 128
     lr: float = 3e-3
@@ -52,6 +56,11 @@ class NasRun:
     margin: float = 0.01         # target = cold final accuracy - margin
     precise_bn: bool = True      # evaluate with BatchNorm statistics of the current weights (workload.with_precise_bn)
     dynamo: bool = False         # exporter for warm starts (TorchScript is the faster of the two)
+    budgets: tuple[tuple[str, int], ...] = ()  # (family, steps): per-family budgets
+
+    def budget(self, family: str) -> int:
+        """Training steps of a trial of ``family``."""
+        return dict(self.budgets).get(family, self.steps)
 
 
 @dataclass
@@ -176,7 +185,7 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         if arm != "cold":
             info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed)
         data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
-        h = train(model, data, steps=run.steps, eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
+        h = train(model, data, steps=run.budget(spec["family"]), eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
                   seed=seed * 7_919 + i, precise_bn=run.precise_bn)
         with tempfile.TemporaryDirectory() as d:
             torch.save(model.state_dict(), os.path.join(d, "model.pt"))
@@ -293,19 +302,25 @@ def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun, ever
               running_statistics: bool = False) -> dict:
     """Totals of one arm against cold over the same architectures (same order); ``every`` as in
     :func:`steps_to_target`, for both arms; ``running_statistics``: read both arms' evaluations as the models'
-    running BatchNorm statistics saw them (:meth:`TrialRecord.read_with_running_statistics`)."""
+    running BatchNorm statistics saw them (:meth:`TrialRecord.read_with_running_statistics`).
+
+    ``slow``: the warmed trials that needed more than 1.25x the cold trial's steps to target, as
+    ``[index, cold steps, arm steps]``."""
     if running_statistics:
         cold = [c.read_with_running_statistics() for c in cold]
         arm = [a.read_with_running_statistics() for a in arm]
-    cold_steps, arm_steps, reached, per_trial = [], [], 0, []
+    cold_steps, arm_steps, reached, per_trial, slow = [], [], 0, [], []
     for c, a in zip(cold, arm):
         target = c.final_accuracy - run.margin
-        cs, _ = steps_to_target(c, target, run.steps, every)
-        ws, ok = steps_to_target(a, target, run.steps, every)
+        budget = run.budget(c.family)
+        cs, _ = steps_to_target(c, target, budget, every)
+        ws, ok = steps_to_target(a, target, budget, every)
         cold_steps.append(cs)
         arm_steps.append(ws)
         reached += ok
         per_trial.append(cs / ws)
+        if a.parent and ws > 1.25 * cs:
+            slow.append([a.index, cs, ws])
     total_cold, total_arm = float(sum(cold_steps)), float(sum(arm_steps))
     # the trials that had a parent: what a warm start does once the zoo can serve the architecture
     warm_idx = [i for i, a in enumerate(arm) if a.parent]
@@ -314,10 +329,26 @@ def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun, ever
     return {"speedup": total_cold / total_arm, "saved": 1.0 - total_arm / total_cold,
             "warmed_speedup": warmed_speedup,
             "cold_steps": cold_steps, "arm_steps": arm_steps, "per_trial_speedup": per_trial,
-            "reached": reached, "trials": len(arm),
+            "reached": reached, "trials": len(arm), "slow": slow,
             "accuracy_delta": float(np.mean([a.final_accuracy - c.final_accuracy for c, a in zip(cold, arm)])),
             "final_accuracy": float(np.mean([a.final_accuracy for a in arm])),
             "warmed": sum(1 for a in arm if a.parent)}
+
+
+def plateau_check(cold: list[TrialRecord], running_statistics: bool = True, tail: float = 0.2,
+                  threshold: float = 0.01) -> dict:
+    """Per family: every cold trial's relative test-accuracy gain over its last ``tail`` of steps
+    (:func:`keeper_bench.plateau.tail_gain`), read with the running BatchNorm statistics unless told otherwise,
+    and how many are under ``threshold`` (at their plateau)."""
+    from keeper_bench.plateau import tail_gain
+
+    out: dict[str, dict] = {}
+    for fam in sorted({r.family for r in cold}):
+        recs = [r.read_with_running_statistics() if running_statistics else r for r in cold if r.family == fam]
+        gains = [tail_gain(r.steps, r.accuracies, tail, lower_is_better=False) for r in recs]
+        out[fam] = {"gains": gains, "at_plateau": sum(g < threshold for g in gains), "trials": len(gains),
+                    "max_gain": max(gains), "median_gain": float(np.median(gains))}
+    return out
 
 
 def records_to_json(records: list[TrialRecord]) -> list[dict]:
