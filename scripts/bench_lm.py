@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from keeper_bench.lm import arrivals, stdlib_corpus
-    from keeper_bench.lm_nas import ARMS, LmRun, plateau_check, records_to_json, run_arm, summarize
+    from keeper_bench.lm_nas import ARMS, LmRun, run_arm
 
     run = LmRun(budgets=budgets, batch_size=args.batch_size, concurrency=args.concurrency)
     specs = arrivals(args.archs, seed=0)
@@ -69,38 +69,50 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(address="local", num_cpus=args.concurrency, include_dashboard=False, log_to_driver=False)
     workdir = tempfile.mkdtemp(prefix="keeper-bench-lm-")
     results: dict[str, dict[int, list]] = {}
+    # cold and keeper on every seed first, then the baselines: a run stopped early has keeper's seeds complete
+    plan = [(seed, arm) for seed in range(max(args.seeds, args.baseline_seeds))
+            for arm in (["cold", "keeper"] if seed < args.seeds else ["cold"])]
+    plan += [(seed, arm) for seed in range(args.baseline_seeds) for arm in baselines]
     t_all = time.perf_counter()
-    for seed in range(max(args.seeds, args.baseline_seeds)):
-        arms = (["cold", "keeper"] if seed < args.seeds else ["cold"]) + (baselines if seed < args.baseline_seeds else [])
-        for arm in arms:
-            t0 = time.perf_counter()
+    report = ""
+    for seed, arm in plan:
+        t0 = time.perf_counter()
 
-            def show(a, r):
-                print(f"  seed {seed} {a:18s} #{r.index:02d} {r.arch:28s} parent {r.parent or '-':36s} "
-                      f"sim {r.score:4.2f} loss {r.final_loss:.3f} acc {r.final_accuracy:.3f}", flush=True)
+        def show(a, r, seed=seed):
+            print(f"  seed {seed} {a:18s} #{r.index:02d} {r.arch:28s} parent {r.parent or '-':36s} "
+                  f"sim {r.score:4.2f} loss {r.final_loss:.3f} acc {r.final_accuracy:.3f}", flush=True)
 
-            results.setdefault(arm, {})[seed] = run_arm(arm, specs, run, workdir, seed=seed, progress=show)
-            print(f"seed {seed} {arm}: {time.perf_counter() - t0:.0f} s", flush=True)
-    wall = time.perf_counter() - t_all
+        results.setdefault(arm, {})[seed] = run_arm(arm, specs, run, workdir, seed=seed, progress=show)
+        print(f"seed {seed} {arm}: {time.perf_counter() - t0:.0f} s", flush=True)
+        if arm != "cold":  # the report so far, rewritten after every arm (complete when the plan is)
+            report = _write(args, run, specs, corpus, results, time.perf_counter() - t_all, len(plan),
+                            torch.__version__, ray.__version__)
     ray.shutdown()
+    print(report)
+    return 0
+
+
+def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_version) -> str:
+    from keeper_bench.lm_nas import plateau_check, records_to_json, summarize
 
     rows = {arm: {seed: summarize(results["cold"][seed], recs, run) for seed, recs in by_seed.items()}
             for arm, by_seed in results.items() if arm != "cold"}
     plateau = {seed: plateau_check(recs) for seed, recs in results["cold"].items()}
+    done = sum(len(by) for by in results.values())
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
-    report = _report(args, run, specs, corpus, results, rows, plateau, wall, torch.__version__, ray.__version__)
+    report = _report(args, run, specs, corpus, results, rows, plateau, wall, torch_version, ray_version,
+                     done, planned)
     with open(os.path.join(args.out, "bench_lm.md"), "w") as f:
         f.write(report)
     with open(os.path.join(args.out, "bench_lm.json"), "w") as f:
-        json.dump({"settings": vars(args), "run": {k: v for k, v in run.__dict__.items()}, "specs": specs,
-                   "corpus_sha256": corpus.sha256, "wall_seconds": wall,
-                   "plateau": {str(s): v for s, v in plateau.items()},
+        json.dump({"settings": vars(args), "run": dict(run.__dict__), "specs": specs,
+                   "corpus_sha256": corpus.sha256, "wall_seconds": wall, "arm_runs_done": done,
+                   "arm_runs_planned": planned, "plateau": {str(s): v for s, v in plateau.items()},
                    "summary": {arm: {str(s): v for s, v in by.items()} for arm, by in rows.items()},
                    "trials": {arm: {str(s): records_to_json(r) for s, r in by.items()}
                               for arm, by in results.items()}}, f)
     _plots(args.out, results, rows, run)
-    print(report)
-    return 0
+    return report
 
 
 def _fmt(values: list[float], fmt: str) -> str:
@@ -109,11 +121,15 @@ def _fmt(values: list[float], fmt: str) -> str:
     return f"{format(float(np.mean(values)), fmt)} ± {format(float(np.std(values, ddof=1)), fmt)}"
 
 
-def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_version, ray_version) -> str:
+def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_version, ray_version, done,
+            planned) -> str:
     from keeper_bench.lm import arch_label
 
     quick = " --quick" if args.quick else ""
     lines = ["# Training saved by warm starts: language modelling (scripts/bench_lm.py)", ""]
+    if done < planned:
+        lines += [f"**Incomplete run**: {done} of the {planned} (arm, seed) runs of this setting finished; the "
+                  "tables cover those only.", ""]
     if args.quick:
         lines += ["**Quick setting** (6 architectures, 1 seed, cold/keeper/published, half the default budgets, "
                   "so the cold runs are not expected at their plateau): a smoke run, not the benchmark's default "

@@ -12,7 +12,7 @@ on a grid twice as coarse. Writes a markdown report, a JSON of every trial, and 
 
 Usage:
     python scripts/bench_training.py            # 24 archs, 3 seeds for cold/keeper, baselines on seed 0
-    python scripts/bench_training.py --quick    # 8 archs, 1 seed, cold/keeper/published (< 5 min)
+    python scripts/bench_training.py --quick    # 8 archs, 1 seed, cold/keeper/published, half budgets (< 5 min)
     python scripts/bench_training.py --baseline-seeds 3   # every arm on every seed
 """
 
@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 
 #: Per-family budgets at which the cold runs are at their plateau (measured; the report checks every cold run).
 DEFAULT_BUDGETS = "vgg=400,resnet=800,mlp=2400,transformer=1000"
+QUICK_BUDGETS = "vgg=200,resnet=400,mlp=1200,transformer=500"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,11 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=25,
                    help="evaluate test accuracy every N steps (25: once per epoch); the report also reads the "
                         "runs on a grid twice as coarse")
-    p.add_argument("--quick", action="store_true", help="8 archs, 1 seed, cold/keeper/published")
+    p.add_argument("--quick", action="store_true", help="8 archs, 1 seed, cold/keeper/published, half the budgets "
+                                                        "(below the plateau: a smoke run)")
     p.add_argument("--out", default="reports", help="directory for bench_training.md/.json and figures/")
     args = p.parse_args(argv)
     if args.quick:
         args.archs, args.seeds, args.baseline_seeds = 8, 1, 1
+        if args.budgets == DEFAULT_BUDGETS:
+            args.budgets = QUICK_BUDGETS
     try:
         budgets = tuple((f, int(n)) for f, n in (item.split("=") for item in args.budgets.split(",")))
     except ValueError:
@@ -125,8 +129,9 @@ def _report(args, run, specs, results, tables, plateau, wall, torch_version, ray
     budgets = ", ".join(f"{f} {n}" for f, n in run.budgets)
     lines = ["# Training saved by warm starts (scripts/bench_training.py)", ""]
     if args.quick:
-        lines += ["**Quick setting** (8 architectures, 1 seed, cold/keeper/published): a smoke run, not the "
-                  "benchmark's default setting.", ""]
+        lines += ["**Quick setting** (8 architectures, 1 seed, cold/keeper/published, half the default budgets, "
+                  "so the cold runs are not expected at their plateau): a smoke run, not the benchmark's default "
+                  "setting.", ""]
     lines += [f"Command: `python scripts/bench_training.py{quick}` (archs {args.archs}, seeds {args.seeds}, baseline "
               f"seeds {args.baseline_seeds}, budgets {args.budgets}, eval every {args.eval_every}); wall time "
               f"{wall / 60:.1f} min on {os.cpu_count()} CPUs shared with other work "
