@@ -63,8 +63,8 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
     print(f"{'':5s}  {'':36s} {'':26s} {'':5s} {'cold / warm':>17s} {'cold / warm':>15s}")
     for i, (c, w) in enumerate(zip(cold, warm)):
         target = c.final_accuracy - run.margin
-        cs, _ = steps_to_target(c, target, run.steps)
-        ws, ok = steps_to_target(w, target, run.steps)
+        cs, _ = steps_to_target(c, target, run.budget(c.family))
+        ws, ok = steps_to_target(w, target, run.budget(c.family))
         print(f"{i + 1:5d}  {arch_label(specs[i]):36s} {(w.parent or '-')[-26:]:26s} {w.score:5.2f} "
               f"{f'{cs} / {ws}' + ('' if ok else '*'):>17s} {f'{c.final_accuracy:.3f} / {w.final_accuracy:.3f}':>15s}")
     print(f"\ntarget = the cold trial's final accuracy - {run.margin:.2f}; * = not reached (counts the full budget)")

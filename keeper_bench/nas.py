@@ -15,6 +15,10 @@ Arms:
         (:func:`keeper_bench.baselines.published_transfer`).
     name-shape: keeper's parent choice, then ``load_state_dict`` of the tensors whose name and shape match.
 
+Budgets: ``NasRun.budgets`` gives each family its own number of steps (the plateau budgets of
+``scripts/bench_training.py``: cold runs whose test accuracy improves by less than 1% relative over their last 20%
+of steps, checked by :func:`plateau_check`); a family not listed trains ``steps``.
+
 Steps to target: the first evaluated step at which a trial reaches its target accuracy, the accuracy the cold
 arm's trial of the same architecture and seed ends with, minus ``margin``; a trial that never reaches it
 counts its whole budget.
@@ -31,7 +35,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["ARMS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize"]
+__all__ = ["ARMS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize", "service_config",
+           "warm_by_arm", "plateau_check"]
 
 ARMS = ("cold", "keeper", "keeper-no-accuracy", "published", "name-shape")
 
@@ -40,7 +45,7 @@ ARMS = ("cold", "keeper", "keeper-no-accuracy", "published", "name-shape")
 class NasRun:
     """Training settings shared by every trial of every arm."""
 
-    steps: int = 400
+    steps: int = 400             # budget of a family not in ``budgets``
     eval_every: int = 20
     batch_size: int = 128
     lr: float = 3e-3
@@ -51,6 +56,11 @@ class NasRun:
     margin: float = 0.01         # target = cold final accuracy - margin
     precise_bn: bool = True      # evaluate with BatchNorm statistics of the current weights (workload.with_precise_bn)
     dynamo: bool = False         # exporter for warm starts (TorchScript is the faster of the two)
+    budgets: tuple[tuple[str, int], ...] = ()  # (family, steps): per-family budgets
+
+    def budget(self, family: str) -> int:
+        """Training steps of a trial of ``family``."""
+        return dict(self.budgets).get(family, self.steps)
 
 
 @dataclass
@@ -120,20 +130,22 @@ def arrivals(n: int, seed: int = 0, families: tuple[str, ...] = ("vgg", "resnet"
     return out
 
 
-def _service(arm: str, seed: int, workdir: str, run: NasRun) -> dict:
+def service_config(arm: str, seed: int, workdir: str, noise: float) -> dict:
+    """The keeper service settings of one arm and seed: its own zoo under ``workdir``, its own namespace."""
     return {"zoo": os.path.join(workdir, f"zoo-{arm}-s{seed}"), "namespace": f"nas-{arm}-s{seed}-{uuid.uuid4().hex[:6]}",
-            "matchers": 1, "noise": run.noise, "seed": seed,
+            "matchers": 1, "noise": noise, "seed": seed,
             "selection": {"accuracy_aware": arm != "keeper-no-accuracy"}}
 
 
-def _warm(arm: str, model: Any, example: Any, service: dict, run: NasRun, states: str, seed: int) -> dict:
-    """Warm ``model`` the arm's way; returns ``{"parent", "score"}``."""
+def warm_by_arm(arm: str, model: Any, example: Any, service: dict, dynamo: bool, states: str, seed: int) -> dict:
+    """Warm ``model`` the arm's way (in a Tune trial; ``states``: where the name-shape arm finds its parents'
+    state_dicts); returns ``{"parent", "score"}``."""
     from keeper.tune_integration.trainable import ask_parent, warm_start
 
     if arm in ("keeper", "keeper-no-accuracy"):
-        r = warm_start(model, example, config=service, dynamo=run.dynamo)
+        r = warm_start(model, example, config=service, dynamo=dynamo)
         return {"parent": r.parent or "", "score": float(r.score)}
-    exported, choice = ask_parent(model, example, config=service, dynamo=run.dynamo)
+    exported, choice = ask_parent(model, example, config=service, dynamo=dynamo)
     parent = choice.parent
     if parent is None:
         return {"parent": "", "score": 0.0}
@@ -171,9 +183,9 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         model = build(spec)
         info = {"parent": "", "score": 0.0}
         if arm != "cold":
-            info = _warm(arm, model, example_input(spec), service, run, states, seed)
+            info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed)
         data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
-        h = train(model, data, steps=run.steps, eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
+        h = train(model, data, steps=run.budget(spec["family"]), eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
                   seed=seed * 7_919 + i, precise_bn=run.precise_bn)
         with tempfile.TemporaryDirectory() as d:
             torch.save(model.state_dict(), os.path.join(d, "model.pt"))
@@ -216,7 +228,7 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
 
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS}")
-    service = _service(arm, seed, workdir, run)
+    service = service_config(arm, seed, workdir, run.noise)
     states = os.path.join(workdir, f"states-{arm}-s{seed}")
     os.makedirs(states, exist_ok=True)
     prefix = f"{arm}-s{seed}-"
@@ -290,19 +302,25 @@ def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun, ever
               running_statistics: bool = False) -> dict:
     """Totals of one arm against cold over the same architectures (same order); ``every`` as in
     :func:`steps_to_target`, for both arms; ``running_statistics``: read both arms' evaluations as the models'
-    running BatchNorm statistics saw them (:meth:`TrialRecord.read_with_running_statistics`)."""
+    running BatchNorm statistics saw them (:meth:`TrialRecord.read_with_running_statistics`).
+
+    ``slow``: the warmed trials that needed more than 1.25x the cold trial's steps to target, as
+    ``[index, cold steps, arm steps]``."""
     if running_statistics:
         cold = [c.read_with_running_statistics() for c in cold]
         arm = [a.read_with_running_statistics() for a in arm]
-    cold_steps, arm_steps, reached, per_trial = [], [], 0, []
+    cold_steps, arm_steps, reached, per_trial, slow = [], [], 0, [], []
     for c, a in zip(cold, arm):
         target = c.final_accuracy - run.margin
-        cs, _ = steps_to_target(c, target, run.steps, every)
-        ws, ok = steps_to_target(a, target, run.steps, every)
+        budget = run.budget(c.family)
+        cs, _ = steps_to_target(c, target, budget, every)
+        ws, ok = steps_to_target(a, target, budget, every)
         cold_steps.append(cs)
         arm_steps.append(ws)
         reached += ok
         per_trial.append(cs / ws)
+        if a.parent and ws > 1.25 * cs:
+            slow.append([a.index, cs, ws])
     total_cold, total_arm = float(sum(cold_steps)), float(sum(arm_steps))
     # the trials that had a parent: what a warm start does once the zoo can serve the architecture
     warm_idx = [i for i, a in enumerate(arm) if a.parent]
@@ -311,10 +329,26 @@ def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun, ever
     return {"speedup": total_cold / total_arm, "saved": 1.0 - total_arm / total_cold,
             "warmed_speedup": warmed_speedup,
             "cold_steps": cold_steps, "arm_steps": arm_steps, "per_trial_speedup": per_trial,
-            "reached": reached, "trials": len(arm),
+            "reached": reached, "trials": len(arm), "slow": slow,
             "accuracy_delta": float(np.mean([a.final_accuracy - c.final_accuracy for c, a in zip(cold, arm)])),
             "final_accuracy": float(np.mean([a.final_accuracy for a in arm])),
             "warmed": sum(1 for a in arm if a.parent)}
+
+
+def plateau_check(cold: list[TrialRecord], running_statistics: bool = True, tail: float = 0.2,
+                  threshold: float = 0.01) -> dict:
+    """Per family: every cold trial's relative test-accuracy gain over its last ``tail`` of steps
+    (:func:`keeper_bench.plateau.tail_gain`), read with the running BatchNorm statistics unless told otherwise,
+    and how many are under ``threshold`` (at their plateau)."""
+    from keeper_bench.plateau import tail_gain
+
+    out: dict[str, dict] = {}
+    for fam in sorted({r.family for r in cold}):
+        recs = [r.read_with_running_statistics() if running_statistics else r for r in cold if r.family == fam]
+        gains = [tail_gain(r.steps, r.accuracies, tail, lower_is_better=False) for r in recs]
+        out[fam] = {"gains": gains, "at_plateau": sum(g < threshold for g in gains), "trials": len(gains),
+                    "max_gain": max(gains), "median_gain": float(np.median(gains))}
+    return out
 
 
 def records_to_json(records: list[TrialRecord]) -> list[dict]:
