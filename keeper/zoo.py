@@ -367,7 +367,7 @@ class Zoo:
         bounds = upper_bounds(np.stack([self._sigs[n] for n in pool]), ca)
         keep = [n for n, b in zip(pool, bounds)
                 if b >= floor or (self.config.selection.preserve and self._arrays[n].total <= ca.total
-                                  and b * ca.total >= self._arrays[n].total)]
+                                  and b * ca.total >= self._arrays[n].total * (1.0 - 1e-9))]  # b is a rounded ratio
         if not keep:
             return []
         scores = score_many(PackedParents.pack([self._arrays[n] for n in keep]), ca)
