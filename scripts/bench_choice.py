@@ -162,7 +162,7 @@ def run(args) -> dict:
                     probe = (DataProbe(probe_batches, torch.nn.CrossEntropyLoss(), steps=2, lr=args.lr)
                              if arm == "keeper+probe" else None)
                     t0 = time.perf_counter()
-                    r = warm_start(model, example_input(spec), zoos[arm], probe=probe)
+                    r = warm_start(model, example_input(spec), zoos[arm], probe=probe, dynamo=False)
                     info.update(parent=r.parent, score=float(r.score), preserved=bool(r.preserved),
                                 structure=float(r.structure), warm_s=time.perf_counter() - t0, reason=r.reason,
                                 candidates=r.candidates)
@@ -172,7 +172,7 @@ def run(args) -> dict:
                 hist = train(model, data, args.steps, args.lr, seed, args.eval_every)
                 info.update(hist)
                 if arm != "cold":
-                    exported = export_graph(model, example_input(spec))
+                    exported = export_graph(model, example_input(spec), dynamo=False)
                     zoos[arm].register(exported.onnx, hist["running"][-1], name=f"t{i}",
                                        weights=module_weights(model, exported), lineage=lineage)
                 rows.append(info)
