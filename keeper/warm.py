@@ -78,8 +78,10 @@ class WarmResult:
 
     def lineage(self) -> dict[str, Any]:
         """How this child was obtained, for :meth:`keeper.zoo.Zoo.register` (``lineage=``): its parent, whether
-        the warm preserved the parent's function, and its structure score."""
-        return {"parent": self.parent, "preserved": bool(self.preserved), "structure": float(self.structure)}
+        the warm preserved the parent's function, its structure score, and whether a data probe chose it over the
+        cold init."""
+        return {"parent": self.parent, "preserved": bool(self.preserved), "structure": float(self.structure),
+                "probed": bool(self.probe and self.probe.get("chosen") is not None)}
 
     def to_onnx(self) -> onnx.ModelProto:
         """The child model with the warmed initializers (models under protobuf's 2 GiB; larger ones:

@@ -199,8 +199,9 @@ class Zoo:
         safetensors keyed by initializer name (bytes, a path, or a mapping of arrays), for models of any size.
 
         ``lineage``: how the model was obtained, ``WarmResult.lineage()`` of the warm start it was trained from
-        (its parent, whether the warm preserved the parent's function, its structure score). A model warmed across
-        block structures (structure below 1), or from a parent that was, is stored as not ``clean``: the choice
+        (its parent, whether the warm preserved the parent's function, its structure score, whether a data probe
+        chose it over the cold init). A model warmed across block structures (structure below 1) without a probe
+        vouching for it, or from a parent that was, is stored as not ``clean``: the choice
         then ranks it below every clean candidate, so a model trained from a bad warm start does not become
         everyone's parent. Without ``lineage`` a model counts as clean (trained from its own init).
 
@@ -246,9 +247,10 @@ class Zoo:
         if parent is not None:
             parent_clean = (self.store.record(parent).summary.get("lineage", {}).get("clean", True)
                             if parent in self.store else True)
-            clean = bool(parent_clean) and (bool(lineage.get("preserved", False)) or float(structure) >= 1.0)
+            vouched = bool(lineage.get("preserved", False)) or float(structure) >= 1.0 or bool(lineage.get("probed"))
+            clean = bool(parent_clean) and vouched
         return {"parent": parent, "preserved": bool(lineage.get("preserved", False)),
-                "structure": float(structure), "clean": clean}
+                "structure": float(structure), "probed": bool(lineage.get("probed", False)), "clean": clean}
 
     def _register(self, proto, wpath: Path | None, accuracy: float, name: str | None,
                   lineage: dict[str, Any] | None = None) -> ModelRecord:

@@ -53,7 +53,7 @@ def _assess(parent, child):
 
 
 @pytest.mark.parametrize("child", [_wide(RESNET), {**RESNET, "blocks": [2, 1]}, {**RESNET, "kernel": 5},
-                                   _wide(VGG), {**VGG, "depths": [2, 2]}, _wide(MOBILE),
+                                   _wide(VGG), _wide(MOBILE),
                                    {**MOBILE, "blocks": [1, 2]}])
 def test_growth_preserves_function_with_full_structure(child):
     fam = {"resnet": RESNET, "vgg": VGG, "mobilenetv2": MOBILE}[child["family"]]
@@ -62,8 +62,8 @@ def test_growth_preserves_function_with_full_structure(child):
     assert a.structure == 1.0
 
 
-@pytest.mark.parametrize("parent, child", [(_wide(RESNET), RESNET), (RESNET, VGG), (VGG, RESNET),
-                                           (RESNET, MOBILE), (VGG, MOBILE), ({**RESNET, "kernel": 5}, RESNET)])
+@pytest.mark.parametrize("parent, child", [(_wide(RESNET), RESNET), (RESNET, VGG), (RESNET, MOBILE),
+                                           ({**RESNET, "kernel": 5}, RESNET)])
 def test_slicing_and_crossing_structures_do_not_preserve(parent, child):
     a = _assess(parent, child)
     assert not a.preserved and a.why
