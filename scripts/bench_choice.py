@@ -19,8 +19,9 @@ when it needs more than 1.25x its cold twin's steps. Trained models enter their 
 and the lineage of their warm start.
 
 Usage:
-    python scripts/bench_choice.py            # 15 trials, 2 seeds, 300 steps (~25 min on 2 cores)
-    python scripts/bench_choice.py --quick    # 9 trials, 1 seed, 200 steps (a few minutes)
+    python scripts/bench_choice.py            # 15 trials, 2 seeds, 300 steps (~30 min on 2 idle cores)
+    python scripts/bench_choice.py --seeds 1  # 15 trials, 1 seed (~15 min on 2 idle cores)
+    python scripts/bench_choice.py --quick    # 9 trials, 1 seed, 200 steps (~6 min)
 """
 
 from __future__ import annotations
@@ -212,7 +213,9 @@ def summarize(res: dict, reading: str) -> dict:
 
 def report(res: dict, args, wall: float) -> str:
     heads = {"running": summarize(res, "running"), "precise": summarize(res, "precise")}
-    cmd = "python scripts/bench_choice.py" + (" --quick" if args.quick else "")
+    cmd = "python scripts/bench_choice.py" + (" --quick" if args.quick else "") + "".join(
+        f" --{k.replace('_', '-')} {v}" for k, v in (("seeds", args.seeds), ("steps", args.steps))
+        if not args.quick and v != {"seeds": 2, "steps": 300}[k])
     lines = ["# Parent choice that predicts the benefit (scripts/bench_choice.py)", "",
              f"Command: `{cmd}` (seeds {args.seeds}, steps {args.steps}, eval every {args.eval_every}, lr {args.lr}); "
              f"wall time {wall / 60:.1f} min on {os.cpu_count()} CPUs ({platform.machine()}).", "",
