@@ -120,6 +120,12 @@ def test_probe_keeps_a_helpful_parent_and_accepts_a_module_callable(tmp_path):
         r = warm_start(child, x[:2], zoo, noise=0.0, probe=loss_of)
     assert r.parent == "good" and r.probe["chosen"] == "good" and r.probe["losses"]["good"] < r.probe["cold"]
     assert len(seen) == 2 and all(m is not child for m in seen)  # scored on copies
+    # the embedded zoo's probe reads WarmResults; the winner is made again into the file asked for
+    with quiet():
+        onnx_child = export(families.build(SPEC), x[:2]).onnx
+    out = tmp_path / "w.safetensors"
+    z = zoo.warm(onnx_child, noise=0.0, probe=lambda r: 0.0 if r.parent else 1.0, out=out)
+    assert z.parent == "good" and z.probe["cold"] == 1.0 and out.exists() and zoo.record("good").hits == pytest.approx(2.0, abs=1e-3)
     with torch.no_grad():
         assert float(torch.nn.functional.cross_entropy(child.eval()(x), y)) == pytest.approx(r.probe["losses"]["good"],
                                                                                           rel=1e-4)
