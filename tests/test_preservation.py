@@ -3,7 +3,6 @@ a same-family growth beats a cross-family slice, and a 2x-narrower same-family p
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
