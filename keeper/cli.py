@@ -107,9 +107,16 @@ def _cmd_warm(args) -> int:
     result = zoo.warm(Path(args.model), noise=args.noise, weights=_weights_file(args.weights),
                       out=args.output if as_safetensors else None)
     if result.parent is None:
-        print(f"no parent above the similarity floor ({zoo.config.selection.floor}); the model keeps its own weights")
+        print(f"no parent: {result.reason}")
     else:
-        print(f"parent {result.parent}  similarity {result.score:.4f}")
+        print(f"parent {result.parent}  similarity {result.score:.4f}  structure {result.structure:.4f}  "
+              f"preserved {'yes' if result.preserved else 'no'}")
+        print(f"why: {result.reason}")
+    if result.candidates:
+        print("candidates (best ranked first): name, similarity, coverage, structure, fit, preserved, clean, accuracy")
+        for c in result.candidates:
+            print(f"  {c['name']:30s} {c['score']:.4f} {c['coverage']:.4f} {c['structure']:.4f} {c['fit']:.4f} "
+                  f"{'yes' if c['preserved'] else 'no':3s} {'yes' if c['clean'] else 'no':3s} {c['accuracy']:.4f}")
     s = result.summary()
     print(f"tensors {s['tensors']}, from parent {s['from_parent']}; operators: "
           + ", ".join(f"{k} {v}" for k, v in s["operators"].items()))

@@ -11,6 +11,7 @@ __all__ = [
     "InvalidWeightsError",
     "AdmissionError",
     "StoreError",
+    "ProbeError",
     "CorruptModelError",
     "ModelNotFoundError",
     "TransformError",
@@ -54,6 +55,10 @@ class ModelNotFoundError(KeeperError, KeyError):
 
 class TransformError(KeeperError):
     """A parent tensor could not be transformed onto the child's tensor."""
+
+
+class ProbeError(KeeperError, ValueError):
+    """A data probe given to a warm start did not return a loss (a finite or infinite float)."""
 
 
 class ServiceError(KeeperError):

@@ -1,25 +1,37 @@
-"""Parent choice: similarity first, then accuracy among the nearly-as-similar.
+"""Parent choice: preserved function first, then similarity weighted by structure, then accuracy.
 
-A candidate is a zoo model with its similarity ``score`` to the child (in [0, 1], see
-:func:`keeper.similarity`), its ``coverage`` (the fraction of the parent's own parameter elements that the
-child inherits) and its recorded ``accuracy``. Candidates below ``policy.floor`` never become parents: too
-little of the child would be inherited to be worth the transform. Among the rest, a plain "highest score" rule
-would pick a barely-more-similar but much worse model, so (as ModelKeeper does) the similarity range
-``[floor, 1]`` is cut into ``policy.buckets`` equal-width buckets and the most accurate model of the highest
-non-empty bucket wins.
+A candidate is a zoo model with its similarity ``score`` to the child (in [0, 1], see :func:`keeper.similarity`),
+its ``coverage`` (the fraction of the parent's own parameter elements that the child inherits), its recorded
+``accuracy``, and what its alignment preserves (:mod:`keeper.preservation`): ``preserved`` (the child is a
+function-preserving growth of it) and ``structure`` (the share of inherited elements whose layers sit alike in their
+blocks). Similarity counts elements, not function, so the choice optimises, in this order:
 
-Coverage guards against a parent many times larger than the child: any large weight matrix contains a block of
-the child's shape, so such a parent "covers" a small child completely by slicing, yet the sliced blocks carry
-none of its function (a small MLP scores 1.0 against a transformer whose linear layers are wider). Candidates
-whose coverage is below ``policy.min_coverage`` are therefore considered only when no candidate clears it.
+1. **Preserved function.** A clean candidate from which the child is a function-preserving growth qualifies
+   whatever its element share (a 2x-narrower same-family parent scores 0.25, below the floor, yet the warmed child
+   computes its function exactly) and ranks above every candidate that merely has elements to slice.
+2. **Fit** ``= score * structure``: inherited elements that sit alike in their blocks. An alignment that maps a
+   plain chain onto a residual branch, or full convolutions onto pointwise ones, counts for less than one that maps
+   blocks onto blocks. Candidates whose fit is below ``policy.floor`` never become parents.
+3. **Accuracy among the nearly-as-good**: the objective's range ``[floor, 1]`` is cut into ``policy.buckets``
+   equal-width buckets and the most accurate model of the highest non-empty bucket wins (as ModelKeeper does).
+
+A candidate that is not ``clean`` (its own lineage holds a warm start across block structures, see
+:meth:`keeper.zoo.Zoo.register`) ranks below every clean one: a model trained from a bad warm start must not
+become everyone's parent. Coverage guards against a parent many times larger than the child: any large weight
+matrix contains a block of the child's shape, so such a parent "covers" a small child completely by slicing, yet
+the sliced blocks carry none of its function; candidates whose coverage is below ``policy.min_coverage`` are
+considered only when no candidate clears it. ``SelectionPolicy(preserve=False, structure=False)`` is the choice of
+earlier versions (similarity buckets, then accuracy).
 
 Invariants:
-    * the result is ``None`` exactly when no candidate scores ``>= policy.floor``;
+    * the result is ``None`` exactly when no candidate is clean and preserved and none has fit ``>= policy.floor``
+      (with ``preserve=False``: none has fit ``>= policy.floor``);
+    * a clean preserved candidate, when there is one, wins over every candidate that is not preserved;
     * the result has coverage ``>= policy.min_coverage`` whenever an eligible candidate does;
     * among those considered, the result lies in the highest non-empty bucket (accuracy-aware) or has the
-      highest score (plain);
-    * the result depends only on the set of candidates, never on their order (ties: higher score or accuracy,
-      then higher coverage, then the smaller name).
+      highest objective (plain);
+    * the result depends only on the set of candidates, never on their order (ties: higher objective or
+      accuracy, then higher coverage, then the smaller name).
 """
 
 from __future__ import annotations
@@ -29,9 +41,11 @@ import numbers
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
+
 from keeper.errors import KeeperError
 
-__all__ = ["Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "coverage"]
+__all__ = ["Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "rank_parents", "coverage"]
 
 
 def _is_real(x: object) -> bool:
@@ -41,13 +55,30 @@ def _is_real(x: object) -> bool:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A possible parent: its zoo ``name``, its similarity ``score`` to the child, its ``accuracy``, and its
-    ``coverage``: the fraction of the parent's parameter elements the child inherits (see :func:`coverage`)."""
+    """A possible parent: its zoo ``name``, its similarity ``score`` to the child, its ``accuracy``, its
+    ``coverage``: the fraction of the parent's parameter elements the child inherits (see :func:`coverage`), and
+    what its alignment keeps (:func:`keeper.preservation.assess`): ``preserved`` (the child is a
+    function-preserving growth of it) and ``structure`` (share of inherited elements mapped block onto block;
+    1.0 when not assessed). ``clean``: its lineage holds no warm start across block structures."""
 
     name: str
     score: float
     accuracy: float
     coverage: float = 1.0
+    preserved: bool = False
+    structure: float = 1.0
+    clean: bool = True
+
+    @property
+    def fit(self) -> float:
+        """``score * structure``: the inherited elements whose layers sit alike in their blocks."""
+        return float(self.score) * float(self.structure)
+
+    def as_dict(self) -> dict:
+        """Plain data for reports (JSON-able)."""
+        return {"name": self.name, "score": float(self.score), "coverage": float(self.coverage),
+                "preserved": bool(self.preserved), "structure": float(self.structure), "fit": self.fit,
+                "accuracy": float(self.accuracy), "clean": bool(self.clean)}
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -62,6 +93,11 @@ class Candidate:
         if not _is_real(self.coverage) or self.coverage < 0.0:
             raise KeeperError(f"candidate {self.name!r}: coverage {self.coverage!r} is not a fraction >= 0; "
                               "compute it with keeper.selection.coverage(score, child_params, parent_params)")
+        if not _is_real(self.structure) or not 0.0 <= self.structure <= 1.0:
+            raise KeeperError(f"candidate {self.name!r}: structure {self.structure!r} is not a fraction in [0, 1]; "
+                              "compute it with keeper.preservation.assess")
+        if not isinstance(self.preserved, (bool, np.bool_)) or not isinstance(self.clean, (bool, np.bool_)):
+            raise KeeperError(f"candidate {self.name!r}: preserved and clean must be True or False")
 
 
 def coverage(score: float, child_params: int, parent_params: int) -> float:
@@ -83,7 +119,8 @@ def coverage(score: float, child_params: int, parent_params: int) -> float:
 class ParentChoice:
     """The answer of a parent search: the chosen ``parent`` (None: the child keeps its own weights) and its
     ``score``, the zoo ``uri`` to read it from, the ``noise`` and ``seed`` the transfer is to use, and the best
-    ``candidates`` the choice considered (by score, at most five).
+    ``candidates`` the choice considered (by score, at most five), and how many of them a caller's data probe
+    scores (``probe_top``).
 
     Plain data (strings, floats, a tuple of Candidates), so it crosses Ray without pickling user objects.
     """
@@ -94,6 +131,7 @@ class ParentChoice:
     noise: float
     seed: int
     candidates: tuple[Candidate, ...] = ()
+    probe_top: int = 3
 
 
 @dataclass(frozen=True)
@@ -106,12 +144,19 @@ class SelectionPolicy:
         accuracy_aware: True: most accurate model of the highest non-empty bucket; False: highest score.
         min_coverage: candidates whose coverage is below this (in [0, 1]) are chosen only when no eligible
             candidate reaches it; 0 turns the rule off.
+        preserve: clean candidates the child grows from without losing their function qualify whatever their
+            score and rank first (False: they compete on their objective like the rest).
+        structure: the objective is ``score * structure`` (False: ``score`` alone, whatever the blocks).
+        probe_top: how many of the best-ranked candidates a data probe transforms and scores (>= 1).
     """
 
     floor: float = 0.3
     buckets: int = 10
     accuracy_aware: bool = True
     min_coverage: float = 0.3
+    preserve: bool = True
+    structure: bool = True
+    probe_top: int = 3
 
     def __post_init__(self) -> None:
         if not _is_real(self.floor) or not 0.0 <= self.floor <= 1.0:
@@ -125,6 +170,22 @@ class SelectionPolicy:
         if not _is_real(self.min_coverage) or not 0.0 <= self.min_coverage <= 1.0:
             raise KeeperError(f"selection min_coverage {self.min_coverage!r}: expected a fraction in [0, 1]; "
                               "0 turns the coverage rule off")
+        for key in ("preserve", "structure"):
+            if not isinstance(getattr(self, key), bool):
+                raise KeeperError(f"selection {key} {getattr(self, key)!r}: expected True or False")
+        if not isinstance(self.probe_top, numbers.Integral) or isinstance(self.probe_top, bool) or self.probe_top < 1:
+            raise KeeperError(f"selection probe_top {self.probe_top!r}: expected an integer >= 1 (how many "
+                              "candidates a data probe scores besides the cold init)")
+
+    def objective(self, c: Candidate) -> float:
+        """What the buckets cut: the candidate's fit (``score * structure``), or its score with ``structure``
+        off."""
+        return c.fit if self.structure else float(c.score)
+
+    def qualifies(self, c: Candidate) -> bool:
+        """Whether ``c`` may become a parent at all: preserved and clean (with ``preserve``), or objective at or
+        above the floor."""
+        return (self.preserve and c.preserved and c.clean) or self.objective(c) >= self.floor
 
     def bucket(self, score: float) -> int:
         """The bucket of ``score``: 0 just above the floor, ``buckets - 1`` at similarity 1.
@@ -142,18 +203,47 @@ class SelectionPolicy:
         return min(max(b, 0), self.buckets - 1)
 
 
-def choose_parent(candidates: Iterable[Candidate], policy: SelectionPolicy = SelectionPolicy()) -> Candidate | None:
-    """The candidate to warm-start from, or None when none clears ``policy.floor``.
+def rank_parents(candidates: Iterable[Candidate], policy: SelectionPolicy = SelectionPolicy()) -> list[Candidate]:
+    """Every qualifying candidate, best first (the first is :func:`choose_parent`'s answer; a data probe scores
+    the first ``policy.probe_top``).
 
-    Candidates below ``policy.floor`` are dropped; if any of the rest has coverage ``>= policy.min_coverage``,
-    those with less are dropped too. Accuracy-aware (the default): the remaining candidates are bucketed by
-    similarity normalised over ``[floor, 1]``, and the most accurate of the highest non-empty bucket wins (ties:
-    higher score, higher coverage, then smaller name). Otherwise the highest score wins (ties: higher accuracy,
-    higher coverage, then smaller name). The result does not depend on input order.
+    Order: tier (clean and preserved, then clean, then the rest), then, accuracy-aware, the bucket of the objective
+    (highest first) and accuracy; plain: the objective and accuracy. Within a tier, candidates below
+    ``policy.min_coverage`` follow those above it when any is above it. Ties: higher objective, higher accuracy,
+    higher coverage, smaller name. The order does not depend on the input order.
+
+    Example:
+        >>> cands = [Candidate("slice", 1.0, 0.9, structure=0.4), Candidate("grow", 0.25, 0.8, preserved=True)]
+        >>> [c.name for c in rank_parents(cands)]
+        ['grow', 'slice']
+    """
+    eligible = [c for c in candidates if policy.qualifies(c)]
+    if not eligible:
+        return []
+    covered = any(c.coverage >= policy.min_coverage for c in eligible)
+
+    def key(c: Candidate) -> tuple:
+        tier = (0 if policy.preserve and c.preserved and c.clean else 1) if c.clean else 2
+        short = 1 if covered and c.coverage < policy.min_coverage and not (policy.preserve and c.preserved) else 0
+        obj = policy.objective(c)
+        if policy.accuracy_aware:
+            return (tier, short, -policy.bucket(obj), -c.accuracy, -obj, -c.coverage, c.name)
+        return (tier, short, -obj, -c.accuracy, -c.coverage, c.name)
+
+    return sorted(eligible, key=key)
+
+
+def choose_parent(candidates: Iterable[Candidate], policy: SelectionPolicy = SelectionPolicy()) -> Candidate | None:
+    """The candidate to warm-start from, or None when none qualifies (see :func:`rank_parents`).
+
+    A clean candidate the child grows from without losing its function wins over any that merely has elements to
+    slice; among the rest, the objective (``score * structure``) is bucketed over ``[floor, 1]`` and the most
+    accurate of the highest non-empty bucket wins (accuracy-aware, the default), or the highest objective wins
+    (plain). Candidates below ``policy.min_coverage`` win only when no qualifying one reaches it.
 
     Args:
         candidates: scored zoo models.
-        policy: floor, bucket count and rule.
+        policy: floor, buckets, rule, and whether preserved function and structure count.
 
     Returns:
         The chosen candidate, or None.
@@ -166,13 +256,8 @@ def choose_parent(candidates: Iterable[Candidate], policy: SelectionPolicy = Sel
         'a'
         >>> choose_parent([Candidate("big", 1.0, 0.9, coverage=0.1), Candidate("mlp", 0.9, 0.4)]).name
         'mlp'
+        >>> choose_parent([Candidate("vgg", 1.0, 0.9, structure=0.3), Candidate("narrow", 0.25, 0.8, preserved=True)]).name
+        'narrow'
     """
-    eligible = [c for c in candidates if c.score >= policy.floor]
-    if not eligible:
-        return None
-    eligible = [c for c in eligible if c.coverage >= policy.min_coverage] or eligible
-    if not policy.accuracy_aware:
-        return min(eligible, key=lambda c: (-c.score, -c.accuracy, -c.coverage, c.name))
-    top = max(policy.bucket(c.score) for c in eligible)
-    return min((c for c in eligible if policy.bucket(c.score) == top),
-               key=lambda c: (-c.accuracy, -c.score, -c.coverage, c.name))
+    ranked = rank_parents(candidates, policy)
+    return ranked[0] if ranked else None

@@ -40,7 +40,8 @@ from keeper.onnx_weights import apart_specs, clear_data, read_initializers, writ
 from keeper.warm import WarmResult
 
 __all__ = ["Exported", "export", "export_graph", "module_weights", "register", "load_warm", "load_result",
-           "warm_start", "warm_exported", "architecture_template", "fill_template", "template_apart", "tied_keys"]
+           "warm_start", "warm_exported", "warm_choice", "DataProbe", "module_probe", "architecture_template",
+           "fill_template", "template_apart", "tied_keys"]
 
 
 @dataclass
@@ -415,38 +416,144 @@ def _as_tensor(arr: np.ndarray) -> torch.Tensor:
 
 
 def warm_start(module: torch.nn.Module, example_input: Any, zoo_or_handle: Any, *, noise: float | None = None,
-               dynamo: bool | None = None, timeout_s: float = 300.0) -> WarmResult:
+               dynamo: bool | None = None, timeout_s: float = 300.0, probe: Any = None) -> WarmResult:
     """Export ``module``, ask the zoo (a :class:`keeper.Zoo` or a keeper Ray handle) for a warm start, and load
     it into the module on its own device.
 
+    Args:
+        probe: optional data probe (see :func:`module_probe`): a callable scoring a candidate module (lower is
+            better), or ``(batches, loss_fn)`` / a :class:`DataProbe`. The best ranked candidates (the policy's
+            ``probe_top``, default 3) and the module's own init are scored on it, each on a copy of the module, and
+            the best is kept; when none beats the cold init the module keeps its weights and ``result.reason``
+            says why. ``result.probe`` reports the losses and the probe's cost (transform and scoring seconds).
+
     Example:
-        >>> result = warm_start(model, torch.randn(1, 1, 40), zoo)  # doctest: +SKIP
-        >>> result.parent, result.score                              # doctest: +SKIP
+        >>> result = warm_start(model, torch.randn(1, 1, 40), zoo)                          # doctest: +SKIP
+        >>> result.parent, result.score, result.preserved                                   # doctest: +SKIP
+        >>> result = warm_start(model, x, zoo, probe=((xb, yb), torch.nn.CrossEntropyLoss()))  # doctest: +SKIP
     """
     return warm_exported(module, export_graph(module, example_input, dynamo=dynamo), zoo_or_handle, noise=noise,
-                         timeout_s=timeout_s)
+                         timeout_s=timeout_s, probe=probe)
 
 
 def warm_exported(module: torch.nn.Module, exported: Exported, zoo_or_handle: Any, *, noise: float | None = None,
-                  timeout_s: float = 300.0) -> WarmResult:
+                  timeout_s: float = 300.0, probe: Any = None) -> WarmResult:
     """:func:`warm_start` for a module already exported (by :func:`export_graph`, or :func:`export`).
 
     With a service handle, the service only chooses the parent (it receives the graph's arrays, kilobytes); the
-    transform runs here, reading the parent from the zoo's store, so no weights pass through an actor."""
+    transform runs here, reading the parent from the zoo's store, so no weights pass through an actor. A probe
+    then runs here too, over the candidates the service's choice lists."""
     child_weights = module_weights(module, exported) if exported.apart else None
+    score = module_probe(module, exported, probe) if probe is not None else None
     if hasattr(zoo_or_handle, "choose") and hasattr(zoo_or_handle.choose, "remote"):
         from keeper.actors.transfer import ask_service, warm_from_store
         from keeper.graph import load_graph
 
         graph = load_graph(exported.onnx)  # once: the service gets its arrays, the transfer below reuses it
         choice = ask_service(zoo_or_handle, graph, timeout_s)
-        result = warm_from_store(choice.uri, choice.parent, exported.onnx,
-                                 choice.noise if noise is None else float(noise), choice.seed, graph,
-                                 child_weights=child_weights)
+        result = warm_choice(choice, exported.onnx, graph, child_weights, noise, score, warm_from_store)
     else:
         kwargs = {} if noise is None else {"noise": noise}
-        result = zoo_or_handle.warm(exported.onnx, weights=child_weights, **kwargs)
+        result = zoo_or_handle.warm(exported.onnx, weights=child_weights, probe=score, **kwargs)
     return load_result(module, result, exported.keys)
+
+
+def warm_choice(choice: Any, child: bytes, graph: Any, child_weights: Any, noise: float | None, score: Any,
+                warm_from_store: Any) -> WarmResult:
+    """The warm a service's :class:`~keeper.selection.ParentChoice` asks for, made here; with a probe
+    (``score`` over WarmResults), the choice's listed candidates, best ranked first, and the cold init are scored
+    and the best is kept."""
+    from keeper.probe import probe_choice
+    from keeper.selection import SelectionPolicy, rank_parents
+
+    level = choice.noise if noise is None else float(noise)
+    if score is None or choice.parent is None:
+        return warm_from_store(choice.uri, choice.parent, child, level, choice.seed, graph, child_weights=child_weights)
+    ranked = [c for c in choice.candidates if c.name == choice.parent]
+    ranked += [c for c in rank_parents(choice.candidates, SelectionPolicy(floor=0.0)) if c.name != choice.parent]
+    result, report = probe_choice(
+        ranked, lambda name: warm_from_store(choice.uri, name, child, level, choice.seed, graph,
+                                             child_weights=child_weights),
+        lambda: warm_from_store(choice.uri, None, child, level, choice.seed, graph, child_weights=child_weights),
+        score, int(choice.probe_top))
+    result.probe, result.reason = report.as_dict(), report.reason
+    result.candidates = [c.as_dict() for c in ranked[:5]]
+    return result
+
+
+@dataclass
+class DataProbe:
+    """A probe from data: ``batches`` (one ``(inputs, targets)`` pair or a list of them) and ``loss_fn(output,
+    targets)``. A candidate's score is the mean training loss over ``steps`` SGD steps (momentum ``momentum``,
+    learning rate ``lr``) on a copy of the module, each step on the next batch, plus the loss after the last step:
+    the start of the learning curve, not one loss at the start (see ``docs/architecture.md``). The module
+    trains in train mode (batch statistics), as the real training does.
+    """
+
+    batches: Any
+    loss_fn: Any
+    steps: int = 2
+    lr: float = 0.01
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batches, tuple) and len(self.batches) == 2 and isinstance(self.batches[0], torch.Tensor):
+            self.batches = [self.batches]
+        if not isinstance(self.batches, (list, tuple)) or not self.batches or not all(
+                isinstance(b, (list, tuple)) and len(b) == 2 for b in self.batches):
+            raise KeeperError("probe batches: expected an (inputs, targets) pair or a non-empty list of them; "
+                              "pass e.g. (x[:128], y[:128])")
+        if not callable(self.loss_fn):
+            raise KeeperError(f"probe loss_fn {self.loss_fn!r}: expected a callable loss_fn(output, targets), e.g. "
+                              "torch.nn.CrossEntropyLoss()")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
+            raise KeeperError(f"probe steps {self.steps!r}: expected an integer >= 0 (0: the loss at the start)")
+        if not (self.lr >= 0.0 and np.isfinite(self.lr)):
+            raise KeeperError(f"probe lr {self.lr!r}: expected a finite learning rate >= 0")
+
+    def __call__(self, module: torch.nn.Module) -> float:
+        device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        module.train()
+        params = [p for p in module.parameters() if p.requires_grad]
+        opt = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum) if params else None
+        losses = []
+        for step in range(self.steps + 1):
+            x, y = self.batches[step % len(self.batches)]
+            loss = self.loss_fn(module(x.to(device)), y.to(device))
+            losses.append(float(loss.detach()))
+            if not np.isfinite(losses[-1]):
+                return float("inf")
+            if step < self.steps and opt is not None:
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        return float(np.mean(losses))
+
+
+def module_probe(module: torch.nn.Module, exported: Exported, probe: Any):
+    """A probe over WarmResults from a probe over modules: each result is loaded into a fresh copy of ``module``
+    (the module itself is never touched), which ``probe`` scores.
+
+    ``probe``: a callable ``probe(module) -> loss`` (lower is better; it may train the copy), a
+    :class:`DataProbe`, or ``(batches, loss_fn)``, which becomes ``DataProbe(batches, loss_fn)``.
+    """
+    import copy
+
+    if isinstance(probe, (tuple, list)) and len(probe) == 2 and callable(probe[1]) and not callable(probe):
+        probe = DataProbe(probe[0], probe[1])
+    if not callable(probe):
+        raise KeeperError(f"probe {probe!r}: expected a callable probe(module) -> loss, a DataProbe, or a "
+                          "(batches, loss_fn) pair")
+
+    def score(result: WarmResult) -> float:
+        twin = copy.deepcopy(module)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PartialWarmWarning)  # reported once, for the winner
+            load_result(twin, result, exported.keys)
+        result.missing, result.unexpected = [], []
+        return probe(twin)
+
+    return score
 
 
 def load_result(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple[str, str]]) -> WarmResult:

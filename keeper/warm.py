@@ -25,6 +25,7 @@ import onnx
 from keeper.errors import InvalidModelError
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
+from keeper.preservation import assess
 from keeper.onnx_safety import MAX_MODEL_BYTES, ModelInput, load_model
 from keeper.onnx_weights import apart_specs, model_weights, write_weights
 from keeper.transforms import transfer
@@ -55,6 +56,12 @@ class WarmResult:
         unexpected: filled by torch loading: warm keys with no state_dict entry.
         unset: child tensors with no value: the child came as a graph without weights and the parent supplies
             none of them (operator ``init``); the caller's own initialisation fills them.
+        preserved: the child is a function-preserving growth of the parent (see :mod:`keeper.preservation`).
+        structure: share of the inherited elements mapped block onto block (0 without a parent).
+        candidates: what the choice used on each candidate, best ranked first (``Candidate.as_dict()``: name,
+            score, coverage, preserved, structure, fit, accuracy, clean).
+        probe: the data probe's report (``ProbeReport.as_dict()``) when one ran, else None.
+        reason: why this parent, or why none (one sentence).
     """
 
     parent: str | None
@@ -65,6 +72,18 @@ class WarmResult:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     unset: list[str] = field(default_factory=list)
+    preserved: bool = False
+    structure: float = 0.0
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    probe: dict[str, Any] | None = None
+    reason: str = ""
+
+    def lineage(self) -> dict[str, Any]:
+        """How this child was obtained, for :meth:`keeper.zoo.Zoo.register` (``lineage=``): its parent, whether
+        the warm preserved the parent's function, its structure score, and whether a data probe chose it over the
+        cold init."""
+        return {"parent": self.parent, "preserved": bool(self.preserved), "structure": float(self.structure),
+                "probed": bool(self.probe and self.probe.get("chosen") is not None)}
 
     def to_onnx(self) -> onnx.ModelProto:
         """The child model with the warmed initializers (models under protobuf's 2 GiB; larger ones:
@@ -91,7 +110,8 @@ class WarmResult:
         ops = Counter(op for _, op in self.mapping.values())
         inherited = sum(1 for src, _ in self.mapping.values() if src is not None)
         return {"parent": self.parent, "score": round(float(self.score), 6), "tensors": len(self.mapping),
-                "from_parent": inherited, "operators": dict(sorted(ops.items()))}
+                "from_parent": inherited, "operators": dict(sorted(ops.items())), "preserved": bool(self.preserved),
+                "structure": round(float(self.structure), 6), "reason": self.reason}
 
 
 def _read(model: ModelInput, weights: WeightsInput | None, what: str,
@@ -176,9 +196,10 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
     unset = [k for k in unset if moved.provenance.get(k, (None, "init"))[1] == "init"]
     for k in unset:
         weights.pop(k, None)
+    fit = assess(pg, cg, al)
     # learned tensors no layer holds (an op keeper has no rule for) keep the child's values: say which
     return WarmResult(parent_name, al.score, weights, moved.provenance, model, missing=sorted(cg.unread),
-                      unset=unset)
+                      unset=unset, preserved=fit.preserved, structure=fit.structure)
 
 
 def _transfer_to_file(pg, pweights, cg, cweights: Mapping[str, np.ndarray], al, noise, seed,

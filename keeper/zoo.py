@@ -24,16 +24,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
-from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
+from keeper.matching import MatchArrays, PackedParents, align, match_arrays, score_many, signature, upper_bounds
+from keeper.preservation import assess, layer_roles
+from keeper.probe import ResultScore, probe_choice
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.onnx_weights import apart_specs
-from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage
+from keeper.selection import Candidate, SelectionPolicy, coverage, rank_parents
 from keeper.store import ModelRecord, ModelStore, check_name, sha256
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, check_weights, open_weights
@@ -133,6 +135,7 @@ class Zoo:
         self._graphs: dict[str, LayerGraph] = {}
         self._arrays: dict[str, MatchArrays] = {}
         self._sigs: dict[str, np.ndarray] = {}
+        self._roles: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.reload()
 
     # -- catalog
@@ -162,6 +165,7 @@ class Zoo:
         self._graphs[name] = graph
         self._arrays[name] = match_arrays(graph)
         self._sigs[name] = signature(self._arrays[name])
+        self._roles.pop(name, None)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -189,10 +193,17 @@ class Zoo:
 
     # -- register / remove
     def register(self, model: ModelInput, accuracy: float, name: str | None = None, *,
-                 weights: WeightsInput | None = None) -> ModelRecord:
+                 weights: WeightsInput | None = None, lineage: Mapping[str, Any] | None = None) -> ModelRecord:
         """Admit a trained model with its accuracy in [0, 1]: ONNX with weights inside, or its graph (ONNX whose
         initializers hold no data, e.g. from :func:`keeper.torch_support.export_graph`) with ``weights`` apart as
         safetensors keyed by initializer name (bytes, a path, or a mapping of arrays), for models of any size.
+
+        ``lineage``: how the model was obtained, ``WarmResult.lineage()`` of the warm start it was trained from
+        (its parent, whether the warm preserved the parent's function, its structure score, whether a data probe
+        chose it over the cold init). A model warmed across block structures (structure below 1) without a probe
+        vouching for it, or from a parent that was, is stored as not ``clean``: the choice
+        then ranks it below every clean candidate, so a model trained from a bad warm start does not become
+        everyone's parent. Without ``lineage`` a model counts as clean (trained from its own init).
 
         Raises:
             AdmissionError: bad name or accuracy, an accuracy outlier, a name taken by other content, or a model
@@ -213,11 +224,36 @@ class Zoo:
         if weights is not None and not specs:
             raise InvalidWeightsError(f"{what}: every initializer holds its data inside the ONNX, so the weights "
                                       "given apart would be ignored; pass the graph without weights, or no weights")
+        origin = self._lineage(lineage, what)
         with tempfile.TemporaryDirectory(prefix="keeper-register-") as tmp:
             wpath = _normalized_weights(weights, specs, f"{what} weights", tmp) if specs else None
-            return self._register(proto, wpath, accuracy, name)
+            return self._register(proto, wpath, accuracy, name, origin)
 
-    def _register(self, proto, wpath: Path | None, accuracy: float, name: str | None) -> ModelRecord:
+    def _lineage(self, lineage: Mapping[str, Any] | None, what: str) -> dict[str, Any] | None:
+        """The stored lineage: the given one plus ``clean`` (no warm across block structures on the way here)."""
+        if lineage is None:
+            return None
+        if not isinstance(lineage, Mapping):
+            raise AdmissionError(f"{what}: lineage {lineage!r} is not a mapping; pass WarmResult.lineage() of the "
+                                 "warm start the model was trained from")
+        parent = lineage.get("parent")
+        structure = lineage.get("structure", 1.0)
+        if parent is not None and not isinstance(parent, str):
+            raise AdmissionError(f"{what}: lineage parent {parent!r} is not a model name; pass WarmResult.lineage()")
+        if not isinstance(structure, (int, float)) or not 0.0 <= float(structure) <= 1.0:
+            raise AdmissionError(f"{what}: lineage structure {structure!r} is not a fraction in [0, 1]; pass "
+                                 "WarmResult.lineage()")
+        clean = True
+        if parent is not None:
+            parent_clean = (self.store.record(parent).summary.get("lineage", {}).get("clean", True)
+                            if parent in self.store else True)
+            vouched = bool(lineage.get("preserved", False)) or float(structure) >= 1.0 or bool(lineage.get("probed"))
+            clean = bool(parent_clean) and vouched
+        return {"parent": parent, "preserved": bool(lineage.get("preserved", False)),
+                "structure": float(structure), "probed": bool(lineage.get("probed", False)), "clean": clean}
+
+    def _register(self, proto, wpath: Path | None, accuracy: float, name: str | None,
+                  lineage: dict[str, Any] | None = None) -> ModelRecord:
         blob = proto.SerializeToString()
         graph = graph_from_proto(proto)
         wsum = None if wpath is None else sha256(wpath)
@@ -242,7 +278,8 @@ class Zoo:
         if wpath is not None:
             extras[WEIGHTS_EXTRA] = Path(wpath)
         rec, created = self.store.put(name, blob, accuracy=acc, num_params=graph.total_params,
-                                      summary=graph.summary(), extras=extras,
+                                      summary=dict(graph.summary(), **({"lineage": lineage} if lineage else {})),
+                                      extras=extras,
                                       content_extras=(WEIGHTS_EXTRA,) if wpath is not None else (),
                                       known_checksums={WEIGHTS_EXTRA: wsum} if wsum is not None else None)
         if created:
@@ -268,7 +305,7 @@ class Zoo:
         if name not in self.store:
             raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self.uri}; `keeper zoo ls` lists them")
         self.store.remove(name)
-        for d in (self._graphs, self._arrays, self._sigs):
+        for d in (self._graphs, self._arrays, self._sigs, self._roles):
             d.pop(name, None)
 
     def value(self, rec: ModelRecord, now: float | None = None) -> float:
@@ -316,48 +353,109 @@ class Zoo:
 
     # -- warm
     def candidates(self, child: LayerGraph | ModelInput, names: list[str] | None = None) -> list[Candidate]:
-        """Every zoo model that may clear the similarity floor, with its exact score."""
+        """Every zoo model that may qualify as a parent, with its exact score, coverage and what its alignment keeps
+        (``preserved``, ``structure``), and whether its lineage is ``clean`` (see :meth:`register`).
+
+        A model qualifies by fit (its score, hence its signature bound, at or above the floor) or by preserved
+        function, which needs every parent element inherited: then its parameter count is at most the child's and
+        its bound covers its own size, whatever the floor. The alignment is computed for those only.
+        """
         g = as_graph(child)
         pool = names if names is not None else self.names()
         if not pool:
             return []
         ca = match_arrays(g)
+        floor = self.config.selection.floor
         bounds = upper_bounds(np.stack([self._sigs[n] for n in pool]), ca)
-        keep = [n for n, b in zip(pool, bounds) if b >= self.config.selection.floor]
+        keep = [n for n, b in zip(pool, bounds)
+                if b >= floor or (self.config.selection.preserve and self._arrays[n].total <= ca.total
+                                  and b * ca.total >= self._arrays[n].total * (1.0 - 1e-9))]  # b is a rounded ratio
         if not keep:
             return []
         scores = score_many(PackedParents.pack([self._arrays[n] for n in keep]), ca)
         recs = {r.name: r for r in self.store.records()}
-        return [Candidate(n, float(s), recs[n].accuracy, coverage(s, ca.total, self._arrays[n].total))
-                for n, s in zip(keep, scores) if n in recs]
+        child_roles = layer_roles(g)
+        out = []
+        for n, s in zip(keep, scores):
+            if n not in recs:
+                continue
+            whole = int(round(float(s) * ca.total)) >= self._arrays[n].total  # every parent element inherited
+            preserved, structure = False, 1.0
+            if s >= floor or whole:
+                fit = assess(self._graphs[n], g, align(self._arrays[n], ca), (self._roles_of(n), child_roles))
+                preserved, structure = fit.preserved and whole, fit.structure
+            out.append(Candidate(n, float(s), recs[n].accuracy, coverage(s, ca.total, self._arrays[n].total),
+                                 preserved=bool(preserved), structure=float(structure),
+                                 clean=bool(recs[n].summary.get("lineage", {}).get("clean", True))))
+        return out
+
+    def _roles_of(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        if name not in self._roles:
+            self._roles[name] = layer_roles(self._graphs[name])
+        return self._roles[name]
+
+    def rank(self, child: LayerGraph | ModelInput) -> list[Candidate]:
+        """The qualifying candidates for ``child``, best first (:func:`keeper.selection.rank_parents`)."""
+        return rank_parents(self.candidates(child), self.config.selection)
 
     def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None, *,
-             weights: WeightsInput | None = None, out: str | os.PathLike | None = None) -> WarmResult:
-        """Warm-start ``model`` from the best parent in the zoo (its own weights when none clears the floor).
+             weights: WeightsInput | None = None, out: str | os.PathLike | None = None,
+             probe: ResultScore | None = None) -> WarmResult:
+        """Warm-start ``model`` from the best parent in the zoo (its own weights when none qualifies).
 
         Args:
             model: the child: ONNX with its initial weights inside, or its graph alone (then ``weights`` holds
                 its initial weights, or, when absent, the tensors the parent does not supply are ``unset``).
             out: stream the warmed weights into this safetensors file (any size; see :func:`warm_from_parent`).
+            probe: a data probe over warm results (lower is better; e.g. load ``result`` into your model and
+                return a loss): the best ``selection.probe_top`` candidates and the cold init are scored and
+                the best is kept, cold included (:func:`keeper.probe.probe_choice`). Torch users pass a module
+                probe or ``(batches, loss_fn)`` to :func:`keeper.torch_support.warm_start` instead.
+
+        The result says what the choice used: ``candidates`` (score, coverage, preserved, structure per
+        candidate), ``preserved`` / ``structure`` of the warm, ``probe`` and ``reason``.
         """
         proto = load_model(model, what="child model", weights_apart=weights is not None)
         graph = graph_from_proto(proto)
-        best = choose_parent(self.candidates(graph), self.config.selection)
-        if best is None:
-            return cold_result(proto, weights, out=out, graph=graph)
-        return self.warm_from(best.name, proto, graph, noise=noise, seed=seed, weights=weights, out=out)
+        ranked = self.rank(graph)
+        table = [c.as_dict() for c in ranked[:5]]
+        if probe is not None and ranked:
+            result, report = probe_choice(
+                ranked, lambda name: self.warm_from(name, proto, graph, noise=noise, seed=seed, weights=weights,
+                                                    count=False),
+                lambda: cold_result(proto, weights, graph=graph), probe, self.config.selection.probe_top)
+            if result.parent is not None:
+                self.hit(result.parent)
+            if out is not None:  # the probe ran in memory; the winner is made again into the file
+                result = (self.warm_from(result.parent, proto, graph, noise=noise, seed=seed, weights=weights,
+                                         out=out, count=False)
+                          if result.parent is not None else cold_result(proto, weights, out=out, graph=graph))
+            result.probe, result.reason = report.as_dict(), report.reason
+        elif ranked:
+            best = ranked[0]
+            result = self.warm_from(best.name, proto, graph, noise=noise, seed=seed, weights=weights, out=out)
+            result.reason = (f"the child grows from {best.name!r} without losing its function" if best.preserved
+                             else f"{best.name!r} has the best fit ({best.fit:.3f} = similarity {best.score:.3f} x "
+                                  f"structure {best.structure:.3f}) among the most accurate")
+        else:
+            result = cold_result(proto, weights, out=out, graph=graph)
+            result.reason = (f"no candidate preserves function or has a fit (similarity x structure) of at least "
+                             f"the floor {self.config.selection.floor}; the child keeps its own weights")
+        result.candidates = table
+        return result
 
     def warm_from(self, parent: str, child: ModelInput, child_graph: LayerGraph | None = None, *,
                   noise: float | None = None, seed: int | None = None, weights: WeightsInput | None = None,
-                  out: str | os.PathLike | None = None) -> WarmResult:
-        """Warm ``child`` from the named zoo model, and count the hit."""
+                  out: str | os.PathLike | None = None, count: bool = True) -> WarmResult:
+        """Warm ``child`` from the named zoo model, and count the hit (``count=False``: not)."""
         blob = self.store.get(parent)
         result = warm_from_parent(blob, child, parent_weights=stored_weights(self.store, parent),
                                   child_weights=weights, parent_name=parent, parent_graph=self.graph(parent),
                                   child_graph=child_graph, out=out,
                                   noise=self.config.noise if noise is None else noise,
                                   seed=self.config.seed if seed is None else seed)
-        self.hit(parent)
+        if count:
+            self.hit(parent)
         return result
 
     def hit(self, name: str) -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keeper.errors import KeeperError
-from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage
+from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage, rank_parents
 
 unit = st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 0.3, 0.5, 0.95, 1.0]))
 candidates = st.lists(st.builds(Candidate, st.sampled_from("abcdefgh"), unit, unit, unit), max_size=12)
@@ -145,3 +145,51 @@ def test_bad_policy_raises(kwargs):
 def test_bad_candidate_raises(args):
     with pytest.raises(KeeperError, match="candidate"):
         Candidate(*args)
+
+
+# ---------------------------------------------------------------------------------------- preserved function
+
+def test_preserved_candidate_qualifies_below_the_floor_and_beats_a_slice():
+    grow = Candidate("narrow-resnet", 0.25, 0.80, preserved=True)
+    slice_ = Candidate("vgg", 0.34, 0.95, structure=1.0)
+    assert choose_parent([slice_, grow]).name == "narrow-resnet"
+    assert choose_parent([Candidate("x", 0.25, 0.8)]) is None  # not preserved: the floor applies
+    legacy = SelectionPolicy(preserve=False, structure=False)
+    assert choose_parent([slice_, grow], legacy).name == "vgg"
+
+
+def test_structure_is_part_of_the_objective():
+    cross = Candidate("resnet", 1.0, 0.95, structure=0.5)   # fit 0.5
+    same = Candidate("vgg", 0.8, 0.70, structure=1.0)       # fit 0.8
+    assert choose_parent([cross, same]).name == "vgg"
+    assert choose_parent([cross, same], SelectionPolicy(structure=False)).name == "resnet"
+    assert choose_parent([Candidate("far", 0.9, 0.9, structure=0.2)]) is None  # fit 0.18 < floor
+
+
+def test_unclean_candidates_rank_last_and_lose_the_preserved_tier():
+    tainted = Candidate("t", 0.25, 0.99, preserved=True, clean=False)
+    assert choose_parent([tainted]) is None
+    tainted_fit = Candidate("t", 0.95, 0.99, clean=False)
+    clean = Candidate("c", 0.5, 0.5)
+    assert [c.name for c in rank_parents([tainted_fit, clean])] == ["c", "t"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1), st.floats(0, 1), st.booleans(), st.booleans()),
+                min_size=1, max_size=8))
+def test_rank_is_order_free_and_preserved_first(rows):
+    cands = [Candidate(f"m{i}", s, a, structure=t, preserved=p, clean=c) for i, (s, a, t, p, c) in enumerate(rows)]
+    ranked = rank_parents(cands)
+    assert [c.name for c in ranked] == [c.name for c in rank_parents(cands[::-1])]
+    tiers = [0 if c.preserved and c.clean else (1 if c.clean else 2) for c in ranked]
+    assert tiers == sorted(tiers)
+    assert all((c.preserved and c.clean) or c.fit >= 0.3 for c in ranked)
+
+
+def test_policy_checks_new_keys():
+    with pytest.raises(KeeperError, match="probe_top"):
+        SelectionPolicy(probe_top=0)
+    with pytest.raises(KeeperError, match="preserve"):
+        SelectionPolicy(preserve="yes")
+    with pytest.raises(KeeperError, match="structure"):
+        Candidate("x", 0.5, 0.5, structure=1.5)

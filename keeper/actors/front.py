@@ -291,7 +291,8 @@ class Keeper:
         top = tuple(sorted(cands, key=lambda c: -c.score)[:5])
         # the URI as configured (with any credentials it carries), not the store's redacted form
         choice = ParentChoice(best.name if best is not None else None, float(best.score) if best is not None else 0.0,
-                              self.config.zoo_uri, float(self.config.noise), int(self.config.seed), top)
+                              self.config.zoo_uri, float(self.config.noise), int(self.config.seed), top,
+                              int(self.policy.probe_top))
         with self._stats_lock:
             self._choices[(view.key, digest)] = choice
             while len(self._choices) > _CHOICE_CACHE:

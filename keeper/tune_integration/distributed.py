@@ -71,7 +71,7 @@ def share_choice(choice: ParentChoice | BaseException | None) -> ParentChoice:
         raise ServiceError(f"warm_start: rank 0 of this Ray Train trial could not ask for a parent ({d['error']}); "
                            "see rank 0's log")
     return ParentChoice(d["parent"], float(d["score"]), d["uri"], float(d["noise"]), int(d["seed"]),
-                        tuple(Candidate(**c) for c in d["candidates"]))
+                        tuple(Candidate(**c) for c in d["candidates"]), int(d.get("probe_top", 3)))
 
 
 def sync_module(module: Any) -> None:

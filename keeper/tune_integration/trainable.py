@@ -38,7 +38,8 @@ ARCHITECTURE_FILE = "keeper-architecture.onnx"
 
 
 def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: float | None = None,
-               dynamo: bool | None = None, trainable: Any = None, timeout_s: float = 300.0) -> WarmResult:
+               dynamo: bool | None = None, trainable: Any = None, timeout_s: float = 300.0,
+               probe: Any = None) -> WarmResult:
     """Warm-start ``model`` (a ``torch.nn.Module``, on any device) in place from the keeper service's zoo.
 
     Args:
@@ -47,6 +48,10 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
             the same the :class:`KeeperCallback` was given.
         noise: relative std of symmetry-breaking noise; None takes the service's ``noise`` setting.
         trainable: in a ``tune.Trainable`` class, ``self`` (found on the call stack when omitted).
+        probe: optional data probe, as for :func:`keeper.torch_support.warm_start` (a callable scoring a module,
+            or ``(batches, loss_fn)``): it runs here, in the trial's process, over the candidates the service's
+            choice lists and the model's own init; the best is kept, cold included. In a Ray Train trial every
+            rank probes alike (same data: same answer), or pass the probe on rank 0 only and the others follow.
 
     Returns:
         The WarmResult: ``parent`` is None (the model keeps its own weights) when the zoo holds nothing
@@ -57,7 +62,7 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
             or it did not answer within ``timeout_s``.
     """
     from keeper.actors.transfer import warm_from_store
-    from keeper.torch_support import export_graph, load_result, module_weights
+    from keeper.torch_support import export_graph, load_result, module_probe, module_weights, warm_choice
     from keeper.tune_integration import distributed
 
     rank, size = distributed.rank_and_size()
@@ -74,9 +79,9 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
         exported = export_graph(model, example_input, dynamo=dynamo)
         graph = None
         choice = distributed.share_choice(None)
-    result = warm_from_store(choice.uri, choice.parent, exported.onnx,
-                             choice.noise if noise is None else float(noise), choice.seed, graph,
-                             child_weights=module_weights(model, exported))
+    score = module_probe(model, exported, probe) if probe is not None else None
+    result = warm_choice(choice, exported.onnx, graph, module_weights(model, exported), noise, score,
+                         warm_from_store)
     result = load_result(model, result, exported.keys)
     if size > 1:
         distributed.sync_module(model)

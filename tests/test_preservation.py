@@ -1,0 +1,131 @@
+"""Preserved function and structure of an alignment (keeper.preservation), and the choice they drive in the zoo:
+a same-family growth beats a cross-family slice, and a 2x-narrower same-family parent is chosen whatever the floor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import keeper
+from keeper.graph import load_graph
+from keeper.matching import align
+from keeper.preservation import assess
+from keeper.torch_support import export, warm_start
+from keeper_bench import families
+from tests.nets import quiet, randomize, trained_like
+
+RESNET = {"family": "resnet", "dim": 1, "in_channels": 1, "num_classes": 5, "input_length": 16,
+          "widths": [8, 16], "blocks": [1, 1], "kernel": 3}
+VGG = {"family": "vgg", "dim": 1, "in_channels": 1, "num_classes": 5, "input_length": 16,
+       "widths": [8, 16], "depths": [1, 2], "kernel": 3}
+MOBILE = {"family": "mobilenetv2", "dim": 1, "in_channels": 1, "num_classes": 5, "input_length": 16,
+          "stem_width": 8, "widths": [8, 16], "blocks": [1, 1], "expansion": 2, "kernel": 3, "head_width": 32}
+
+
+def _wide(s, f=2):
+    out = {**s, "widths": [w * f for w in s["widths"]]}
+    if "stem_width" in s:
+        out.update(stem_width=s["stem_width"] * f, head_width=s["head_width"] * f)
+    return out
+
+
+def _model(s, seed=0):
+    torch.manual_seed(seed)
+    m = randomize(families.build(s), seed)
+    return trained_like(m, families.example_input(s, 4), seed)
+
+
+_cache: dict = {}
+
+
+def _onnx(s, seed=0) -> bytes:
+    key = (repr(sorted(s.items())), seed)
+    if key not in _cache:
+        with quiet():
+            _cache[key] = export(_model(s, seed), families.example_input(s)).onnx
+    return _cache[key]
+
+
+def _assess(parent, child):
+    p, c = load_graph(_onnx(parent)), load_graph(_onnx(child))
+    return assess(p, c, align(p, c))
+
+
+@pytest.mark.parametrize("child", [_wide(RESNET), {**RESNET, "blocks": [2, 1]}, {**RESNET, "kernel": 5},
+                                   _wide(VGG), _wide(MOBILE),
+                                   {**MOBILE, "blocks": [1, 2]}])
+def test_growth_preserves_function_with_full_structure(child):
+    fam = {"resnet": RESNET, "vgg": VGG, "mobilenetv2": MOBILE}[child["family"]]
+    a = _assess(fam, child)
+    assert a.preserved, a.why
+    assert a.structure == 1.0
+
+
+@pytest.mark.parametrize("parent, child", [(_wide(RESNET), RESNET), (RESNET, VGG), (RESNET, MOBILE),
+                                           ({**RESNET, "kernel": 5}, RESNET)])
+def test_slicing_and_crossing_structures_do_not_preserve(parent, child):
+    a = _assess(parent, child)
+    assert not a.preserved and a.why
+    if parent["family"] != child["family"]:
+        # a plain chain onto residual branches, or full convs into pointwise ones, counts for less
+        assert a.structure < 0.75
+    else:
+        assert a.structure == 1.0  # same blocks, only sliced
+
+
+def _zoo(tmp_path, **models):
+    zoo = keeper.Zoo(str(tmp_path / "zoo"), keeper.ZooConfig(outlier_z=None))
+    for name, (s, acc) in models.items():
+        zoo.register(_onnx(s, seed=len(name)), acc, name)
+    return zoo
+
+
+def test_narrower_same_family_parent_is_chosen_below_the_floor_and_warms_exactly(tmp_path):
+    """The floor must not reject a function-preserving growth: a ResNet whose only relative is 2x narrower."""
+    zoo = _zoo(tmp_path, narrow=(RESNET, 0.8), vgg=(VGG, 0.9))
+    child = _wide(RESNET)
+    cands = {c.name: c for c in zoo.candidates(load_graph(_onnx(child)))}
+    assert cands["narrow"].score < zoo.config.selection.floor and cands["narrow"].preserved
+    model = families.build(child)
+    x = families.example_input(child, 4)
+    with quiet():
+        r = warm_start(model, families.example_input(child), zoo, noise=0.0)
+    assert r.parent == "narrow" and r.preserved and r.structure == 1.0
+    assert [c["name"] for c in r.candidates][0] == "narrow" and r.candidates[0]["preserved"]
+    parent = _model(RESNET, seed=len("narrow")).eval()
+    with torch.no_grad():
+        want, got = parent(x), model.eval()(x)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-4  # the parent's function, exactly
+
+
+def test_cross_family_slice_loses_to_same_family_growth(tmp_path):
+    """A VGG child: a 2x-wider ResNet covers it entirely by slicing (similarity 1.0, higher accuracy) but maps
+    chains onto residual branches; the narrower VGG it grows from wins."""
+    zoo = _zoo(tmp_path, resnet=(_wide(RESNET, 4), 0.95), vgg=(VGG, 0.7))
+    child = _wide(VGG)
+    cands = {c.name: c for c in zoo.candidates(load_graph(_onnx(child)))}
+    assert cands["resnet"].score > cands["vgg"].score
+    assert cands["resnet"].structure < 1.0 and not cands["resnet"].preserved
+    legacy = keeper.selection.choose_parent(cands.values(), keeper.selection.SelectionPolicy(preserve=False,
+                                                                                             structure=False))
+    assert legacy is not None and legacy.name == "resnet"  # what similarity alone picked
+    with quiet():
+        r = zoo.warm(_onnx(child), noise=0.0)
+    assert r.parent == "vgg" and r.preserved
+
+
+def test_lineage_across_structures_ranks_last(tmp_path):
+    """A model trained from a warm start across block structures is not clean: a clean candidate wins over it,
+    and a model warmed from it inherits the taint."""
+    zoo = _zoo(tmp_path, base=(RESNET, 0.7))
+    zoo.register(_onnx(_wide(RESNET), seed=7), 0.9, "tainted", lineage={"parent": "x", "preserved": False,
+                                                                        "structure": 0.4})
+    zoo.register(_onnx(_wide(RESNET), seed=8), 0.95, "heir", lineage={"parent": "tainted", "preserved": True,
+                                                                      "structure": 1.0})
+    assert zoo.record("tainted").summary["lineage"]["clean"] is False
+    assert zoo.record("heir").summary["lineage"]["clean"] is False
+    with quiet():
+        r = zoo.warm(_onnx(_wide(RESNET, 4)), noise=0.0)
+    assert r.parent == "base"
+    with pytest.raises(keeper.errors.AdmissionError):
+        zoo.register(_onnx(VGG), 0.5, "bad", lineage={"parent": 3})
