@@ -20,43 +20,13 @@ from typing import Callable
 
 import torch
 
-__all__ = ["CATALOGUE", "TRANSFORMERS", "CNNS", "Builder", "FirstOutput", "build", "jitter", "optional_catalogue", "torchvision_schemas"]
+__all__ = ["CATALOGUE", "TRANSFORMERS", "CNNS", "Builder", "FirstOutput", "build", "jitter", "optional_catalogue"]
 
 Builder = Callable[[], "tuple[torch.nn.Module, tuple]"]
 
 _SEQ = 8      # tokens per example
 _VOCAB = 64   # vocabulary of the text models
 _IMAGE = 32   # side of the images of the vision models
-
-
-def torchvision_schemas() -> bool:
-    """Define the operator schemas ``torchvision::nms`` and ``torchvision::qnms`` when torchvision is installed
-    but its compiled operators did not load (a torchvision wheel built for another torch: on the package index
-    torchvision has no CPU-only build, and ``--no-deps`` installs it beside a CPU torch). Without them torchvision
-    fails at import, and with it every Hugging Face model module (transformers imports torchvision when it is
-    installed). Only the schemas are defined: calling either operator still fails, and nothing here needs them.
-    Returns whether schemas were defined. Called when this module is imported."""
-    import importlib.util
-
-    if importlib.util.find_spec("torchvision") is None:
-        return False
-    missing = []
-    for op in ("nms", "qnms"):
-        try:
-            torch._C._dispatch_find_schema_or_throw(f"torchvision::{op}", "")
-        except RuntimeError:
-            missing.append(op)
-    if not missing:
-        return False
-    lib = torch.library.Library("torchvision", "FRAGMENT")
-    for op in missing:
-        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _LIBRARIES.append(lib)  # a Library deregisters its definitions when collected
-    return True
-
-
-_LIBRARIES: list = []
-torchvision_schemas()
 
 
 def _ids(batch: int = 1, seq: int = _SEQ) -> torch.Tensor:

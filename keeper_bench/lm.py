@@ -24,7 +24,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 import sysconfig
 import time
 from dataclasses import dataclass, field
@@ -207,13 +206,6 @@ def arch_label(spec: dict) -> str:
 
 
 def _transformers():
-    """The transformers module, importable where a torchvision that cannot load is installed: transformers would
-    import it (and fail) only for vision processors, which a text model never uses."""
-    if "torchvision" not in sys.modules:
-        try:
-            import torchvision  # noqa: F401
-        except Exception:  # a broken install raises RuntimeError, not ImportError
-            sys.modules["torchvision"] = None  # type: ignore[assignment]
     import transformers
 
     return transformers
