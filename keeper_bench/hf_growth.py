@@ -38,32 +38,12 @@ __all__ = ["import_transformers", "FAMILIES", "PAIRS", "build", "trained_like", 
 
 
 def import_transformers() -> Any:
-    """The ``transformers`` module, importable even where a torchvision wheel built for another torch is
-    installed: transformers imports torchvision for its image utilities, and torchvision fails at import when
-    the torch it finds lacks its two operator schemas ``torchvision::nms`` and ``torchvision::qnms``; defining
-    them in a ``torch.library`` fragment (no kernel: keeper never calls them) lets the import finish.
+    """The ``transformers`` module.
 
     Raises:
         ModuleNotFoundError: transformers is not installed (callers skip with that reason).
     """
-    try:
-        import torchvision  # noqa: F401
-    except ModuleNotFoundError:
-        pass
-    except RuntimeError:
-        for name in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
-            del sys.modules[name]
-        lib = torch.library.Library("torchvision", "FRAGMENT")
-        for op in ("nms", "qnms"):
-            with contextlib.suppress(RuntimeError):  # already defined
-                lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _KEEP.append(lib)  # a fragment lives as long as its Library object
-        with contextlib.suppress(Exception):
-            import torchvision  # noqa: F401,F811
     return importlib.import_module("transformers")
-
-
-_KEEP: list = []
 
 
 class _Logits(nn.Module):
