@@ -107,6 +107,11 @@ def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registe
             f"{trial.storage.trial_fs_path}/{ARCHITECTURE_FILE}").size > 0
     # the parents named are zoo models
     assert set(parents[1:]) <= set(zoo.names())
+    # each trial is registered with how it was obtained (warm_start's lineage, read from the trial directory)
+    lineages = [r.summary.get("lineage") for r in zoo.store.records()]
+    assert all(lin is not None for lin in lineages), "every trial called warm_start, so every one has a lineage"
+    assert sorted(lin["parent"] for lin in lineages if lin["parent"]) == sorted(parents[1:])
+    assert all(lin["clean"] for lin in lineages), "MLPs widened and deepened from MLPs stay clean"
 
     before = _registers(service)
     restored = KeeperCallback(metric="accuracy", mode="max", config=service)
@@ -341,3 +346,20 @@ def test_a_manager_killed_mid_run_loses_nothing(tmp_path):
     assert ray.get(get_handle(service).manager_pid.remote(), timeout=60) != cb.killed
     assert len(cb.registered) == 4 and len(Zoo(service["zoo"])) == 4, cb.outcomes
     assert sum(1 for p in grid.get_dataframe()["parent"] if p) >= 2
+
+
+def test_a_trial_lineage_file_is_read_as_json_and_a_malformed_one_refused(tmp_path):
+    import pyarrow.fs as pafs
+
+    from keeper.errors import AdmissionError
+    from keeper.tune_integration.checkpoint import _read_lineage
+
+    fs = pafs.LocalFileSystem()
+    path = str(tmp_path / "keeper-lineage.json")
+    assert _read_lineage(fs, path, "trial t") is None, "no file: the trial trained from its own init"
+    (tmp_path / "keeper-lineage.json").write_text('{"parent": "p", "preserved": true, "structure": 1.0}')
+    assert _read_lineage(fs, path, "trial t") == {"parent": "p", "preserved": True, "structure": 1.0}
+    for bad in ("[1, 2]", "not json", "{" * 70000):
+        (tmp_path / "keeper-lineage.json").write_text(bad)
+        with pytest.raises(AdmissionError, match="trial t: .*keeper-lineage.json.*remove the file"):
+            _read_lineage(fs, path, "trial t")

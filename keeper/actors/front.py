@@ -181,14 +181,16 @@ class Keeper:
                 "seconds": time.perf_counter() - t0}
 
     def register(self, model: ModelInput, accuracy: float, name: str | None = None,
-                 weights: bytes | None = None) -> dict[str, Any]:
+                 weights: bytes | None = None, lineage: dict[str, Any] | None = None) -> dict[str, Any]:
         """Admit a trained model through the ZooManager; returns its catalog record as a dict.
 
         ``weights``: safetensors bytes when ``model`` is its graph without weights (models of any size). Identical
-        content is stored once, whatever name it comes with, so retries are safe.
+        content is stored once, whatever name it comes with, so retries are safe. ``lineage``: how the model was
+        obtained (``WarmResult.lineage()``), as for :meth:`keeper.zoo.Zoo.register`.
         """
         rec = self._manager_call("register", self.config.timeouts.register_s,
-                                 _as_bytes(model, weights_apart=weights is not None), accuracy, name, weights)
+                                 _as_bytes(model, weights_apart=weights is not None), accuracy, name, weights,
+                                 lineage)
         with self._stats_lock:
             self.registers += 1
         self._view_backoff_until = 0.0

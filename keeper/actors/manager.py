@@ -128,9 +128,10 @@ class ZooManager:
 
     # -- writes
     def register(self, model: ModelInput, accuracy: float, name: str | None = None,
-                 weights: bytes | None = None) -> dict[str, Any]:
+                 weights: bytes | None = None, lineage: dict[str, Any] | None = None) -> dict[str, Any]:
         """Admit a trained model; returns its catalog record as a dict (the stored one for identical content).
-        ``weights``: safetensors bytes when ``model`` is its graph without weights (any size).
+        ``weights``: safetensors bytes when ``model`` is its graph without weights (any size); ``lineage``: as
+        for :meth:`keeper.zoo.Zoo.register`.
 
         Raises:
             AdmissionError, InvalidModelError: refused; nothing was stored.
@@ -138,7 +139,7 @@ class ZooManager:
         """
         with self._lock:
             before = set(self.zoo.names())
-            rec = self.zoo.register(model, accuracy, name, weights=weights)
+            rec = self.zoo.register(model, accuracy, name, weights=weights, lineage=lineage)
             self._sync(before)
         self._maybe_refit()
         return rec.to_json()

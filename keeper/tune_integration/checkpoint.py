@@ -13,10 +13,11 @@ when the callback has a ``model_builder``, the model that builder makes from the
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable
 
-from keeper.errors import KeeperError
+from keeper.errors import AdmissionError, KeeperError
 
 __all__ = ["CHECKPOINT_FILES", "checkpoint_onnx", "checkpoint_model", "register_trial"]
 
@@ -118,7 +119,7 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
     from keeper.actors.remote import Demand, get
     from keeper.tune_integration.templates import find_template
     from keeper.weights import weights_bytes
-    from keeper.tune_integration.trainable import ARCHITECTURE_FILE
+    from keeper.tune_integration.trainable import ARCHITECTURE_FILE, LINEAGE_FILE
 
     what = f"trial {name}"
     try:
@@ -126,6 +127,7 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
             template = f.read()
     except (FileNotFoundError, OSError):
         template = None  # warm_start ran elsewhere (a Ray Train worker): the zoo's store has it by signature
+    lineage = _read_lineage(storage_fs, f"{trial_fs_path}/{LINEAGE_FILE}", what)
     with checkpoint.as_directory() as directory:
         model, weights = checkpoint_model(directory, template, what,
                                           (lambda: builder(config)) if builder is not None else None,
@@ -133,4 +135,25 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
     need = Demand(f"registering {what} (timeouts.register_s)", actor=handle)
     # weights apart as safetensors bytes: no ONNX 2 GB bound, and plain bytes on the wire
     blob = None if weights is None else weights_bytes(weights)
-    return get(handle.register.remote(model, float(accuracy), name, blob), timeout_s, need)
+    return get(handle.register.remote(model, float(accuracy), name, blob, lineage), timeout_s, need)
+
+
+def _read_lineage(storage_fs: Any, path: str, what: str) -> dict | None:
+    """The lineage ``warm_start`` left in the trial directory (JSON, at most 64 KiB), or None when it never ran
+    there. The zoo checks its fields when it registers the model."""
+    try:
+        with storage_fs.open_input_file(path) as f:
+            data = f.read(_LINEAGE_CAP + 1)
+    except (FileNotFoundError, OSError):
+        return None
+    try:
+        lineage = json.loads(data) if len(data) <= _LINEAGE_CAP else None
+    except ValueError:
+        lineage = None
+    if not isinstance(lineage, dict):
+        raise AdmissionError(f"{what}: {path} is not the JSON object warm_start writes (WarmResult.lineage()); "
+                              "remove the file to register the trial as trained from its own init")
+    return lineage
+
+
+_LINEAGE_CAP = 64 * 1024

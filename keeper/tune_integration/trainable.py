@@ -25,16 +25,21 @@ Example (function trainable)::
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any
 
 from keeper.errors import ServiceError
 from keeper.warm import WarmResult
 
-__all__ = ["warm_start", "ask_parent", "ARCHITECTURE_FILE"]
+__all__ = ["warm_start", "ask_parent", "ARCHITECTURE_FILE", "LINEAGE_FILE"]
 
 
 #: The architecture template's file name in the trial directory.
 ARCHITECTURE_FILE = "keeper-architecture.onnx"
+#: How the trial's model was obtained (``WarmResult.lineage()`` as JSON) in the trial directory: the callback
+#: registers the trial with it, so a model trained from a warm across block structures does not become
+#: everyone's parent (see :meth:`keeper.zoo.Zoo.register`).
+LINEAGE_FILE = "keeper-lineage.json"
 
 
 def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: float | None = None,
@@ -83,6 +88,8 @@ def warm_start(model: Any, example_input: Any, *, config: Any = None, noise: flo
     result = warm_choice(choice, exported.onnx, graph, module_weights(model, exported), noise, score,
                          warm_from_store)
     result = load_result(model, result, exported.keys)
+    if rank == 0:
+        _save_trial_file(LINEAGE_FILE, json.dumps(result.lineage()).encode(), trainable)
     if size > 1:
         distributed.sync_module(model)
     return result
@@ -117,7 +124,7 @@ def _ask(model: Any, example_input: Any, config: Any, dynamo: bool | None, train
                            "tune.RunConfig callbacks, or run `keeper serve` first")
     exported = (export_graph if graph_only else export)(model, example_input, dynamo=dynamo)
     template = architecture_template(exported)
-    _save_architecture(template, trainable)
+    _save_trial_file(ARCHITECTURE_FILE, template, trainable)
     graph = load_graph(exported.onnx)
     choice = ask_service(handle, graph, timeout_s)
     # also in the zoo's store, found from the checkpoint's state_dict alone (Ray Train runs, restored trials)
@@ -151,22 +158,23 @@ def _storage(trainable: Any) -> Any:
     return None
 
 
-def _save_architecture(template: bytes, trainable: Any) -> None:
-    """The template into the Tune trial's directory, where the callback looks first (outside a Tune trial, e.g.
-    in a Ray Train worker, the copy in the zoo's store serves)."""
+def _save_trial_file(name: str, data: bytes, trainable: Any) -> None:
+    """``data`` as the file ``name`` in the Tune trial's directory, where the callback looks first (outside a Tune
+    trial, e.g. in a Ray Train worker, the template's copy in the zoo's store serves, and a model without lineage
+    counts as trained from its own init)."""
     storage = _storage(trainable)
     if storage is None:
         return
     directory = storage.trial_fs_path
-    path = f"{directory}/{ARCHITECTURE_FILE}"
+    path = f"{directory}/{name}"
     fs = storage.storage_filesystem
     fs.create_dir(directory, recursive=True)
     tmp = f"{path}.tmp"
     with fs.open_output_stream(tmp) as f:
-        f.write(template)
+        f.write(data)
     try:
         fs.move(tmp, path)
     except OSError:  # object stores without rename: the key is written once per trial anyway
         with fs.open_output_stream(path) as f:
-            f.write(template)
+            f.write(data)
         fs.delete_file(tmp)
