@@ -30,9 +30,9 @@ import numpy as np
 
 from keeper.graph import LayerGraph
 from keeper.kinds import Identity, Kind, Merge, kinds_where, traits
-from keeper.matching import Alignment
+from keeper.matching import Alignment, MatchArrays, align
 
-__all__ = ["Assessment", "assess", "layer_roles"]
+__all__ = ["Assessment", "assess", "layer_roles", "may_qualify", "assess_candidate"]
 
 _NORMS = frozenset(int(k) for k in (Kind.BATCHNORM, Kind.LAYERNORM, Kind.PARAM))
 _MERGES = kinds_where(lambda t: t.merge is not None)
@@ -244,3 +244,33 @@ def assess(parent: LayerGraph, child: LayerGraph, alignment: Alignment,
 
 def _name(g: LayerGraph, i: int) -> str:
     return repr(g.layer_names[i]) if i < len(g.layer_names) else f"#{i}"
+
+
+def may_qualify(bound: float, parent_total: int, child_total: int, floor: float, preserve: bool) -> bool:
+    """Whether a parent with score bound ``bound`` may qualify for a child: by fit (bound at or above the floor)
+    or, with ``preserve``, by preserved function, which needs every parent element inherited (the parent's element
+    count at most the child's and covered by the bound). Used by the embedded zoo and the service alike."""
+    return bound >= floor or (preserve and parent_total <= child_total
+                              and bound * child_total >= parent_total * (1.0 - 1e-9))  # the bound is a rounded ratio
+
+
+def assess_candidate(name: str, score: float, accuracy: float, clean: bool, floor: float,
+                     child: tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]],
+                     parent: tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]) -> "Candidate":
+    """One parent's :class:`~keeper.selection.Candidate` for a child: its exact ``score`` and coverage, and, when
+    it may qualify (score at or above ``floor``, or every parent element inherited), what its alignment keeps.
+
+    ``child`` / ``parent``: (graph, match arrays, :func:`layer_roles`) of each. Invariant: ``preserved`` is True
+    only when the whole parent is inherited and :func:`assess` finds the alignment function-preserving.
+    """
+    from keeper.selection import Candidate, coverage
+
+    cg, ca, croles = child
+    pg, pa, proles = parent
+    whole = int(round(float(score) * ca.total)) >= pa.total  # every parent element inherited
+    preserved, structure = False, 1.0
+    if score >= floor or whole:
+        fit = assess(pg, cg, align(pa, ca), (proles, croles))
+        preserved, structure = fit.preserved and whole, fit.structure
+    return Candidate(name, float(score), float(accuracy), coverage(score, ca.total, pa.total),
+                     preserved=bool(preserved), structure=float(structure), clean=bool(clean))

@@ -119,8 +119,8 @@ def coverage(score: float, child_params: int, parent_params: int) -> float:
 class ParentChoice:
     """The answer of a parent search: the chosen ``parent`` (None: the child keeps its own weights) and its
     ``score``, the zoo ``uri`` to read it from, the ``noise`` and ``seed`` the transfer is to use, and the best
-    ``candidates`` the choice considered (by score, at most five), and how many of them a caller's data probe
-    scores (``probe_top``).
+    ``candidates`` the choice considered (at most five: the qualifying ones in rank order, then the rest by
+    score), and how many of them a caller's data probe scores (``probe_top``).
 
     Plain data (strings, floats, a tuple of Candidates), so it crosses Ray without pickling user objects.
     """

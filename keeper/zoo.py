@@ -30,12 +30,12 @@ import numpy as np
 
 from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
-from keeper.matching import MatchArrays, PackedParents, align, match_arrays, score_many, signature, upper_bounds
-from keeper.preservation import assess, layer_roles
+from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
+from keeper.preservation import assess_candidate, layer_roles, may_qualify
 from keeper.probe import ResultScore, probe_choice
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.onnx_weights import apart_specs
-from keeper.selection import Candidate, SelectionPolicy, coverage, rank_parents
+from keeper.selection import Candidate, SelectionPolicy, rank_parents
 from keeper.store import ModelRecord, ModelStore, check_name, sha256
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, check_weights, open_weights
@@ -367,26 +367,21 @@ class Zoo:
         ca = match_arrays(g)
         floor = self.config.selection.floor
         bounds = upper_bounds(np.stack([self._sigs[n] for n in pool]), ca)
+        sel = self.config.selection
         keep = [n for n, b in zip(pool, bounds)
-                if b >= floor or (self.config.selection.preserve and self._arrays[n].total <= ca.total
-                                  and b * ca.total >= self._arrays[n].total * (1.0 - 1e-9))]  # b is a rounded ratio
+                if may_qualify(float(b), self._arrays[n].total, ca.total, floor, sel.preserve)]
         if not keep:
             return []
         scores = score_many(PackedParents.pack([self._arrays[n] for n in keep]), ca)
         recs = {r.name: r for r in self.store.records()}
-        child_roles = layer_roles(g)
+        me = (g, ca, layer_roles(g))
         out = []
         for n, s in zip(keep, scores):
             if n not in recs:
                 continue
-            whole = int(round(float(s) * ca.total)) >= self._arrays[n].total  # every parent element inherited
-            preserved, structure = False, 1.0
-            if s >= floor or whole:
-                fit = assess(self._graphs[n], g, align(self._arrays[n], ca), (self._roles_of(n), child_roles))
-                preserved, structure = fit.preserved and whole, fit.structure
-            out.append(Candidate(n, float(s), recs[n].accuracy, coverage(s, ca.total, self._arrays[n].total),
-                                 preserved=bool(preserved), structure=float(structure),
-                                 clean=bool(recs[n].summary.get("lineage", {}).get("clean", True))))
+            out.append(assess_candidate(n, float(s), recs[n].accuracy,
+                                        bool(recs[n].summary.get("lineage", {}).get("clean", True)), floor, me,
+                                        (self._graphs[n], self._arrays[n], self._roles_of(n))))
         return out
 
     def _roles_of(self, name: str) -> tuple[np.ndarray, np.ndarray]:

@@ -419,3 +419,30 @@ def test_a_wait_that_runs_out_names_the_resource_and_the_key(cluster):
             bounded_get(ref, 2.0, need)
     finally:
         ray.cancel(ref, force=True)
+
+
+def test_the_service_chooses_a_narrower_same_family_parent_like_the_embedded_zoo(cluster, tmp_path):
+    """A ResNet child whose only relative is 2x narrower (similarity ~0.25, under the floor) grows from it
+    without losing its function; a 2x-wider VGG scores higher by slicing. The front door assesses both like
+    ``Zoo.candidates`` and picks the ResNet, preserved, as the embedded zoo does."""
+    import keeper.actors as ka
+    from test_preservation import RESNET, VGG, _onnx, _wide
+
+    on_head = {"resources": {"head": 0.01}}
+    handle = ka.start(zoo=str(tmp_path / "zoo"), namespace="preserving-choice", matchers=1,
+                      actors={"keeper": on_head, "zoo_manager": on_head, "matcher": {"num_cpus": 0.5},
+                              "transfer": {"num_cpus": 1.0, **on_head}})
+    try:
+        get(handle.register.remote(_onnx(RESNET, seed=6), 0.8, "narrow"))
+        get(handle.register.remote(_onnx(_wide(VGG), seed=3), 0.9, "vgg"))
+        child = _onnx(_wide(RESNET))
+        choice = get(handle.choose.remote(child))
+        cands = {c.name: c for c in choice.candidates}
+        # similarity alone (and the floor) would take the VGG: it clears the floor, the ResNet does not
+        assert cands["vgg"].score > 0.3 > cands["narrow"].score
+        assert choice.parent == "narrow" and cands["narrow"].preserved and cands["narrow"].structure == 1.0
+        assert not cands["vgg"].preserved and cands["vgg"].structure < 1.0
+        result = get(handle.warm.remote(child, noise=0.0))
+        assert result.parent == "narrow"
+    finally:
+        ka.shutdown(namespace="preserving-choice")

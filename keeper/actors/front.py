@@ -3,9 +3,10 @@
 A query parses the child once, refreshes the zoo View from the ZooManager (one small call; a manager that is
 restarting is not waited for: the last view keeps serving), plans the two-stage search (medoids first, then the
 members of the closest clusters, early stop), scores each stage in parallel on the Matcher pool (one batch per
-matcher), picks the parent with the selection policy, and hands the weight transfer to a Ray task that reads the
-parent straight from the store. The child's LayerGraph travels to that task as flat arrays, so a warm parses and
-extracts the child once.
+matcher), assesses the candidates as the embedded zoo does (preserved function, structure, lineage; the parents'
+graphs come from the store, cached per view), picks the parent with the selection policy, and hands the weight
+transfer to a Ray task that reads the parent straight from the store. The child's LayerGraph travels to that task
+as flat arrays, so a warm parses and extracts the child once.
 
 Data path and sizes: parents' weights never pass through this actor. ``warm`` waits for the transfer task and
 returns its WarmResult, so the *child's* warmed weights pass through this actor once (the size of the child's
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import math
 import os
 import threading
 import time
@@ -41,13 +43,17 @@ from keeper.errors import ModelNotFoundError, ServiceError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
-from keeper.selection import Candidate, ParentChoice, SelectionPolicy, choose_parent, coverage
+from keeper.actors.transfer import read_parent_graph
+from keeper.preservation import assess_candidate, layer_roles, may_qualify
+from keeper.selection import Candidate, ParentChoice, SelectionPolicy, choose_parent, coverage, rank_parents
 from keeper.warm import WarmResult
 
 __all__ = ["Keeper"]
 
 #: Cached parent choices (per zoo view and child architecture); a new view makes old entries unreachable.
 _CHOICE_CACHE = 1024
+#: Parents whose graph, arrays and layer roles the front door keeps (per view) for assessing alignments.
+_PARENT_CACHE = 256
 #: A view refresh that cannot reach the manager within this many seconds serves the last view instead.
 _VIEW_WAIT_S = 5.0
 #: After a failed refresh, queries use the last view without asking for this many seconds.
@@ -92,6 +98,8 @@ class Keeper:
         self.registers = 0
         self.errors = 0
         self._choices: collections.OrderedDict[tuple, dict] = collections.OrderedDict()
+        self._parents: collections.OrderedDict[str, tuple] = collections.OrderedDict()
+        self._parents_key = ""
 
     # ------------------------------------------------------------------------------------------- public API
     def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> WarmResult:
@@ -158,7 +166,7 @@ class Keeper:
         t0 = time.perf_counter()
         try:
             graph = LayerGraph.from_arrays(model) if isinstance(model, dict) else as_graph(model)
-            choice = self._choose(match_arrays(graph))
+            choice = self._choose(graph)
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise
@@ -266,15 +274,16 @@ class Keeper:
     def _start_warm(self, model: ModelInput, noise: float | None, seed: int | None) -> tuple[Any, ParentChoice]:
         proto = load_model(model, what="child model")
         graph = graph_from_proto(proto)
-        choice = self._choose(match_arrays(graph))
+        choice = self._choose(graph)
         blob = proto.SerializeToString() if not isinstance(model, (bytes, bytearray)) else bytes(model)
         # the graph goes as flat arrays: the task neither extracts it again nor unpickles an object
         ref = self._transfer.remote(choice.uri, choice.parent, blob, choice.noise if noise is None else float(noise),
                                     choice.seed if seed is None else int(seed), graph.to_arrays())
         return ref, choice
 
-    def _choose(self, child: MatchArrays) -> ParentChoice:
+    def _choose(self, graph: LayerGraph) -> ParentChoice:
         t0 = time.perf_counter()
+        child = match_arrays(graph)
         digest = hashlib.blake2b(b"".join(np.ascontiguousarray(a).tobytes()
                                           for a in (child.cls, child.shape, child.vectors)), digest_size=16).digest()
         key = (self._refresh().view.key, digest)
@@ -286,11 +295,11 @@ class Keeper:
         view = state.view
         with self._stats_lock:
             self._search_latencies.append(time.perf_counter() - t0)
-        pos = view.positions(names) if names else np.zeros(0, np.int64)
-        cands = [Candidate(n, float(s), float(view.accuracy[p]), coverage(s, child.total, int(view.params[p])))
-                 for n, s, p in zip(names, scores, pos) if view.weighted[p]]
+        cands = self._candidates(graph, child, state, list(names), np.asarray(scores, dtype=np.float64))
         best = choose_parent(cands, self.policy)
-        top = tuple(sorted(cands, key=lambda c: -c.score)[:5])
+        ranked = rank_parents(cands, self.policy)
+        rest = sorted((c for c in cands if c not in ranked), key=lambda c: -c.score)
+        top = tuple((ranked + rest)[:5])  # what the choice used: the qualifying ones in rank order first
         # the URI as configured (with any credentials it carries), not the store's redacted form
         choice = ParentChoice(best.name if best is not None else None, float(best.score) if best is not None else 0.0,
                               self.config.zoo_uri, float(self.config.noise), int(self.config.seed), top,
@@ -300,6 +309,63 @@ class Keeper:
             while len(self._choices) > _CHOICE_CACHE:
                 self._choices.popitem(last=False)
         return choice
+
+    def _candidates(self, graph: LayerGraph, child: MatchArrays, state: "_State", names: list[str],
+                    scores: np.ndarray) -> list[Candidate]:
+        """The candidates the search returned, plus every weighted model that may qualify by preserved function
+        (as :meth:`keeper.zoo.Zoo.candidates` decides), each assessed like the embedded zoo assesses it
+        (:func:`keeper.preservation.assess_candidate`): preserved function, structure and lineage count."""
+        view = state.view
+        if view.n == 0:
+            return []
+        floor = self.policy.floor
+        found = dict(zip(names, (float(s) for s in scores)))
+        if self.policy.preserve:
+            # the search skips (or does not align) parents below the floor; those the child may grow from
+            # without losing their function need exact scores
+            bounds = upper_bounds(view.sigs, child)
+            redo = [str(n) for n, b, t, w in zip(view.names, bounds, view.params, view.weighted)
+                    if w and may_qualify(float(b), int(t), child.total, math.inf, True)
+                    and found.get(str(n), -1.0) < floor]
+            if redo:
+                exact = self._score(child, view, state.refs, redo, time.monotonic() + self.config.timeouts.query_s,
+                                    None)
+                found.update(zip(redo, (float(s) for s in exact)))
+        if not found:
+            return []
+        me = None
+        out = []
+        for n, p in zip(found, view.positions(list(found))):
+            if not view.weighted[p]:
+                continue
+            s, total = found[n], int(view.params[p])
+            if s >= floor or int(round(s * child.total)) >= total:
+                me = me or (graph, child, layer_roles(graph))
+                pg, pa, roles, clean = self._parent(n, view.key)
+                out.append(assess_candidate(n, s, float(view.accuracy[p]), clean, floor, me, (pg, pa, roles)))
+            else:  # qualifies neither by fit nor by preserved function: nothing to assess
+                out.append(Candidate(n, s, float(view.accuracy[p]), coverage(s, child.total, total)))
+        return out
+
+    def _parent(self, name: str, key: str) -> tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray], bool]:
+        """(graph, match arrays, layer roles, clean lineage) of the zoo model ``name``, read from the store once
+        per view (a bounded LRU, emptied when the view changes: a name may then hold another model)."""
+        with self._stats_lock:
+            if self._parents_key != key:
+                self._parents.clear()
+                self._parents_key = key
+            hit = self._parents.get(name)
+            if hit is not None:
+                self._parents.move_to_end(name)
+                return hit
+        g, rec = read_parent_graph(self.config.zoo_uri, name)
+        entry = (g, match_arrays(g), layer_roles(g), bool(rec.summary.get("lineage", {}).get("clean", True)))
+        with self._stats_lock:
+            if self._parents_key == key:
+                self._parents[name] = entry
+                while len(self._parents) > _PARENT_CACHE:
+                    self._parents.popitem(last=False)
+        return entry
 
     def _refresh(self, force: bool = False) -> "_State":
         """The newest view the manager can give within a short bound, else the last one."""

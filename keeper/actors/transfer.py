@@ -27,7 +27,7 @@ from keeper.onnx_safety import ModelInput
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 from keeper.weights import SafeTensors, WeightsInput
 
-__all__ = ["warm_from_store", "read_parent", "store_for", "ask_service"]
+__all__ = ["warm_from_store", "read_parent", "read_parent_graph", "store_for", "ask_service"]
 
 _stores: dict[str, object] = {}
 _stores_lock = threading.Lock()
@@ -70,6 +70,24 @@ def read_parent(uri: str, parent: str) -> tuple[bytes, LayerGraph, SafeTensors |
         store = store_for(uri, fresh=True)
         blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
     return blob, graph_from_blob(graph_blob, lambda: blob), stored_weights(store, parent)
+
+
+def read_parent_graph(uri: str, parent: str) -> tuple[LayerGraph, Any]:
+    """The stored graph and catalog record of the zoo model ``parent`` at ``uri`` (its weights are not read).
+
+    Raises:
+        ModelNotFoundError: ``parent`` is not in the store.
+    """
+    from keeper.zoo import GRAPH_EXTRA, graph_from_blob
+
+    store = store_for(uri)
+    try:
+        rec, graph_blob = store.record(parent), store.get_extra(parent, GRAPH_EXTRA)
+    except ModelNotFoundError:
+        # registered after this process opened the catalog: read it again once
+        store = store_for(uri, fresh=True)
+        rec, graph_blob = store.record(parent), store.get_extra(parent, GRAPH_EXTRA)
+    return graph_from_blob(graph_blob, lambda: store.get(parent)), rec
 
 
 def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
