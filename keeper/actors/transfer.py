@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -62,13 +62,7 @@ def read_parent(uri: str, parent: str) -> tuple[bytes, LayerGraph, SafeTensors |
     """
     from keeper.zoo import GRAPH_EXTRA, graph_from_blob, stored_weights
 
-    store = store_for(uri)
-    try:
-        blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
-    except ModelNotFoundError:
-        # registered after this process opened the catalog: read it again once
-        store = store_for(uri, fresh=True)
-        blob, graph_blob = store.get(parent), store.get_extra(parent, GRAPH_EXTRA)
+    store, (blob, graph_blob) = _read_stored(uri, lambda s: (s.get(parent), s.get_extra(parent, GRAPH_EXTRA)))
     return blob, graph_from_blob(graph_blob, lambda: blob), stored_weights(store, parent)
 
 
@@ -80,14 +74,19 @@ def read_parent_graph(uri: str, parent: str) -> tuple[LayerGraph, Any]:
     """
     from keeper.zoo import GRAPH_EXTRA, graph_from_blob
 
+    store, (rec, graph_blob) = _read_stored(uri, lambda s: (s.record(parent), s.get_extra(parent, GRAPH_EXTRA)))
+    return graph_from_blob(graph_blob, lambda: store.get(parent)), rec
+
+
+def _read_stored(uri: str, read: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """``(store, read(store))`` for the zoo at ``uri``; a model missing from the catalog this process opened is
+    looked up once more in a fresh one (it may have been registered since)."""
     store = store_for(uri)
     try:
-        rec, graph_blob = store.record(parent), store.get_extra(parent, GRAPH_EXTRA)
+        return store, read(store)
     except ModelNotFoundError:
-        # registered after this process opened the catalog: read it again once
         store = store_for(uri, fresh=True)
-        rec, graph_blob = store.record(parent), store.get_extra(parent, GRAPH_EXTRA)
-    return graph_from_blob(graph_blob, lambda: store.get(parent)), rec
+        return store, read(store)
 
 
 def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
