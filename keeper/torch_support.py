@@ -33,6 +33,7 @@ import torch
 from onnx import numpy_helper
 
 from keeper.errors import KeeperError, PartialWarmWarning
+from keeper.export_cache import cached_export
 from keeper.graph import graph_from_proto
 from keeper.onnx_safety import load_model
 from keeper.onnx_safety import has_data
@@ -54,6 +55,8 @@ class Exported:
     onnx: bytes
     keys: dict[str, tuple[str, str]]
     apart: dict[str, str] = field(default_factory=dict)
+    #: the LayerGraph of ``onnx`` when already extracted (by :func:`export_graph`), so a warm does not parse twice
+    graph: Any = field(default=None, compare=False, repr=False)
 
 
 def _float_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -88,6 +91,19 @@ def export_graph(module: torch.nn.Module, example_input: Any, *, dynamo: bool | 
     if dynamo is None:
         dynamo = os.environ.get("KEEPER_EXPORTER", "dynamo") != "torchscript"
     args = example_input if isinstance(example_input, tuple) else (example_input,)
+    return cached_export(module, args, f"{'dynamo' if dynamo else 'torchscript'}/{seed}",
+                         lambda: _export_graph(module, args, dynamo, seed),
+                         lambda exported: _apart_state_keys(module, exported))
+
+
+def _apart_state_keys(module: torch.nn.Module, exported: Exported) -> set[str]:
+    """The state_dict keys whose values ``exported``'s graph leaves without data, tied keys included."""
+    keys = {exported.keys[k][0] for k in exported.apart.values()}
+    tied = tied_keys(dict(module.state_dict(keep_vars=True)))
+    return keys | {t for k in keys for t in tied.get(k, ())}
+
+
+def _export_graph(module: torch.nn.Module, args: tuple, dynamo: bool, seed: int) -> Exported:
     state = _float_state(module)
     saved = {k: v.detach().clone() for k, v in state.items()}
     # per submodule: module.train(flag) would also flip submodules the caller had set apart (a frozen BatchNorm)
@@ -128,7 +144,8 @@ def export_graph(module: torch.nn.Module, example_input: Any, *, dynamo: bool | 
         elif init.name not in apart and not has_data(init) and init.name in inits:
             # a constant the exporter made (no state_dict entry): its data stays in the graph
             init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(inits[init.name]), init.name))
-    return Exported(proto.SerializeToString(), keys, apart)
+    data = proto.SerializeToString()
+    return Exported(data, keys, apart, graph_from_proto(load_model(data, what="exported module", weights_apart=True)))
 
 
 def _dynamo_graph(module: torch.nn.Module, args: tuple) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -449,12 +466,13 @@ def warm_exported(module: torch.nn.Module, exported: Exported, zoo_or_handle: An
         from keeper.actors.transfer import ask_service, warm_from_store
         from keeper.graph import load_graph
 
-        graph = load_graph(exported.onnx)  # once: the service gets its arrays, the transfer below reuses it
+        # once: the service gets its arrays, the transfer below reuses it
+        graph = exported.graph if exported.graph is not None else load_graph(exported.onnx)
         choice = ask_service(zoo_or_handle, graph, timeout_s)
         result = warm_choice(choice, exported.onnx, graph, child_weights, noise, score, warm_from_store)
     else:
         kwargs = {} if noise is None else {"noise": noise}
-        result = zoo_or_handle.warm(exported.onnx, weights=child_weights, probe=score, **kwargs)
+        result = zoo_or_handle.warm(exported.onnx, weights=child_weights, probe=score, graph=exported.graph, **kwargs)
     return load_result(module, result, exported.keys)
 
 

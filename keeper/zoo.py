@@ -395,13 +395,14 @@ class Zoo:
 
     def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None, *,
              weights: WeightsInput | None = None, out: str | os.PathLike | None = None,
-             probe: ResultScore | None = None) -> WarmResult:
+             probe: ResultScore | None = None, graph: LayerGraph | None = None) -> WarmResult:
         """Warm-start ``model`` from the best parent in the zoo (its own weights when none qualifies).
 
         Args:
             model: the child: ONNX with its initial weights inside, or its graph alone (then ``weights`` holds
                 its initial weights, or, when absent, the tensors the parent does not supply are ``unset``).
             out: stream the warmed weights into this safetensors file (any size; see :func:`warm_from_parent`).
+            graph: ``model``'s LayerGraph when the caller has extracted it (it is not extracted again).
             probe: a data probe over warm results (lower is better; e.g. load ``result`` into your model and
                 return a loss): the best ``selection.probe_top`` candidates and the cold init are scored and
                 the best is kept, cold included (:func:`keeper.probe.probe_choice`). Torch users pass a module
@@ -411,7 +412,7 @@ class Zoo:
         candidate), ``preserved`` / ``structure`` of the warm, ``probe`` and ``reason``.
         """
         proto = load_model(model, what="child model", weights_apart=weights is not None)
-        graph = graph_from_proto(proto)
+        graph = graph if graph is not None else graph_from_proto(proto)
         ranked = self.rank(graph)
         table = [c.as_dict() for c in ranked[:5]]
         if probe is not None and ranked:
