@@ -125,7 +125,7 @@ def _ask(model: Any, example_input: Any, config: Any, dynamo: bool | None, train
     exported = (export_graph if graph_only else export)(model, example_input, dynamo=dynamo)
     template = architecture_template(exported)
     _save_trial_file(ARCHITECTURE_FILE, template, trainable)
-    graph = load_graph(exported.onnx)
+    graph = exported.graph if exported.graph is not None else load_graph(exported.onnx)
     choice = ask_service(handle, graph, timeout_s)
     # also in the zoo's store, found from the checkpoint's state_dict alone (Ray Train runs, restored trials)
     save_template(choice.uri, template, model.state_dict())
