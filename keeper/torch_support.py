@@ -42,7 +42,7 @@ from keeper.warm import WarmResult
 
 __all__ = ["Exported", "export", "export_graph", "module_weights", "register", "load_warm", "load_result",
            "warm_start", "warm_exported", "warm_choice", "DataProbe", "module_probe", "architecture_template",
-           "fill_template", "template_apart", "tied_keys"]
+           "fill_template", "template_apart", "tied_keys", "drop_eval_caches"]
 
 
 @dataclass
@@ -91,6 +91,7 @@ def export_graph(module: torch.nn.Module, example_input: Any, *, dynamo: bool | 
     if dynamo is None:
         dynamo = os.environ.get("KEEPER_EXPORTER", "dynamo") != "torchscript"
     args = example_input if isinstance(example_input, tuple) else (example_input,)
+    drop_eval_caches(module)  # a tensor cached from the parameters would be traced as a constant, not read
     return cached_export(module, args, f"{'dynamo' if dynamo else 'torchscript'}/{seed}",
                          lambda: _export_graph(module, args, dynamo, seed),
                          lambda exported: _apart_state_keys(module, exported))
@@ -131,6 +132,7 @@ def _export_graph(module: torch.nn.Module, args: tuple, dynamo: bool, seed: int)
         with torch.no_grad():
             for k, v in state.items():
                 v.copy_(saved[k])
+        drop_eval_caches(module)  # what the eval-mode trace cached was computed from the stamps
         for m, training in was_training.items():
             m.training = training
     apart = {}
@@ -398,6 +400,7 @@ def load_warm(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple
                 src = arr.reshape(dst.shape) if tuple(arr.shape) != tuple(dst.shape) else arr
                 dst.copy_(_as_tensor(src))  # copy_ converts dtype and device in one pass
                 done.add(key)
+    drop_eval_caches(module)  # caches of the old parameters' values
     result.unexpected = sorted(set(unexpected) | {k for k in result.mapping if k not in keys})
     result.missing = sorted(k for k in state if k not in done)
     if result.parent is not None and result.missing:
@@ -408,6 +411,21 @@ def load_warm(module: torch.nn.Module, result: WarmResult, keys: dict[str, tuple
             f"inherited and keep their own initialisation: {shown} (keeper did not read them as layer tensors); "
             "see WarmResult.missing"), stacklevel=3)
     return result
+
+
+def drop_eval_caches(module: torch.nn.Module) -> None:
+    """Have every submodule drop what it derived from its parameters for eval mode, leaving every training flag as
+    it was.
+
+    Modules that cache tensors computed from their parameters between eval calls (LeViT's gathered attention
+    biases, in transformers and timm) drop the cache in ``train(True)``, the torch convention for "the parameters
+    may change now". Keeper calls it before and after an export (a cached tensor would be traced as a constant
+    instead of read from its parameter, and a trace fills the cache with traced values) and after loading warmed
+    weights (the cache would hold the old parameters' values)."""
+    flags = {m: m.training for m in module.modules()}
+    module.train(True)
+    for m, training in flags.items():
+        m.training = training
 
 
 def tied_keys(state: dict[str, torch.Tensor]) -> dict[str, tuple[str, ...]]:

@@ -46,9 +46,8 @@ class FirstOutput(torch.nn.Module):
     packed sequences, whose ``torch.diff`` the TorchScript exporter cannot export. ``output``: which output to
     return (ConvNeXt's final LayerNorm acts on its pooled output, the second).
 
-    Caches of tensors computed from parameters (LeViT keeps its gathered attention biases between eval calls) are
-    dropped before each call: a cached tensor would be exported as a constant instead of read from the parameter,
-    and would outlive a warm start that changes the parameter."""
+    LeViT keeps its gathered attention biases between eval calls; keeper drops such caches itself around an export
+    and after a warm (:func:`keeper.torch_support.drop_eval_caches`), so nothing here clears them."""
 
     def __init__(self, model: torch.nn.Module, full_mask: bool = False, output: int = 0):
         super().__init__()
@@ -57,9 +56,6 @@ class FirstOutput(torch.nn.Module):
         self.output = output
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        for m in self.model.modules():
-            if isinstance(getattr(m, "attention_bias_cache", None), dict):
-                m.attention_bias_cache = {}
         kwargs = {"attention_mask": torch.ones_like(args[0])} if self.full_mask else {}
         out = self.model(*args, **kwargs)
         return out[self.output] if isinstance(out, (tuple, list)) else list(out.values())[self.output]

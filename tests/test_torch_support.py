@@ -296,3 +296,53 @@ def test_a_warm_that_leaves_a_tensor_behind_says_so(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", PartialWarmWarning)
         assert warm_start(mlp(), torch.randn(1, 8), zoo, noise=0.0).parent == "mlp"
+
+
+class _CachingBias(torch.nn.Module):
+    """A learned bias gathered by constant indices and cached between eval calls, dropped in ``train(True)``:
+    the pattern of LeViT's attention biases (transformers and timm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.table = torch.nn.Parameter(torch.randn(4))
+        self.register_buffer("idx", torch.tensor([0, 1, 2, 3, 3, 2, 1, 0]), persistent=False)
+        self.cache: dict = {}
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if mode:
+            self.cache = {}
+        return self
+
+    def bias(self) -> torch.Tensor:
+        if self.training:
+            return self.table[self.idx]
+        if "b" not in self.cache:
+            self.cache["b"] = self.table[self.idx]
+        return self.cache["b"]
+
+    def forward(self, x):
+        return self.fc(x) + self.bias()
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_tensors_cached_in_eval_mode_are_read_from_their_parameter_and_refreshed(tmp_path, dynamo):
+    from keeper.graph import load_graph
+    from keeper.torch_support import export_graph, register, warm_start
+    from keeper.zoo import Zoo
+
+    x = torch.randn(2, 8)
+    parent, child = _CachingBias().eval(), _CachingBias().eval()
+    parent(x), child(x)  # both caches filled, as any eval call before a warm start fills them
+    before = parent(x).detach().clone()
+    with nets.quiet():
+        g = export_graph(parent, x, dynamo=dynamo)
+    assert torch.equal(parent(x), before)  # the trace left no stamped value in the cache
+    assert not load_graph(g.onnx).unread and "table" in {sd for sd, _ in g.keys.values()}
+    zoo = Zoo(str(tmp_path / "zoo"))
+    with nets.quiet():
+        register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
+        result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
+    assert result.parent == "p" and result.score == 1.0 and not result.missing
+    assert torch.equal(child(x), before)  # in eval mode, from the warmed table, not the cached old one
