@@ -128,6 +128,12 @@ def _export_graph(module: torch.nn.Module, args: tuple, dynamo: bool, seed: int)
             inits = read_initializers(proto)
         graph = graph_from_proto(proto)
         keys = _match_keys(graph, inits, stamps)  # inside: dynamo's arrays are views of the stamped module
+        # tensors of the module that no layer reads (an op keeper has no rule for) stay in the graph as data:
+        # find which they are while they hold the stamps, to write their real values below
+        read = {r.source for refs in graph.tensors for r in refs if r.key in keys}
+        by_first = _stamps_by_first(stamps)
+        held = {name: hit for name, a in inits.items() if name not in read and a.dtype in _FLOATS and a.size > 1
+                for hit in [_find_stamp(a, by_first, stamps)] if hit is not None}
     finally:
         with torch.no_grad():
             for k, v in state.items():
@@ -143,6 +149,12 @@ def _export_graph(module: torch.nn.Module, args: tuple, dynamo: bool, seed: int)
     for init in proto.graph.initializer:
         if init.name in apart and has_data(init):
             clear_data(init)
+        elif init.name not in apart and init.name in held:  # the module's value, not the stamp the trace saw
+            sd_key, how = held[init.name]
+            arr = _as_numpy(state[sd_key])
+            arr = (arr.T if how == "T" else arr).reshape(tuple(init.dims))
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+            init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr.astype(dtype, copy=False)), init.name))
         elif init.name not in apart and not has_data(init) and init.name in inits:
             # a constant the exporter made (no state_dict entry): its data stays in the graph
             init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(inits[init.name]), init.name))
@@ -259,6 +271,7 @@ def _as_numpy(v: Any) -> np.ndarray:
 
 
 _KEYS_PROP = "keeper.state_dict_keys"
+_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), np.dtype(ml_dtypes.bfloat16))
 
 
 def architecture_template(exported: Exported) -> bytes:
@@ -350,27 +363,37 @@ def _shape_of(key: str, inits: dict[str, np.ndarray], graph) -> tuple[int, ...]:
     raise KeeperError(f"export: tensor {key!r} not found in the exported model")
 
 
-def _match_keys(graph, inits: dict[str, np.ndarray], stamps: dict[str, np.ndarray]) -> dict[str, tuple[str, str]]:
+def _stamps_by_first(stamps: dict[str, np.ndarray]) -> dict[float, list[str]]:
     by_first: dict[float, list[str]] = {}
     for k, a in stamps.items():
         if a.size:
             by_first.setdefault(float(a.reshape(-1)[0]), []).append(k)
+    return by_first
+
+
+def _find_stamp(a: np.ndarray, by_first: dict[float, list[str]],
+                stamps: dict[str, np.ndarray]) -> tuple[str, str] | None:
+    """(state_dict key, "same" | "T") of the stamp ``a`` holds, as is or transposed, or None."""
+    a = np.asarray(a, dtype=np.float32)  # no copy for float32
+    for how, cand in (("same", a), ("T", a.T if a.ndim == 2 else None)):
+        if cand is None or not cand.size:
+            continue
+        for k in by_first.get(float(cand.reshape(-1)[0]), []):
+            s = stamps[k]
+            if s.size == cand.size and np.array_equal(s.reshape(-1), np.ascontiguousarray(cand).reshape(-1)):
+                return k, how
+    return None
+
+
+def _match_keys(graph, inits: dict[str, np.ndarray], stamps: dict[str, np.ndarray]) -> dict[str, tuple[str, str]]:
+    by_first = _stamps_by_first(stamps)
     out: dict[str, tuple[str, str]] = {}
     for refs in graph.tensors:
         for r in refs:
-            if r.key in out:
-                continue
-            a = np.asarray(inits[r.source], dtype=np.float32)  # no copy for float32
-            for how, cand in (("same", a), ("T", a.T if a.ndim == 2 else None)):
-                if cand is None or not cand.size:
-                    continue
-                for k in by_first.get(float(cand.reshape(-1)[0]), []):
-                    s = stamps[k]
-                    if s.size == cand.size and np.array_equal(s.reshape(-1), np.ascontiguousarray(cand).reshape(-1)):
-                        out[r.key] = (k, how)
-                        break
-                if r.key in out:
-                    break
+            if r.key not in out:
+                hit = _find_stamp(inits[r.source], by_first, stamps)
+                if hit is not None:
+                    out[r.key] = hit
     return out
 
 

@@ -346,3 +346,18 @@ def test_tensors_cached_in_eval_mode_are_read_from_their_parameter_and_refreshed
         result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
     assert result.parent == "p" and result.score == 1.0 and not result.missing
     assert torch.equal(child(x), before)  # in eval mode, from the warmed table, not the cached old one
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_a_tensor_no_layer_reads_keeps_the_module_value_in_the_graph(dynamo):
+    from onnx import numpy_helper
+
+    from keeper.torch_support import export_graph
+
+    module = _Gated()
+    with nets.quiet():
+        g = export_graph(module, torch.randn(2, 8), dynamo=dynamo)
+    held = {i.name: numpy_helper.to_array(i) for i in onnx.load_from_string(g.onnx).graph.initializer
+            if i.data_type == onnx.TensorProto.FLOAT and i.dims == [8]}
+    assert len(held) == 1  # the gate: data in the graph (not a stamped value), the layers' tensors apart
+    np.testing.assert_array_equal(next(iter(held.values())), module.gate.detach().numpy())
