@@ -5,7 +5,7 @@ GPT-2 and BERT are given their position (and token-type) ids as inputs, so their
 a data index: these tests measure the growth operators; reading tables gathered by a constant index is another
 matter (``WarmResult.missing`` must be empty here, so nothing is left unread silently). GPT-2 runs tied and untied:
 a tied ``wte`` / ``lm_head`` copies the grown stream as the embedding, so the final LayerNorm feeding the head
-divides its output by the copy counts instead of the head. The T5 encoder's relative-position bias, computed in
+divides its output by the copy counts instead of the head (Llama tied: its RMSNorm weight does). The T5 encoder's relative-position bias, computed in
 its first block and read by all, keeps the parent's table when new blocks come first; Swin's shifted windows (a
 roll written as slices and a concatenation) and patch merging (strided slices joined along channels) keep the
 stream's channel group, and a new shifted block's branch is zeroed through its roll.
@@ -34,12 +34,13 @@ DEPTH = [
 ]
 D_MODEL_X2 = [
     ("llama", {}, dict(d=64, heads=8, kv_heads=4, ffn=128)),
+    ("llama", dict(tied=True), dict(d=64, heads=8, kv_heads=4, ffn=128)),  # tied head after an RMSNorm weight
     ("gpt2", GPT2, dict(d=64, heads=8, ffn=128)),
     ("gpt2", dict(positions=True), dict(d=64, heads=8, ffn=128)),  # LM head tied to the token embedding
     ("bert", BERT, dict(d=64, heads=8, ffn=128)),
     ("swin", {}, dict(d=32, heads=4)),    # the merged patches' four parts each the grown stream
 ]
-D_MODEL_IDS = ["llama", "gpt2", "gpt2-tied", "bert", "swin"]
+D_MODEL_IDS = ["llama", "llama-tied", "gpt2", "gpt2-tied", "bert", "swin"]
 
 
 @pytest.mark.parametrize("family,parent,child", DEPTH, ids=[d[0] for d in DEPTH])
