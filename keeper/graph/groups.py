@@ -136,14 +136,16 @@ def _slice_axes(reader: ModelReader, n: onnx.NodeProto) -> list[int] | None:
     return [int(a) for a in np.asarray(axes).reshape(-1).tolist()]
 
 
-def _off_channels(w: _Walk, name: str, axes: list[int] | None) -> bool:
-    """Whether ``axes`` of tensor ``name`` are all known to be other than its channel axis."""
+def _off_channels(w: _Walk, name: str, axes: list[int] | None, rank: int | None = None) -> bool:
+    """Whether ``axes`` of tensor ``name`` (of ``rank`` axes when its inferred shape does not say) are all known
+    to be other than its channel axis."""
     ax = w.channel_axis.get(name)
     if ax is None or axes is None:
         return False
     shp = w.reader.shapes.get(name)
-    if shp:
-        return all(a % len(shp) != ax % len(shp) for a in axes)
+    rank = len(shp) if shp else rank
+    if rank:
+        return all(a % rank != ax % rank for a in axes)
     # rank unknown: only axes counted from the same end compare
     return all((a < 0) == (ax < 0) and a != ax for a in axes)
 
@@ -191,7 +193,7 @@ def _concat(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], ou
     gs = [uf.find(w.group_in(x)) for x in ins]
     along_channels = ax == 1 or (r is not None and ax == r - 1)
     if r is not None and _same_axis(w, ins) is not None:
-        along_channels = not _off_channels(w, ins[0], [axis])  # positions joined (a roll): the units stay
+        along_channels = not _off_channels(w, ins[0], [axis], r)  # positions joined (a roll): the units stay
     if r is not None and along_channels and all(uf.size[g] > 0 for g in gs):
         return uf.new(sum(uf.size[g] for g in gs), gs)
     g_out = gs[0]
