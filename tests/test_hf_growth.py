@@ -29,6 +29,8 @@ DEPTH = [
     ("llama", {}, dict(layers=4)),        # pre-RMSNorm, GQA, RoPE, SwiGLU: dynamo writes RMSNorm out in ops
     ("gpt2", GPT2, dict(layers=4)),       # pre-LN, packed q/k/v (Conv1D)
     ("bert", BERT, dict(layers=4)),       # post-LN: new blocks go before the embeddings' LayerNorm (see below)
+    ("bert", {}, dict(layers=4)),         # the same with the position table read at arange(seq) from a buffer
+    ("distilbert", {}, dict(layers=4)),   # post-LN, position table from a buffer
     ("t5-encoder", {}, dict(layers=4)),   # one relative-position bias table, in block 0, read by every block
     ("swin", {}, dict(layers=4)),         # shifted windows (a roll), patch merging, a bias table per block
 ]
@@ -43,11 +45,16 @@ D_MODEL_X2 = [
 D_MODEL_IDS = ["llama", "llama-tied", "gpt2", "gpt2-tied", "bert", "swin"]
 
 
-@pytest.mark.parametrize("family,parent,child", DEPTH, ids=[d[0] for d in DEPTH])
+DEPTH_IDS = ["llama", "gpt2", "bert", "bert-buffer-positions", "distilbert", "t5-encoder", "swin"]
+
+
+@pytest.mark.parametrize("family,parent,child", DEPTH, ids=DEPTH_IDS)
 def test_depth_growth_is_exact_and_placed_alike_with_both_exporters(family, parent, child):
     # BERT is post-LN: a block is not the identity after a LayerNorm with its own weights, but in front of the
     # embeddings' LayerNorm it changes nothing: with zero branches it is a unit LayerNorm (the child's own init),
-    # and a LayerNorm gives the same on a unit LayerNorm's output as on its input; the placement is that one
+    # and a LayerNorm gives the same on a unit LayerNorm's output as on its input; the placement is that one,
+    # whether the position table is read through ids given as an input or at arange(seq) (a table added to the
+    # data counts as a sum, like the Add of embeddings, in the alignment's costs)
     placed = []
     for exporter, dynamo in EXPORTERS.items():
         r = hf_growth.growth_deviation(family, parent, child, dynamo=dynamo)
