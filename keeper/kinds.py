@@ -103,6 +103,11 @@ class Traits:
         zero_ones: roles that stay one when the layer is zeroed (a zeroed BatchNorm keeps unit variance).
         merge: how the node joins branches (None: it does not).
         nonlinear: a weightless nonlinearity or pool (a block boundary for runs of new layers).
+        affine: a per-channel layer whose output, for fixed statistics, is proportional to its tensors (norms'
+            scale and shift; a PARAM only when its ``attrs["scales"]``: a product, not a sum).
+        proportional: a weightless node that may stand between such a layer and the layer it feeds while keeping
+            the output proportional (shape ops; identities, which exporters write as Identity, Cast or Dropout and
+            keeper records as activations).
     """
 
     name: str
@@ -115,6 +120,8 @@ class Traits:
     zero_ones: tuple[str, ...] = ()
     merge: Merge | None = None
     nonlinear: bool = False
+    affine: bool = False
+    proportional: bool = False
 
 
 TRAITS: Mapping[Kind, Traits] = MappingProxyType({
@@ -124,20 +131,20 @@ TRAITS: Mapping[Kind, Traits] = MappingProxyType({
     Kind.CONVT: Traits("convT", weighted=True, in_axis=1, kernel_axes=True, levelled=True),
     Kind.LINEAR: Traits("linear", weighted=True, in_axis=1, identity=Identity.EYE),
     Kind.BATCHNORM: Traits("batchnorm", weighted=True, per_channel=True, levelled=True,
-                           identity=Identity.UNIT_NORM, zero_ones=("var",)),
-    Kind.LAYERNORM: Traits("layernorm", weighted=True, per_channel=True),
+                           identity=Identity.UNIT_NORM, zero_ones=("var",), affine=True),
+    Kind.LAYERNORM: Traits("layernorm", weighted=True, per_channel=True, affine=True),
     Kind.EMBEDDING: Traits("embedding", weighted=True),
-    Kind.PARAM: Traits("param", weighted=True, per_channel=True),
+    Kind.PARAM: Traits("param", weighted=True, per_channel=True, affine=True),
     Kind.ADD: Traits("add", merge=Merge.SUM),
     Kind.MUL: Traits("mul"),
     Kind.CONCAT: Traits("concat", merge=Merge.CONCAT),
     Kind.SPLIT: Traits("split"),
     Kind.POOL: Traits("pool", nonlinear=True),
-    Kind.ACTIVATION: Traits("activation", nonlinear=True),
+    Kind.ACTIVATION: Traits("activation", nonlinear=True, proportional=True),
     Kind.MATMUL: Traits("matmul"),
     Kind.SOFTMAX: Traits("softmax"),
-    Kind.RESHAPE: Traits("reshape"),
-    Kind.TRANSPOSE: Traits("transpose"),
+    Kind.RESHAPE: Traits("reshape", proportional=True),
+    Kind.TRANSPOSE: Traits("transpose", proportional=True),
     Kind.REDUCE: Traits("reduce"),
     Kind.OTHER: Traits("other"),
 })

@@ -28,7 +28,7 @@ import numpy as np
 
 from keeper.graph import LayerGraph, as_graph
 from keeper.graph.stream import Stream, residual_stream
-from keeper.kinds import Merge, kind_mask, kinds_where
+from keeper.kinds import Merge, kind_mask, kinds_where, traits
 from keeper.onnx_safety import ModelInput
 
 __all__ = [
@@ -131,6 +131,7 @@ def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
     """
     layer_of = np.full(graph.num_nodes, -1, dtype=np.int64)
     layer_of[graph.layer_node] = np.arange(graph.num_layers)
+    summed = _adds_a_table(graph)
     out = np.empty(graph.num_layers, dtype=np.int64)
     for li, node in enumerate(graph.layer_node.tolist()):
         preds = graph.predecessors(node)
@@ -139,7 +140,8 @@ def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
         while cur >= 0:
             if layer_of[cur] >= 0:
                 src = int(layer_of[cur])
-                code = int(cls[src]) * 1_000_003 + int(graph.shape[src][1])  # >= 0: never one of the tokens
+                # >= 0: never one of the tokens; a table added to the data is a sum, as a merge
+                code = _CONTEXT_MERGE if summed[src] else int(cls[src]) * 1_000_003 + int(graph.shape[src][1])
                 break
             up = graph.predecessors(cur)
             if graph.kind[cur] in _MERGE_KINDS or len(up) != 1:
@@ -222,14 +224,25 @@ def _edge_costs(graph: LayerGraph, stream: Stream | None = None) -> np.ndarray:
     return out
 
 
+def _adds_a_table(graph: LayerGraph) -> np.ndarray:
+    """Per layer: it adds (or joins) a learned table to the data rather than transforming it (a position table, a
+    class token: an affine layer whose ``attrs["scales"]`` is False). Such a layer is a sum like a residual add, so
+    the layer after it is fed by a merge, as when the positions come as an input and the embeddings are added by
+    an Add: a model places new blocks alike whichever way it reads its positions."""
+    return np.array([traits(int(k)).affine and not (graph.attrs[i] if i < len(graph.attrs) else {}).get("scales", True)
+                     for i, k in enumerate(graph.layer_kind.tolist())], dtype=bool)
+
+
 def _local_edge_costs(graph: LayerGraph) -> np.ndarray:
     """The edge cost each layer gets from the ops right before it (see :func:`_edge_costs`)."""
     is_layer = np.zeros(graph.num_nodes, dtype=bool)
     is_layer[graph.layer_node] = True
+    summed = np.zeros(graph.num_nodes, dtype=bool)
+    summed[graph.layer_node] = _adds_a_table(graph)
     out = np.zeros(graph.num_layers, dtype=np.int64)
     for li, node in enumerate(graph.layer_node.tolist()):
         preds = graph.predecessors(node)
-        cost = 0 if len(preds) != 1 else _EDGE_INSIDE
+        cost = 0 if len(preds) != 1 or summed[preds[0]] else _EDGE_INSIDE
         cur = int(preds[0]) if len(preds) == 1 else -1
         while cost and not is_layer[cur]:
             if graph.kind[cur] in _MERGE_KINDS or len(graph.predecessors(cur)) == 0:

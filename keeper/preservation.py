@@ -31,12 +31,12 @@ import numpy as np
 from keeper.graph import LayerGraph
 from keeper.kinds import Identity, Kind, Merge, kinds_where, traits
 from keeper.matching import Alignment, MatchArrays, align
+from keeper.transforms.depth import fresh_branches
 
 __all__ = ["Assessment", "assess", "layer_roles", "may_qualify", "assess_candidate"]
 
 _NORMS = frozenset(int(k) for k in (Kind.BATCHNORM, Kind.LAYERNORM, Kind.PARAM))
 _MERGES = kinds_where(lambda t: t.merge is not None)
-_SUMS = kinds_where(lambda t: t.merge is Merge.SUM)
 # role tokens (kinds are >= 1, so these never collide with a kind code)
 _INPUT, _MERGE, _MANY, _OUTPUT, _FORK = -1, -2, -3, -4, -5
 
@@ -154,37 +154,17 @@ def _identity_able(g: LayerGraph, i: int) -> bool:
 
 
 def _fresh_branches(g: LayerGraph, new: np.ndarray) -> tuple[set[int], set[int], set[int]]:
-    """(layers, adds, nodes) of residual branches made only of new layers (the branch's last layer starts at
-    zero, so the others may hold anything): the walk of :func:`keeper.transforms.depth.new_branch_tails`, keeping
-    every layer and node of the branch and its add."""
-    node_layer = np.full(g.num_nodes, -1, dtype=np.int64)
-    node_layer[g.layer_node] = np.arange(g.num_layers)
-    fanout = np.bincount(g.pred_indices, minlength=g.num_nodes)
-    layers_out: set[int] = set()
+    """(layers, adds, nodes) of residual branches made only of new layers (the branch's tails start at zero, so
+    the others may hold anything): :func:`keeper.transforms.depth.fresh_branches`, every layer and node of each
+    branch and its add."""
+    layers: set[int] = set()
     adds: set[int] = set()
     nodes: set[int] = set()
-    for node in np.flatnonzero(np.isin(g.kind, sorted(_SUMS))).tolist():
-        preds = g.predecessors(int(node))
-        if len(preds) != 2:
-            continue
-        found = []
-        for start in preds.tolist():
-            cur, layers, path = int(start), [], []
-            while True:
-                path.append(cur)
-                if node_layer[cur] >= 0:
-                    layers.append(int(node_layer[cur]))
-                p = g.predecessors(cur)
-                if len(p) != 1 or fanout[cur] > 1 or g.kind[cur] in _MERGES or fanout[int(p[0])] > 1:
-                    break
-                cur = int(p[0])
-            found.append((layers, path) if layers and all(new[l] for l in layers) else None)
-        fresh = [b for b in found if b]
-        if len(fresh) == 1:
-            layers_out.update(fresh[0][0])
-            nodes.update(fresh[0][1])
-            adds.add(int(node))
-    return layers_out, adds, nodes
+    for b in fresh_branches(g, new):
+        layers.update(b.layers)
+        nodes.update(b.nodes)
+        adds.add(b.add)
+    return layers, adds, nodes
 
 
 def assess(parent: LayerGraph, child: LayerGraph, alignment: Alignment,

@@ -471,3 +471,38 @@ def test_residual_stream_blocks_are_contiguous_and_read_alike_by_both_exporters(
         assert not a.in_block.any() and not a.boundary_before().any()
     else:  # residual blocks: each starts at a boundary
         assert a.in_block.any() and a.boundary_before().sum() >= 2
+
+
+def test_slices_and_concatenations_along_positions_keep_the_channel_group():
+    """A roll over positions (two slices joined along the same axis, as Swin's shifted windows export) and a
+    patch merging (strided slices over positions joined along channels) keep the units of the stream: the roll is
+    in the stream's group, the merging a composite of four parts that are that group; a slice of channels opens
+    a group of its own. Axes given as constants, or folded from Unsqueeze of a Constant (TorchScript's way)."""
+    def const(name, v):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(v, np.int64)))
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),                      # (2, 4, 4, 8), channels last
+             const("one", 1), const("zero", [0]), helper.make_node("Unsqueeze", ["one", "zero"], ["ax1"]),
+             helper.make_node("Slice", ["h", "s2", "big", "ax1"], ["r0"]),
+             helper.make_node("Slice", ["h", "s0", "s2", "ax1"], ["r1"]),
+             helper.make_node("Concat", ["r0", "r1"], ["rolled"], axis=1),         # a roll along axis 1
+             helper.make_node("Add", ["h", "rolled"], ["z"]),
+             helper.make_node("Slice", ["z", "s00", "big2", "ax12", "st2"], ["m0"]),
+             helper.make_node("Slice", ["z", "s01", "big2", "ax12", "st2"], ["m1"]),
+             helper.make_node("Slice", ["z", "s10", "big2", "ax12", "st2"], ["m2"]),
+             helper.make_node("Slice", ["z", "s11", "big2", "ax12", "st2"], ["m3"]),
+             helper.make_node("Concat", ["m0", "m1", "m2", "m3"], ["merged"], axis=-1),  # (2, 2, 2, 32)
+             helper.make_node("MatMul", ["merged", "w2"], ["y"]),
+             helper.make_node("Slice", ["h", "s0", "s2c", "ax3"], ["part"]),      # channels 0..3
+             helper.make_node("MatMul", ["part", "w3"], ["y2"])]
+    i64 = lambda v: np.array(v, np.int64)  # noqa: E731
+    inits = {"w": _rand(8, 8), "w2": _rand(32, 8), "w3": _rand(4, 8), "s0": i64([0]), "s2": i64([2]),
+             "big": i64([1 << 62]), "s00": i64([0, 0]), "s01": i64([0, 1]), "s10": i64([1, 0]),
+             "s11": i64([1, 1]), "big2": i64([1 << 62, 1 << 62]), "ax12": i64([1, 2]), "st2": i64([2, 2]),
+             "s2c": i64([4]), "ax3": i64([3])}
+    g = load_graph(_model(nodes, inits, inputs=(("x", [2, 4, 4, 8]),), outputs=("y", "y2")))
+    layer = {refs[0].source: li for li, refs in enumerate(g.tensors)}
+    stream = int(g.out_group[layer["w"]])
+    merged = int(g.in_group[layer["w2"]])
+    assert g.group_of_parts(merged).tolist() == [stream] * 4 and g.group_size[merged] == 32
+    assert int(g.in_group[layer["w3"]]) != stream and g.group_size[g.in_group[layer["w3"]]] == 4

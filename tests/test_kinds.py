@@ -14,7 +14,7 @@ import pytest
 from keeper import kinds, matching
 from keeper.errors import KeeperError
 from keeper.graph import Kind, LayerGraph, graph_from_proto, groups, rules
-from keeper.kinds import TRAITS, Identity, kinds_where, traits
+from keeper.kinds import TRAITS, Identity, Merge, kinds_where, traits
 from keeper.transforms import compose, depth
 
 import nets
@@ -63,7 +63,9 @@ def test_readers_keep_no_kind_lists_of_their_own():
         src = inspect.getsource(module)
         assert "Kind." not in src, f"{module.__name__} names kinds itself; read keeper.kinds.TRAITS instead"
     assert set(np.flatnonzero(matching._LEVELLED).tolist()) == kinds_where(lambda t: t.levelled)
-    assert matching._MERGE_KINDS == depth._MERGE_KINDS == kinds_where(lambda t: t.merge is not None)
+    assert matching._MERGE_KINDS == kinds_where(lambda t: t.merge is not None)
+    assert depth._RESIDUAL_KINDS == kinds_where(lambda t: t.merge is Merge.SUM)
+    assert compose._PROPORTIONAL == kinds_where(lambda t: t.proportional)
 
 
 def test_depth_and_compose_follow_the_table(monkeypatch):

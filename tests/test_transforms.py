@@ -248,3 +248,56 @@ def test_widening_attention_keeps_q_k_v_and_heads_apart(heads, parent_d, child_d
 def test_identical_architecture_is_copied_exactly():
     dev, score = _deviation(RESNET, RESNET, dynamo=True)
     assert dev == 0.0 and score == 1.0
+
+
+def _roll_block_graph():
+    """x (a stem's output) -> LayerNorm -> MatMul -> a roll over positions (two slices, one concatenation) -> added back to x: a
+    residual branch that forks and joins inside (Swin's shifted windows), then a head."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    f32 = lambda *s: rng.normal(size=s).astype(np.float32)  # noqa: E731
+    i64 = lambda v: np.array(v, np.int64)  # noqa: E731
+    nodes = [helper.make_node("MatMul", ["x0", "stem"], ["x"]),
+             helper.make_node("LayerNormalization", ["x", "ln_w", "ln_b"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "w"], ["h"]),
+             helper.make_node("Slice", ["h", "s1", "big", "ax"], ["a"]),
+             helper.make_node("Slice", ["h", "s0", "s1", "ax"], ["b"]),
+             helper.make_node("Concat", ["a", "b"], ["rolled"], axis=1),
+             helper.make_node("Add", ["x", "rolled"], ["z"]),
+             helper.make_node("MatMul", ["z", "head"], ["y"])]
+    inits = {"stem": f32(8, 8), "ln_w": f32(8), "ln_b": f32(8), "w": f32(8, 8), "head": f32(8, 3), "s0": i64([0]), "s1": i64([1]),
+             "big": i64([1 << 62]), "ax": i64([1])}
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [2, 4, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    graph = load_graph(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    return graph, {refs[0].source: li for li, refs in enumerate(graph.tensors)}
+
+
+def test_a_new_branch_that_rolls_its_output_is_zeroed_at_its_last_layer():
+    from keeper.transforms.depth import fresh_branches, new_branch_tails
+
+    g, layer = _roll_block_graph()
+    new = np.zeros(g.num_layers, dtype=bool)
+    new[[layer["ln_w"], layer["w"]]] = True
+    (branch,) = fresh_branches(g, new)
+    assert branch.tails == {layer["w"]} and branch.layers == {layer["ln_w"], layer["w"]}
+    assert new_branch_tails(g, new) == {layer["w"]}
+    new[layer["ln_w"]] = False  # a branch holding an inherited layer is not new: nothing to zero
+    assert fresh_branches(g, new) == [] and new_branch_tails(g, new) == set()
+
+
+def test_a_tied_table_is_written_by_the_layer_that_inherits_it():
+    from keeper.transforms.compose import tensor_writers
+
+    g, layer = _roll_block_graph()
+    from dataclasses import replace
+    # the head reads the LayerNorm's scale too (a tied tensor): the first reader writes it unless only a later
+    # one inherits
+    tied = replace(g, tensors=[*g.tensors[:-1], g.tensors[-1] + (g.tensors[layer["ln_w"]][0],)])
+    inherits = np.ones(g.num_layers, dtype=bool)
+    assert tensor_writers(tied, inherits)["ln_w"] == layer["ln_w"]
+    inherits[layer["ln_w"]] = False
+    assert tensor_writers(tied, inherits)["ln_w"] == layer["head"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import numpy as np
 import onnx
 
 from keeper.errors import KeeperError
@@ -48,6 +49,9 @@ class _Walk:
         self.reader = reader
         self.uf = UnionFind()
         self.tensor_group: dict[str, int] = {}
+        # tensor -> the axis holding its channels where known: -1 the last (transformers, linear layers), 1 the
+        # second (convolutions); read by slices and concatenations to tell channels from positions
+        self.channel_axis: dict[str, int] = {}
         self.layer_groups: dict[int, tuple[int, int]] = {}
         self.packed = PackedProjections(reader, nodes, info, self.uf, self.tensor_group)
 
@@ -117,7 +121,33 @@ def _split(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out
         for o, pg in zip(n.output, pgs):
             w.tensor_group[o] = pg
         return None
+    if n.op_type == "Slice" and ins and _off_channels(w, ins[0], _slice_axes(w.reader, n)):
+        return w.group_in(ins[0])  # a crop or one half of a roll over positions: the same units
     return w.uf.new()
+
+
+def _slice_axes(reader: ModelReader, n: onnx.NodeProto) -> list[int] | None:
+    """The axes a Slice cuts: its constant ``axes`` input (opset 10 on) or attribute, by default the first
+    ``len(starts)`` axes; None when not constant."""
+    axes = reader.small_value(n.input[3]) if len(n.input) > 3 and n.input[3] else attr(n, "axes")
+    if axes is None:
+        starts = reader.small_value(n.input[1]) if len(n.input) > 1 and n.input[1] else attr(n, "starts")
+        return None if starts is None else list(range(len(list(starts))))
+    return [int(a) for a in np.asarray(axes).reshape(-1).tolist()]
+
+
+def _off_channels(w: _Walk, name: str, axes: list[int] | None, rank: int | None = None) -> bool:
+    """Whether ``axes`` of tensor ``name`` (of ``rank`` axes when its inferred shape does not say) are all known
+    to be other than its channel axis."""
+    ax = w.channel_axis.get(name)
+    if ax is None or axes is None:
+        return False
+    shp = w.reader.shapes.get(name)
+    rank = len(shp) if shp else rank
+    if rank:
+        return all(a % rank != ax % rank for a in axes)
+    # rank unknown: only axes counted from the same end compare
+    return all((a < 0) == (ax < 0) and a != ax for a in axes)
 
 
 def _matmul(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
@@ -161,12 +191,52 @@ def _concat(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], ou
     r = len(shp) if shp else None
     ax = axis % r if r else axis
     gs = [uf.find(w.group_in(x)) for x in ins]
-    if r is not None and (ax == 1 or ax == r - 1) and all(uf.size[g] > 0 for g in gs):
+    along_channels = ax == 1 or (r is not None and ax == r - 1)
+    if r is not None and _same_axis(w, ins) is not None:
+        along_channels = not _off_channels(w, ins[0], [axis], r)  # positions joined (a roll): the units stay
+    if r is not None and along_channels and all(uf.size[g] > 0 for g in gs):
         return uf.new(sum(uf.size[g] for g in gs), gs)
     g_out = gs[0]
     for g in gs[1:]:
         g_out = uf.union(g_out, g)
     return g_out
+
+
+def _same_axis(w: _Walk, ins: list[str]) -> int | None:
+    """The channel axis all of ``ins`` share, None when one is unknown or they differ."""
+    axes = {w.channel_axis.get(x) for x in ins}
+    return axes.pop() if len(axes) == 1 else None
+
+
+# Kinds whose output holds its channels where the (first) data input held them.
+_AXIS_KEPT = (Kind.ACTIVATION, Kind.POOL, Kind.ADD, Kind.MUL, Kind.SOFTMAX, Kind.PARAM, Kind.CONCAT)
+
+
+def _channel_axis(w: _Walk, n: onnx.NodeProto, d: NodeInfo, ins: list[str], g_out: int) -> int | None:
+    """Where the output of node ``n`` holds its channels (see ``_Walk.channel_axis``); None when unknown."""
+    t = traits(d.kind)
+    first = w.channel_axis.get(ins[0]) if ins else None
+    if t.kernel_axes or d.kind == Kind.BATCHNORM:
+        return 1
+    if d.kind in (Kind.LINEAR, Kind.EMBEDDING):
+        return -1
+    if d.kind == Kind.LAYERNORM:
+        return -1 if int(attr(n, "axis", -1)) == -1 else None
+    if d.kind in _AXIS_KEPT:
+        return _same_axis(w, ins) if d.kind == Kind.CONCAT else first
+    kept = bool(ins) and w.uf.find(g_out) == w.uf.find(w.group_in(ins[0]))
+    if d.kind == Kind.TRANSPOSE and first is not None:
+        perm = attr(n, "perm")
+        if not perm:
+            return None
+        perm = list(perm)
+        moved = perm.index(first % len(perm))
+        return -1 if moved == len(perm) - 1 else moved
+    if d.kind == Kind.RESHAPE and kept and first == -1:
+        return -1  # a reshape keeps the group only when it keeps the last axis (or cannot tell)
+    if d.kind == Kind.SPLIT and n.op_type == "Slice" and kept:
+        return first
+    return None
 
 
 def _keeps_channels(a: tuple | None, b: tuple | None) -> bool:
@@ -218,9 +288,12 @@ def channel_groups(reader: ModelReader, nodes: Sequence[onnx.NodeProto], order: 
         g_out = handler(d.kind)(w, i, n, d, ins, out)
         if g_out is None:
             continue
+        ax = _channel_axis(w, n, d, ins, g_out)
         for o in (n.output if d.bias_add is None else [out]):
             if o:
                 w.tensor_group[o] = g_out
+                if ax is not None:
+                    w.channel_axis[o] = ax
     c = w.uf.compact()
     remap = {i: (c.ids[a] if a >= 0 else -1, c.ids[b] if b >= 0 else -1) for i, (a, b) in w.layer_groups.items()}
     return ChannelGroups(c.sizes, c.parts_indptr, c.parts, remap, w.packed.attrs())

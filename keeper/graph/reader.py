@@ -164,6 +164,32 @@ class ModelReader:
                     return np.array(a.i, dtype=np.int64)
         return None
 
+    def small_value(self, name: str, depth: int = 0) -> np.ndarray | None:
+        """Value of a small integer constant (axes, starts) as :meth:`const_value` reads it, or folded through the
+        ops exporters build them with (Unsqueeze, Squeeze, Identity, Cast, Concat, Reshape
+        of constants); None when not readable that way."""
+        v = self.const_value(name)
+        n = self.producer.get(name)
+        if v is not None or n is None or depth > 8:
+            return v
+        parts = [self.small_value(x, depth + 1) for x in n.input if x]
+        if any(p is None for p in parts) or not parts or parts[0].size > 64:
+            return None
+        if n.op_type in ("Identity", "Cast"):
+            return parts[0]
+        if n.op_type == "Unsqueeze" and parts[0].ndim == 0:
+            return parts[0].reshape(1)
+        if n.op_type == "Squeeze" and parts[0].size == 1:
+            return parts[0].reshape(())
+        if n.op_type == "Concat" and all(p.ndim == 1 for p in parts):
+            return np.concatenate(parts)
+        if n.op_type == "Reshape" and len(parts) == 2 and parts[1].ndim == 1 and 0 not in parts[1].tolist():
+            try:
+                return parts[0].reshape(parts[1].tolist())
+            except ValueError:
+                return None
+        return None
+
     def trace_weight(self, name: str, role: str) -> TensorRef | None:
         """Follow ``name`` back to its initializer through shape-only ops; None when it is computed."""
         steps: list[tuple[str, tuple[int, ...]]] = []

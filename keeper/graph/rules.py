@@ -167,14 +167,16 @@ def _embedding(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
 def _param(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
     """An Add or Mul of one learned tensor with more than one element: a positional embedding, a layer scale, or
     a table read by constant indices and added to the data (a relative-position bias added to attention scores,
-    a position table gathered at ``arange(seq_len)``)."""
+    a position table gathered at ``arange(seq_len)``). A Mul's layer records ``attrs["scales"]``: its output is
+    proportional to its tensor (an RMSNorm's weight), which the transforms may divide."""
     consts = [x for x in n.input if x in ctx.const]
     if len(consts) != 1:
         return None
     p = ctx.learned(consts[0], "weight")
     if p is None or int(np.prod(ctx.shape(p))) <= 1:
         return None
-    return _channel_first(ctx, p)
+    info = _channel_first(ctx, p)
+    return NodeInfo(info.kind, info.shape, info.refs, info.vectors, attrs={"scales": n.op_type == "Mul"})
 
 
 def _tokens(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
@@ -194,7 +196,7 @@ def _tokens(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
         return None
     extra = tuple(TensorRef(f"token{k}", c.key, c.source, c.source_shape, c.chain, c.canon)
                   for k, c in enumerate((_channel_first(ctx, r).refs[0] for r in refs[1:]), 1))
-    return NodeInfo(Kind.PARAM, first.shape, first.refs + extra, len(extra))
+    return NodeInfo(Kind.PARAM, first.shape, first.refs + extra, len(extra), attrs={"scales": False})
 
 
 def _channel_first(ctx: RuleContext, p: TensorRef) -> NodeInfo:

@@ -91,11 +91,12 @@ class LayerGraph:
     unread: dict[str, int] = field(default_factory=dict)
 
     # Version of what extraction records; 2 added packed projections (attrs["packed"]), 3 resolution levels, 4
-    # learned tables read by lookups (positions, relative-position biases, class tokens) and ``unread``. A
-    # stored graph of an older version is re-extracted from its model (see keeper.zoo.graph_from_blob). Bump it
+    # learned tables read by lookups (positions, relative-position biases, class tokens) and ``unread``, 5 channel
+    # groups kept through slices and concatenations along positions (a roll, patch merging) and attrs["scales"] of
+    # a PARAM Mul. A stored graph of an older version is re-extracted from its model (see keeper.zoo.graph_from_blob). Bump it
     # with any change to what extraction records (kinds, shapes, groups and their numbering, order, refs, attrs),
     # so that stored graphs are re-extracted; docs/architecture.md ("The graph package") says when.
-    FORMAT = 4
+    FORMAT = 5
 
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",
                "params", "conv_groups", "in_group", "out_group", "in_level", "out_level", "group_size",

@@ -23,14 +23,15 @@ import ml_dtypes
 import numpy as np
 
 from keeper.graph import LayerGraph
-from keeper.kinds import traits
+from keeper.kinds import kinds_where, traits
 from keeper.matching import Alignment
 from keeper.onnx_weights import canonical, layer_arrays, to_source
 from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
 from keeper.transforms.kernel import fit_kernel
 from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
 
-__all__ = ["Transfer", "transfer", "transfer_layers", "LayerTensors", "paste_overlap"]
+__all__ = ["Transfer", "transfer", "transfer_layers", "tensor_writers", "tied_input_divisors", "LayerTensors",
+           "paste_overlap"]
 
 # dtypes whose arithmetic keeper runs in float32 (bfloat16 keeps 8 bits of mantissa: a division by a replication
 # count or a product with an attention factor in it would round the function away)
@@ -274,13 +275,15 @@ LayerTensors = dict[str, tuple[np.ndarray, str | None, str]]
 
 def transfer_layers(child: LayerGraph, child_inits: Mapping[str, np.ndarray],
                     layer: Callable[[int, dict[str, np.ndarray]], LayerTensors],
-                    sink: Callable[[str, np.ndarray], None] | None = None) -> Transfer:
+                    sink: Callable[[str, np.ndarray], None] | None = None,
+                    writers: Mapping[str, int] | None = None) -> Transfer:
     """The child's tensors, layer by layer in canonical order: ``layer(c, cvals)`` gives every role of child layer
     ``c`` from the child's own arrays ``cvals`` (role -> canonical array, read only now: memory-mapped inits are
     read layer by layer).
 
-    Tied tensors (one initializer behind several layers): the first layer in canonical order writes the array;
-    the provenance is the last layer's. Arrays go back to each tensor's stored orientation (``to_source``) in the
+    Tied tensors (one initializer behind several layers): layer ``writers[key]`` writes the array and gives its
+    provenance (:func:`tensor_writers`); without ``writers``, the first layer in canonical order writes it and the
+    provenance is the last layer's. Arrays go back to each tensor's stored orientation (``to_source``) in the
     child's dtype; a tensor the child keeps is its own array, not a copy. With ``sink``, each tensor goes to
     ``sink(key, array)`` as soon as it is made and ``weights`` stays empty (streaming: one layer in memory).
     """
@@ -291,9 +294,11 @@ def transfer_layers(child: LayerGraph, child_inits: Mapping[str, np.ndarray],
         cvals = {ref.role: canonical(ref, child_inits) for ref in refs}
         values = layer(c, cvals)
         for role, (_, src, op) in values.items():
-            out.provenance[_key(refs, role)] = (src, op)
+            key = _key(refs, role)
+            if writers is None or writers.get(key, c) == c:
+                out.provenance[key] = (src, op)
         for ref in refs:
-            if ref.key in done:
+            if ref.key in done or (writers is not None and writers.get(ref.key, c) != c):
                 continue
             done.add(ref.key)
             v = values[ref.role][0]
@@ -306,6 +311,68 @@ def transfer_layers(child: LayerGraph, child_inits: Mapping[str, np.ndarray],
             else:
                 sink(ref.key, value)
         del values, cvals  # with a sink, nothing of this layer outlives it
+    return out
+
+
+def tensor_writers(child: LayerGraph, inherits: np.ndarray) -> dict[str, int]:
+    """Tensor key -> the child layer that writes it: of the layers reading it, the first in canonical order that
+    inherits (``inherits[c]``), else the first. A table several blocks share (T5's relative-position bias, read in
+    every block and computed in the first) keeps the parent's values when new blocks come first."""
+    first: dict[str, int] = {}
+    inherited: dict[str, int] = {}
+    for c in range(child.num_layers):
+        for ref in child.tensors[c]:
+            first.setdefault(ref.key, c)
+            if inherits[c]:
+                inherited.setdefault(ref.key, c)
+    return {k: inherited.get(k, c) for k, c in first.items()}
+
+
+# weightless kinds between a norm and the layer it feeds that keep the norm's output proportional to its tensors
+_PROPORTIONAL = kinds_where(lambda t: t.proportional)
+
+
+def tied_input_divisors(child: LayerGraph, maps: "_GroupMaps", writers: Mapping[str, int]) -> dict[int, np.ndarray]:
+    """Child layer -> per-unit divisors of its affine tensors, for the norms feeding a layer whose grown input
+    cannot be divided because its weight is tied to a layer that copies it.
+
+    GPT-2's LM head shares ``wte`` with the token embedding, which writes it (:func:`tensor_writers`) with every
+    column copied as the grown stream's units are; the head would need them divided by the copy counts. The final
+    norm feeding only the head sees the parent's statistics (every unit copied equally often), so dividing its
+    scale and shift per unit by the unit's copy count makes its output the parent's units, each copy divided,
+    and the head's sum over them the parent's logits. Found generally: a layer with an input axis whose weight
+    another layer with no input axis writes, whose input units are copied, fed (through shape ops and
+    identities, every node feeding only the next) by a LayerNorm, BatchNorm or scaling PARAM (an RMSNorm weight)
+    over the same units. A GELU in that chain would not stay proportional; exporters write only identities there.
+    """
+    out: dict[int, np.ndarray] = {}
+    node_layer = np.full(child.num_nodes, -1, dtype=np.int64)
+    node_layer[child.layer_node] = np.arange(child.num_layers)
+    fanout = np.bincount(child.pred_indices, minlength=child.num_nodes)
+    for c in range(child.num_layers):
+        refs = child.tensors[c]
+        if traits(int(child.layer_kind[c])).in_axis is None or not refs:
+            continue
+        w = writers.get(refs[0].key, c)
+        if w == c or traits(int(child.layer_kind[w])).in_axis is not None:
+            continue
+        gi = int(child.in_group[c])
+        m, ps = maps.map(gi), maps.parent_size(gi)
+        if m is None or ps <= 0:
+            continue
+        counts = np.bincount(m, minlength=ps)[m]
+        if np.all(counts == 1):
+            continue
+        preds = child.predecessors(int(child.layer_node[c]))
+        while len(preds) == 1 and fanout[preds[0]] == 1 and node_layer[preds[0]] < 0 \
+                and int(child.kind[preds[0]]) in _PROPORTIONAL:
+            preds = child.predecessors(int(preds[0]))
+        if len(preds) != 1 or fanout[preds[0]] != 1 or node_layer[preds[0]] < 0:
+            continue
+        p = int(node_layer[preds[0]])
+        attrs = child.attrs[p] if p < len(child.attrs) else {}
+        if traits(int(child.layer_kind[p])).affine and attrs.get("scales", True) and int(child.out_group[p]) == gi:
+            out[p] = counts.astype(np.float64)
     return out
 
 
@@ -330,6 +397,8 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
     maps = _GroupMaps(parent, child, pairs, P, seed)
     rng = np.random.default_rng(seed)
     tails = new_branch_tails(child, pairs < 0)
+    writers = tensor_writers(child, pairs >= 0)
+    divisors = tied_input_divisors(child, maps, writers)
 
     def inherited(c: int, p: int, cvals: dict[str, np.ndarray]) -> LayerTensors:
         kind = int(child.layer_kind[c])
@@ -348,6 +417,11 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
                 v = _wide(v)
                 v = v * f.astype(v.dtype).reshape((-1,) + (1,) * (ct.ndim - 1))
                 ops.append("attention-scale")
+            d = divisors.get(c)
+            if d is not None and role not in ("mean", "var") and v.shape[:1] == d.shape:
+                v = _wide(v)
+                v = v / d.astype(v.dtype).reshape((-1,) + (1,) * (v.ndim - 1))
+                ops.append("tied-divide")
             if noise > 0 and role == "weight":
                 v = _wide(v)
                 v = v + rng.normal(0.0, noise * float(v.std() or 1.0), v.shape).astype(v.dtype)
@@ -373,7 +447,7 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
         return values
 
     return transfer_layers(child, child_inits, lambda c, cvals: inherited(c, int(pairs[c]), cvals) if pairs[c] >= 0
-                           else new(c, cvals), sink)
+                           else new(c, cvals), sink, writers)
 
 
 def _key(refs, role: str) -> str:

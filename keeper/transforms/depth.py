@@ -7,12 +7,15 @@ identity linear, BatchNorm that is the identity in eval mode); a residual branch
 
 from __future__ import annotations
 
+import heapq
+from dataclasses import dataclass
+
 import numpy as np
 
 from keeper.graph import LayerGraph
 from keeper.kinds import Identity, Merge, kinds_where, traits
 
-__all__ = ["identity_fill", "zero_fill", "new_branch_tails"]
+__all__ = ["identity_fill", "zero_fill", "FreshBranch", "fresh_branches", "new_branch_tails"]
 
 
 def identity_fill(kind: int, child: dict[str, np.ndarray], *, epsilon: float = 1e-5,
@@ -69,46 +72,87 @@ def _zeros(child: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.zeros(v.shape, v.dtype) for k, v in child.items()}
 
 
-# by kind, from keeper.kinds: residual adds (a zero branch leaves the skip input), and every merge
+# by kind, from keeper.kinds: residual adds (a zero branch leaves the skip input)
 _RESIDUAL_KINDS = kinds_where(lambda t: t.merge is Merge.SUM)
-_MERGE_KINDS = kinds_where(lambda t: t.merge is not None)
 
 
-def new_branch_tails(graph: LayerGraph, new_layer: np.ndarray) -> set[int]:
-    """Layers that end a residual branch made only of new layers: zero them and the branch adds nothing.
+@dataclass(frozen=True)
+class FreshBranch:
+    """A residual branch made only of new layers: the ``add`` node closing it, its ``tails`` (the layers whose
+    output reaches the add through weightless nodes alone: zeroed, the branch adds nothing), all its ``layers``
+    and its ``nodes`` (the fork feeding it and the add excluded)."""
 
-    For each Add node, each input is walked back through single-input nodes until a node that feeds several
-    others (the fork) or a merge; if every layer on the way is new (``new_layer[l]``) and there is at least
-    one, the layer nearest the Add is a tail. The other input must not also be such a branch (then the Add
-    would output zero rather than its skip input).
+    add: int
+    tails: frozenset[int]
+    layers: frozenset[int]
+    nodes: frozenset[int]
+
+
+def fresh_branches(graph: LayerGraph, new_layer: np.ndarray) -> list[FreshBranch]:
+    """The residual branches of ``graph`` made only of new layers (``new_layer[l]``).
+
+    For each residual add with two inputs, each input's branch is walked back in reverse topological order (the
+    canonical node order is one): a node belongs to the branch when everything it feeds does (the input itself
+    always), so the walk stops at the fork that also feeds the skip path, and at side inputs shared with other
+    blocks (a mask). The branch may fork and join inside (a roll written as slices and a concatenation, attention's
+    products): its tails are the layers with a path to the add through weightless nodes alone. A branch qualifies
+    when it has layers, all new, and no path from its fork reaches the add without a layer (it could not be
+    zeroed). The other input must not also qualify (the add would then output zero rather than its skip input);
+    an input that is itself a fork (a post-LN block adds its branch to the norm output that feeds the branch) is
+    the skip path.
     """
     node_layer = np.full(graph.num_nodes, -1, dtype=np.int64)
     node_layer[graph.layer_node] = np.arange(graph.num_layers)
-    fanout = np.bincount(graph.pred_indices, minlength=graph.num_nodes)
-    tails: set[int] = set()
-    for node in np.flatnonzero(np.isin(graph.kind, sorted(_RESIDUAL_KINDS))):
-        preds = graph.predecessors(int(node))
-        if len(preds) != 2:
+    succs: list[list[int]] = [[] for _ in range(graph.num_nodes)]
+    for v in range(graph.num_nodes):
+        for p in graph.predecessors(v).tolist():
+            succs[int(p)].append(v)
+    out: list[FreshBranch] = []
+    for node in np.flatnonzero(np.isin(graph.kind, sorted(_RESIDUAL_KINDS))).tolist():
+        preds = graph.predecessors(int(node)).tolist()
+        if len(preds) != 2 or preds[0] == preds[1]:
             continue
-        found = []
-        for start in preds:
-            cur, layers = int(start), []
-            if fanout[cur] > 1:
-                # the input is the fork itself: the skip path, no branch (a post-LN block adds its branch to the
-                # norm output that also feeds the branch)
-                found.append(None)
-                continue
-            while True:
-                if node_layer[cur] >= 0:
-                    layers.append(int(node_layer[cur]))
-                p = graph.predecessors(cur)
-                if len(p) != 1 or fanout[cur] > 1 or graph.kind[cur] in _MERGE_KINDS:
-                    break
-                if fanout[int(p[0])] > 1:  # p[0] is the fork: the branch starts after it
-                    break
-                cur = int(p[0])
-            found.append(layers if layers and all(new_layer[l] for l in layers) else None)
-        fresh = [b for b in found if b]
+        found = [_branch(graph, int(node), int(s), succs, node_layer, new_layer) for s in preds]
+        fresh = [b for b in found if b is not None]
         if len(fresh) == 1:
-            tails.add(fresh[0][0])
-    return tails
+            out.append(fresh[0])
+    return out
+
+
+def _branch(graph: LayerGraph, add: int, start: int, succs: list[list[int]], node_layer: np.ndarray,
+            new_layer: np.ndarray) -> FreshBranch | None:
+    """The fresh branch ending at input ``start`` of ``add`` (see :func:`fresh_branches`), or None."""
+    if len(succs[start]) > 1:
+        return None  # the input is the fork itself: the skip path, no branch
+    region: set[int] = set()
+    bare: set[int] = set()  # region nodes with a path to the add through weightless nodes alone
+    heap = [-start]
+    queued = {start}
+    while heap:
+        v = -heapq.heappop(heap)  # the latest node first: everything it feeds is decided before it
+        inside = [w for w in succs[v] if w in region]
+        if v != start and len(inside) < len(succs[v]):
+            if any(w in bare for w in inside):
+                return None  # a path from the fork to the add with no layer on it
+            continue  # the fork (or a side input shared with others): not part of the branch
+        region.add(v)
+        if node_layer[v] < 0 and (v == start or any(w in bare for w in inside)):
+            bare.add(v)
+            if len(graph.predecessors(v)) == 0:
+                return None  # an input reaches the add with no layer on the way
+        for p in graph.predecessors(v).tolist():
+            if p not in queued:
+                queued.add(p)
+                heapq.heappush(heap, -p)
+    layers = frozenset(int(node_layer[v]) for v in region if node_layer[v] >= 0)
+    if not layers or not all(new_layer[l] for l in layers):
+        return None
+    tails = frozenset(int(node_layer[v]) for v in region
+                      if node_layer[v] >= 0 and (v == start or any(w in bare for w in succs[v])))
+    return FreshBranch(add, tails, layers, frozenset(region))
+
+
+def new_branch_tails(graph: LayerGraph, new_layer: np.ndarray) -> set[int]:
+    """Layers that end a residual branch made only of new layers (:func:`fresh_branches`): zero them and the
+    branch adds nothing."""
+    return {t for b in fresh_branches(graph, new_layer) for t in b.tails}
