@@ -31,11 +31,18 @@ from keeper_bench.vision_catalogue import catalogue, growth_pairs
 BUILDERS, SKIPPED = catalogue()
 EXACT = 1e-5  # float32 round-off of an exact copy is ~1e-7; a tensor left at the child's init gives ~1
 
-TORCHSCRIPT = ["tv-vit", "tv-swin", "tv-swin_v2", "tv-convnext", "tv-densenet", "tv-shufflenet_v2_x0_5",
-               "timm-vit_tiny", "timm-deit_tiny_distilled", "timm-beit", "timm-cait", "timm-eva02", "timm-levit",
-               "timm-swin", "timm-mixer"]
+TORCHSCRIPT = ["tv-vit", "tv-swin", "tv-convnext", "tv-densenet", "tv-shufflenet_v2_x0_5", "timm-vit_tiny",
+               "timm-deit_tiny_distilled", "timm-cait", "timm-levit", "timm-swin", "timm-mixer"]
 DYNAMO = ["tv-vit", "timm-deit_tiny_distilled"]
 CASES = [(m, False) for m in TORCHSCRIPT] + [(m, True) for m in DYNAMO]
+# Known gaps: a bias built from several learned pieces (BEiT's and EVA-02's qkv bias = concat(q_bias, zeros,
+# v_bias); Swin V2's qkv bias with its key slice zeroed) and parameters only computed on constants (Swin V2's
+# continuous position-bias MLP over a constant coordinate table, its clamped and exponentiated logit scale) are
+# read by no layer. The warm must say so: a warning naming them, and a score below 1.
+PARTIAL = {"timm-beit": ["blocks.0.attn.q_bias", "blocks.0.attn.v_bias", "blocks.1.attn.q_bias",
+                         "blocks.1.attn.v_bias"],
+           "tv-swin_v2": ["features.1.0.attn.cpb_mlp.0.weight", "features.1.0.attn.logit_scale",
+                          "features.1.0.attn.qkv.bias", "features.3.0.attn.qkv.bias"]}
 GROWTH = [("tv-vgg11_bn", "tv-vgg13_bn"), ("tv-convnext", "tv-convnext_deep"),
           ("tv-mobilenet_v2_0.5", "tv-mobilenet_v2")]
 
@@ -82,24 +89,42 @@ def test_the_schemas_are_defined_once_and_only_when_missing():
 @pytest.mark.parametrize(("name", "dynamo"), CASES, ids=[f"{m}-{'dynamo' if d else 'torchscript'}" for m, d in CASES])
 def test_same_architecture_warm_is_exact(tmp_path, name, dynamo):
     _need(name)
+    graph, result, partial, dev, cold = _warm(tmp_path, name, dynamo)
+    assert cold > 0.1, "the two inits must differ, or exactness proves nothing"
+    assert graph.unread == {}
+    assert graph.total_params == sum(p.numel() for p in BUILDERS[name]()[0].parameters())
+    assert result.missing == [] and partial == [] and result.score == 1.0
+    assert dev < EXACT, f"{name}: deviation {dev:.3g} after a same-architecture warm"
+
+
+def _warm(tmp_path, name: str, dynamo: bool):
+    """A same-architecture warm of ``name`` (parent seed 1, child seed 2): (child graph, result, partial-warm
+    warnings, deviation after the warm, deviation at the child's own init)."""
     parent, args = build(name, 1, BUILDERS)
     child, _ = build(name, 2, BUILDERS)
     with torch.no_grad():
         want, cold = parent(*args), child(*args)
-    assert float((want - cold).abs().max() / want.abs().max()) > 0.1, "the two inits must differ"
     graph = load_graph(export_graph(child, args, dynamo=dynamo).onnx)
-    assert graph.unread == {}
-    assert graph.total_params == sum(p.numel() for p in child.parameters())
     zoo = Zoo(str(tmp_path / "zoo"))
     register(parent, args, zoo, 0.9, name="parent", dynamo=dynamo)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PartialWarmWarning)
         result = warm_start(child, args, zoo, noise=0.0, dynamo=dynamo)
-    assert not [w for w in caught if issubclass(w.category, PartialWarmWarning)]
-    assert result.missing == [] and result.score == 1.0
+    partial = [str(w.message) for w in caught if issubclass(w.category, PartialWarmWarning)]
     with torch.no_grad():
         got = child(*args)
-    assert float((want - got).abs().max() / want.abs().max()) < EXACT
+    dev = float((want - got).abs().max() / want.abs().max())
+    return graph, result, partial, dev, float((want - cold).abs().max() / want.abs().max())
+
+
+@pytest.mark.parametrize("name", sorted(PARTIAL))
+def test_tensors_no_layer_reads_are_reported_not_dropped(tmp_path, name):
+    _need(name)
+    graph, result, partial, dev, cold = _warm(tmp_path, name, dynamo=False)
+    assert set(PARTIAL[name]) <= set(result.missing)
+    assert len(partial) == 1 and all(k in partial[0] for k in PARTIAL[name])
+    assert result.score < 1.0
+    assert dev > EXACT, "what is left behind shows in the output"
 
 
 @pytest.mark.parametrize(("parent_name", "child_name"), GROWTH, ids=[f"{p}->{c}" for p, c in GROWTH])
