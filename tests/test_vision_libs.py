@@ -31,7 +31,7 @@ from keeper_bench.vision_catalogue import catalogue, growth_pairs
 BUILDERS, SKIPPED = catalogue()
 EXACT = 1e-5  # float32 round-off of an exact copy is ~1e-7; a tensor left at the child's init gives ~1
 
-TORCHSCRIPT = ["tv-vit", "tv-swin", "tv-convnext", "tv-densenet", "tv-shufflenet_v2_x0_5", "timm-vit_tiny",
+TORCHSCRIPT = ["tv-vit", "tv-swin", "tv-convnext", "tv-densenet", "timm-vit_tiny",
                "timm-deit_tiny_distilled", "timm-cait", "timm-levit", "timm-swin", "timm-mixer"]
 DYNAMO = ["tv-vit", "timm-deit_tiny_distilled"]
 CASES = [(m, False) for m in TORCHSCRIPT] + [(m, True) for m in DYNAMO]
@@ -122,7 +122,8 @@ def test_tensors_no_layer_reads_are_reported_not_dropped(tmp_path, name):
     _need(name)
     graph, result, partial, dev, cold = _warm(tmp_path, name, dynamo=False)
     assert set(PARTIAL[name]) <= set(result.missing)
-    assert len(partial) == 1 and all(k in partial[0] for k in PARTIAL[name])
+    assert len(partial) == 1 and f" {len(result.missing)} tensor(s) " in partial[0]
+    assert result.missing[0] in partial[0], "the warning names the tensors (the first few, then a count)"
     assert result.score < 1.0
     assert dev > EXACT, "what is left behind shows in the output"
 
