@@ -225,31 +225,9 @@ def jitter(module: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.
 
 
 def optional_catalogue() -> tuple[dict[str, Builder], dict[str, str]]:
-    """torchvision and timm models at small size, when those libraries import: (builders, {library: reason it is
-    left out}). Neither has a CPU-only wheel set that installs beside every torch build, so both stay optional."""
-    builders: dict[str, Builder] = {}
-    skipped: dict[str, str] = {}
-    try:
-        import torchvision.models as tvm
-    except Exception as exc:  # ImportError, or torchvision's operator registration failing against this torch
-        skipped["torchvision"] = f"torchvision does not import ({type(exc).__name__}: {exc})"
-    else:
-        x = _pixels()
-        builders["tv-resnet18"] = lambda: (tvm.resnet18(num_classes=10).eval(), (x,))
-        builders["tv-mobilenet_v3_small"] = lambda: (tvm.mobilenet_v3_small(num_classes=10).eval(), (x,))
-        builders["tv-vit_b_32"] = lambda: (tvm.VisionTransformer(image_size=_IMAGE, patch_size=8, num_layers=2,
-                                                                  num_heads=4, hidden_dim=32, mlp_dim=64,
-                                                                  num_classes=10).eval(), (x,))
-    try:
-        import timm
-    except Exception as exc:
-        skipped["timm"] = f"timm does not import ({type(exc).__name__}: {exc})"
-    else:
-        x = _pixels()
-        builders["timm-vit_tiny"] = lambda: (timm.create_model(
-            "vit_tiny_patch16_224", pretrained=False, img_size=_IMAGE, patch_size=8, depth=2, embed_dim=32,
-            num_heads=4, num_classes=10).eval(), (x,))
-        builders["timm-deit_tiny_distilled"] = lambda: (timm.create_model(
-            "deit_tiny_distilled_patch16_224", pretrained=False, img_size=_IMAGE, patch_size=8, depth=2,
-            embed_dim=32, num_heads=4, num_classes=10).eval(), (x,))
-    return builders, skipped
+    """torchvision and timm models (:func:`keeper_bench.vision_catalogue.catalogue`), when those libraries
+    import: (builders, {library: reason it is left out}). Neither has a CPU-only wheel set that installs beside
+    every torch build, so both stay optional."""
+    from keeper_bench.vision_catalogue import catalogue
+
+    return catalogue()

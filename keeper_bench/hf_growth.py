@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 __all__ = ["import_transformers", "FAMILIES", "PAIRS", "build", "trained_like", "GrowthResult",
-           "growth_deviation"]
+           "growth_deviation", "warm_deviation"]
 
 
 def import_transformers() -> Any:
@@ -278,16 +278,23 @@ def growth_deviation(family: str, parent_sizes: dict, child_sizes: dict, *, dyna
                      seed: int = 0) -> GrowthResult:
     """Warm the ``child_sizes`` model of ``family`` from a trained-like ``parent_sizes`` one through ONNX
     (``dynamo`` picks torch's exporter) and measure both deviations (see :class:`GrowthResult`)."""
+    torch.manual_seed(seed)
+    parent, x = build(family, **parent_sizes)
+    child, _ = build(family, **{**parent_sizes, **child_sizes})
+    return warm_deviation(parent, child, x, dynamo=dynamo, seed=seed)
+
+
+def warm_deviation(parent: nn.Module, child: nn.Module, x: tuple, *, dynamo: bool, seed: int = 0) -> GrowthResult:
+    """Make ``parent`` trained-like (in place), warm ``child`` from it through ONNX (``dynamo`` picks torch's
+    exporter; the child's weights are replaced in place) and measure both deviations on the inputs ``x`` (see
+    :class:`GrowthResult`). Both modules return one tensor of one shape."""
     from keeper.graph import load_graph
     from keeper.graph.stream import residual_stream
     from keeper.matching import align
     from keeper.torch_support import export, load_warm
     from keeper.warm import warm_from_parent
 
-    torch.manual_seed(seed)
-    parent, x = build(family, **parent_sizes)
     trained_like(parent, seed)
-    child, _ = build(family, **{**parent_sizes, **child_sizes})
     t0 = time.perf_counter()
     with _quiet():
         pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)

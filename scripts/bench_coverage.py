@@ -8,7 +8,21 @@ relative output deviation of a same-architecture warm (parent and child of one a
 noise 0: it must be ~1e-6); and the module tensors the warm leaves at the child's init. It writes
 ``reports/coverage.md`` and prints the totals.
 
-Run: ``PYTHONPATH=. python scripts/bench_coverage.py`` (``--quick``: TorchScript only; ``--models gpt2,llama``).
+Where torchvision imports, the CNN growth pairs of :func:`keeper_bench.vision_catalogue.growth_pairs` (ResNet-18 ->
+34, VGG-11 -> 13 with and without BatchNorm, MobileNetV2 0.5 -> 1.0, MobileNetV3-Large 0.75 -> 1.0, EfficientNet
+B0 -> B1, ConvNeXt deepening) are warmed from a trained-like parent too: the child's deviation from the parent's
+function after the warm, beside the child's own init (:func:`keeper_bench.hf_growth.warm_deviation`).
+
+torchvision and timm are optional (:mod:`keeper_bench.vision_libs`): without them their rows are left out and the
+report says why. To include them beside a CPU torch, in a separate environment (a torchvision that fails at import
+breaks ``import transformers``)::
+
+    python -m venv --system-site-packages /tmp/tvenv
+    /tmp/tvenv/bin/pip install --no-deps torchvision==0.28.0 timm   # --no-deps: else pip pulls a CUDA torch
+    PYTHONPATH=. /tmp/tvenv/bin/python scripts/bench_coverage.py
+
+Run: ``PYTHONPATH=. python scripts/bench_coverage.py`` (``--quick``: TorchScript only; ``--models gpt2,llama``;
+``--no-growth``: no growth pairs).
 """
 
 from __future__ import annotations
@@ -29,6 +43,8 @@ from keeper.matching import similarity
 from keeper.torch_support import export_graph, register, warm_start
 from keeper.zoo import Zoo
 from keeper_bench.hf_catalogue import CATALOGUE, Builder, build, optional_catalogue
+from keeper_bench.hf_growth import GrowthResult, warm_deviation
+from keeper_bench.vision_catalogue import GAPS, SIZES, growth_pairs
 
 EXACT = 1e-5  # a same-architecture warm deviating less than this is exact (float32 round-off is ~1e-7)
 
@@ -39,7 +55,8 @@ class Row:
     exporter: str
     parses: bool = False
     layers: int = 0
-    seen: int = 0           # learned elements keeper's graph counts
+    seen: int = 0           # learned elements keeper's graph counts, those no layer holds included
+    unread: int = 0         # of which no layer holds (``LayerGraph.unread``): a warm cannot transfer them
     learned: int = 0        # the module's trainable elements, each shared tensor once
     self_score: float = float("nan")
     deviation: float = float("nan")
@@ -76,6 +93,7 @@ def measure(name: str, builders: dict[str, Builder], dynamo: bool) -> Row:
         exported = export_graph(parent, args, dynamo=dynamo)
         graph = load_graph(exported.onnx)
         row.parses, row.layers, row.seen = True, graph.num_layers, graph.total_params
+        row.unread = sum(graph.unread.values())
         row.self_score = similarity(graph, graph)
         with tempfile.TemporaryDirectory() as tmp:
             zoo = Zoo(str(Path(tmp) / "zoo"))
@@ -94,46 +112,108 @@ def measure(name: str, builders: dict[str, Builder], dynamo: bool) -> Row:
     return row
 
 
+@dataclass
+class GrowthRow:
+    growth: str
+    parent: str
+    child: str
+    exporter: str
+    result: GrowthResult | None = None
+    error: str = ""
+
+
+def measure_growth(growth: str, parent_name: str, child_name: str, builders: dict[str, Builder],
+                   dynamo: bool) -> GrowthRow:
+    row = GrowthRow(growth, parent_name, child_name, "dynamo" if dynamo else "torchscript")
+    try:
+        parent, args = build(parent_name, 1, builders)
+        child, _ = build(child_name, 2, builders)
+        row.result = warm_deviation(parent, child, args, dynamo=dynamo, seed=1)
+    except Exception as exc:  # a benchmark reports every failure in its table and goes on
+        row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    return row
+
+
 def _fmt(v: float) -> str:
     return "-" if v != v else f"{v:.2g}"
 
 
-def report(rows: list[Row], skipped: dict[str, str], path: Path, command: str) -> str:
+def _score(v: float) -> str:
+    return "-" if v != v else "1" if v == 1.0 else f"{v:.4f}"  # 0.9996 must not print as 1
+
+
+def report(rows: list[Row], growth: list[GrowthRow], skipped: dict[str, str], path: Path, command: str) -> str:
     n = len(rows)
     parsed = sum(r.parses for r in rows)
     self_one = sum(abs(r.self_score - 1.0) < 1e-9 for r in rows)
-    complete = sum(r.parses and r.seen == r.learned for r in rows)
+    complete = sum(r.parses and r.seen == r.learned and not r.unread for r in rows)
     exact = sum(r.exact for r in rows)
     totals = (f"{parsed}/{n} parse, {self_one}/{n} score 1.0 against themselves, {complete}/{n} have every learned "
-              f"element read (tied tensors once), {exact}/{n} warm exactly from a parent of their own architecture "
+              f"element held by a layer and nothing else counted as learned (tied tensors once), {exact}/{n} warm exactly from a parent of their own architecture "
               f"(relative deviation < {EXACT:g}, no tensor left behind)")
     import os
     import platform
 
     import transformers
 
+    from keeper_bench.vision_libs import import_timm, import_torchvision
+
+    libs = [(lib, mod.__version__) for lib, (mod, _) in (("torchvision", import_torchvision()),
+                                                         ("timm", import_timm())) if mod is not None]
     machine = (f"{platform.machine()}, {os.cpu_count()} CPU cores visible, Python {platform.python_version()}, "
-               f"torch {torch.__version__}, transformers {transformers.__version__}")
+               f"torch {torch.__version__}, transformers {transformers.__version__}"
+               + "".join(f", {lib} {v}" for lib, v in libs))
     lines = ["# Coverage of real architectures", "",
              f"Command: `{command}`", "", f"Machine: {machine}. Times are wall-clock per row (three exports, one "
              "register, one warm) on a shared machine.", "",
              f"Totals (model x exporter): {totals}.", "",
-             "| model | exporter | parses | layers | elements read / learned | self | warm similarity | "
+             "| model | exporter | parses | layers | elements keeper counts (of which no layer holds) / learned | self | warm similarity | "
              "same-arch deviation (child's own init) | tensors left behind | warning | time (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         left = ", ".join(f"`{k}`" for k in r.left[:4]) + (f" +{len(r.left) - 4}" if len(r.left) > 4 else "")
         lines.append(f"| {r.model} | {r.exporter} | {'yes' if r.parses else 'no: ' + r.error} | {r.layers} | "
-                     f"{r.seen} / {r.learned} | {_fmt(r.self_score)} | {_fmt(r.similarity)} | {_fmt(r.deviation)} ({_fmt(r.cold)}) | "
+                     f"{r.seen}{f' ({r.unread})' if r.unread else ''} / {r.learned} | {_score(r.self_score)} | {_score(r.similarity)} | {_fmt(r.deviation)} ({_fmt(r.cold)}) | "
                      f"{left or '-'} | {'yes' if r.warned else '-'} | {r.seconds:.1f} |")
         if r.parses and r.error:
             lines.append(f"| | | error: {r.error} | | | | | | | | |")
     lines.append("")
+    gaps = {r.model: GAPS[r.model] for r in rows if r.model in GAPS and not r.exact}
+    if gaps:
+        lines += ["Why the rows above that are not exact are not (read from the ONNX graphs):", ""]
+        lines += [f"- {m}: {why}" for m, why in gaps.items()] + [""]
+    if libs:
+        lines += [f"torchvision / timm sizes: {SIZES}.", "",
+                  "torchvision and timm ran in a separate environment beside the CPU torch: `python -m venv "
+                  "--system-site-packages /tmp/tvenv && /tmp/tvenv/bin/pip install --no-deps torchvision==0.28.0 "
+                  "timm` (`--no-deps`: torchvision has no CPU-only wheel on the package index, and without it pip "
+                  "pulls a CUDA torch); torchvision 0.28's compiled ops do not load into this torch, so "
+                  "`keeper_bench.vision_libs` defines the `torchvision::nms` / `qnms` schemas its import needs.", ""]
+    if growth:
+        lines += ["## Growth pairs (torchvision CNNs)", "",
+                  "Parent made trained-like, child warmed with noise 0; deviation = max |parent(x) - child(x)| / "
+                  "max |parent(x)|, after the warm and at the child's own init.", "",
+                  "| growth | parent -> child | exporter | deviation after warm | child's own init | score | "
+                  "tensors not inherited | time (s) |", "|---|---|---|---|---|---|---|---|"]
+        for g in growth:
+            if g.result is None:
+                lines.append(f"| {g.growth} | {g.parent} -> {g.child} | {g.exporter} | error: {g.error} | | | | |")
+                continue
+            r = g.result
+            miss = ", ".join(f"`{k}`" for k in r.missing[:4]) + (f" +{len(r.missing) - 4}" if len(r.missing) > 4 else "")
+            lines.append(f"| {g.growth} | {g.parent} -> {g.child} | {g.exporter} | {r.warm:.2g} | {r.init:.2g} | "
+                         f"{r.score:.3f} | {miss or '-'} | {r.seconds:.1f} |")
+        lines.append("")
     if skipped:
-        lines.append("Left out: " + "; ".join(f"{lib}: {why}" for lib, why in skipped.items()) + ".")
+        lines.append("Left out: " + "; ".join(f"{lib}: {why}" for lib, why in skipped.items()) + ". They are "
+                     "optional (no CPU-only torchvision wheel on the package index; timm needs torchvision); to "
+                     "include them: `python -m venv --system-site-packages /tmp/tvenv && /tmp/tvenv/bin/pip "
+                     "install --no-deps torchvision==0.28.0 timm`, then run the command with /tmp/tvenv/bin/python.")
         lines.append("")
     lines.append("Learned elements are the module's trainable parameters, a tied tensor (GPT-2's `wte` = `lm_head`) "
-                 "once; constant tables (rotary cos/sin, masks, position ids) are no layer and count for nothing.")
+                 "once; constant tables (rotary cos/sin, masks, position ids) are no layer and count for nothing. "
+                 "keeper counts what the ONNX graph reads as learned: more than the module's parameters where a "
+                 "floating-point buffer looks like one (a precomputed rotary table, a zero key bias).")
     text = "\n".join(lines) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -144,6 +224,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="TorchScript exporter only (dynamo export is slow)")
     ap.add_argument("--models", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--no-growth", action="store_true", help="leave out the torchvision growth pairs")
     ap.add_argument("--out", default="reports/coverage.md")
     a = ap.parse_args()
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the dynamo exporter logs every op it skips
@@ -162,13 +243,23 @@ def main() -> None:
         for dynamo in exporters:
             r = measure(name, models, dynamo)
             rows.append(r)
-            print(f"{name:24s} {r.exporter:11s} layers={r.layers:4d} read={r.seen}/{r.learned} "
+            print(f"{name:24s} {r.exporter:11s} layers={r.layers:4d} read={r.seen}({r.unread} unread)/{r.learned} "
                   f"self={_fmt(r.self_score)} sim={_fmt(r.similarity)} dev={_fmt(r.deviation)} (cold {_fmt(r.cold)}) "
                   f"left={len(r.left)} "
                   f"{r.seconds:.1f}s {r.error}", flush=True)
-    command = "PYTHONPATH=. python scripts/bench_coverage.py" + (" --quick" if a.quick else "") + \
-        (f" --models {a.models}" if a.models else "")
-    totals = report(rows, skipped, Path(a.out), command)
+    growth = []
+    for kind, parent, child in ([] if a.no_growth else growth_pairs(models)):
+        for dynamo in exporters:
+            g = measure_growth(kind, parent, child, models, dynamo)
+            growth.append(g)
+            r = g.result
+            print(f"{parent} -> {child} ({kind}) {g.exporter:11s} " + (
+                f"warm={r.warm:.2g} init={r.init:.2g} missing={len(r.missing)} {r.seconds:.1f}s" if r else g.error),
+                flush=True)
+    python = "/tmp/tvenv/bin/python" if extra else "python"  # the environment of the module docstring's recipe
+    command = f"PYTHONPATH=. {python} scripts/bench_coverage.py" + (" --quick" if a.quick else "") + \
+        (f" --models {a.models}" if a.models else "") + (" --no-growth" if a.no_growth else "")
+    totals = report(rows, growth, skipped, Path(a.out), command)
     for lib, why in skipped.items():
         print(f"skipped {lib}: {why}")
     print("totals:", totals)
