@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -67,7 +68,8 @@ class LmRecord:
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     accuracies: list[float] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0         # training and evaluation, in the trial
+    warm_seconds: float = 0.0    # the arm's warm start (export, parent choice, transfer), in the trial
 
     @property
     def final_loss(self) -> float:
@@ -87,14 +89,16 @@ def _trainable(arm: str, specs: list[dict], run: LmRun, service: dict, states: s
 
         from keeper_bench.lm import build, example_input, num_params, train
 
-        torch.set_num_threads(1)
+        torch.set_num_threads(1)  # `concurrency` trials share as many cores: threads would only contend
         i = int(config["index"])
         spec = specs[i]
         torch.manual_seed(seed * 100_003 + i)  # the same initial weights in every arm
         model = build(spec, run.context)
         info = {"parent": "", "score": 0.0}
+        t0 = time.perf_counter()
         if arm != "cold":
             info = warm_by_arm(arm, model, example_input(run.context), service, run.dynamo, states, seed)
+        warm_seconds = time.perf_counter() - t0
         corpus = ray.get(corpus_ref)
         h = train(model, corpus, steps=run.budget(spec["family"]), eval_every=run.eval_every(spec["family"]),
                   batch_size=run.batch_size, context=run.context, lr=run.lr, seed=seed * 7_919 + i)
@@ -104,7 +108,7 @@ def _trainable(arm: str, specs: list[dict], run: LmRun, service: dict, states: s
                 torch.save(model.state_dict(), os.path.join(states, f"{prefix}{tune.get_context().get_trial_id()}.pt"))
             history = json.dumps([h.steps, h.losses, h.accuracies])
             tune.report({"accuracy": h.final_accuracy, "loss": h.final_loss, "index": i, "history": history,
-                         "params": num_params(model), "seconds": h.seconds, **info},
+                         "params": num_params(model), "seconds": h.seconds, "warm_seconds": warm_seconds, **info},
                         checkpoint=tune.Checkpoint.from_directory(d))
     return trial
 
@@ -164,7 +168,7 @@ def _record(specs: list[dict], m: dict, run: LmRun) -> LmRecord:
     steps, losses, accs = json.loads(m["history"])
     fam = specs[i]["family"]
     return LmRecord(i, fam, arch_label(specs[i]), int(m["params"]), m["parent"], float(m["score"]),
-                    run.budget(fam), steps, losses, accs, float(m["seconds"]))
+                    run.budget(fam), steps, losses, accs, float(m["seconds"]), float(m.get("warm_seconds", 0.0)))
 
 
 def _Progress(arm, specs, run, fn):  # noqa: N802 - a factory that reads like the class it makes

@@ -10,6 +10,7 @@ Usage:
     python scripts/bench_lm.py            # 24 archs, 3 seeds for cold/keeper, baselines on seed 0
     python scripts/bench_lm.py --quick    # 6 archs, 1 seed, cold/keeper/published, half budgets (< 5 min)
     python scripts/bench_lm.py --baseline-seeds 3   # every arm on every seed
+    python scripts/bench_lm.py --estimate # projected wall time of a setting from measured step costs
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import numpy as np  # noqa: E402
 
-#: Per-family budgets at which the cold runs are at their plateau (measured; the report checks every cold run).
-DEFAULT_BUDGETS = "gpt2=1600,llama=1600"
-QUICK_BUDGETS = "gpt2=800,llama=800"
+#: Per-family budgets, chosen on cold runs only: the largest whose projected wall time (``--estimate``, idle
+#: cores) leaves a fifth of the 45 minutes spare, 2,000 steps (about 35 min); in the calibration runs of the
+#: largest architectures of the catalogue (seed 1) 4 of 6 cold runs gained under 1% over their last 20% at this
+#: budget (largest 1.3%, a 3-layer Llama). The report checks every cold run of the benchmark itself.
+DEFAULT_BUDGETS = "gpt2=2000,llama=2000"
+QUICK_BUDGETS = "gpt2=1000,llama=1000"
 DEFAULT_BATCH = 8
 
 
@@ -46,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="6 archs, 1 seed, cold/keeper/published, half the budgets "
                                                         "(below the plateau: a smoke run)")
     p.add_argument("--out", default="reports", help="directory for bench_lm.md/.json and figures/")
+    p.add_argument("--estimate", action="store_true",
+                   help="measure each architecture's training step on one thread and print the setting's projected "
+                        "wall time, then exit (trains nothing through Tune)")
     args = p.parse_args(argv)
     if args.quick:
         args.archs, args.seeds, args.baseline_seeds = 6, 1, 1
@@ -56,23 +63,33 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         p.error(f"--budgets: expected family=steps,... (e.g. {DEFAULT_BUDGETS}), got {args.budgets!r}")
 
-    import ray
-    import torch
-
     from keeper_bench.lm import arrivals, stdlib_corpus
-    from keeper_bench.lm_nas import ARMS, LmRun, run_arm
+    from keeper_bench.lm_nas import ARMS, LmRun
 
     run = LmRun(budgets=budgets, batch_size=args.batch_size, concurrency=args.concurrency)
     specs = arrivals(args.archs, seed=0)
     corpus = stdlib_corpus()
     baselines = ["published"] if args.quick else [a for a in ARMS if a not in ("cold", "keeper")]
-    ray.init(address="local", num_cpus=args.concurrency, include_dashboard=False, log_to_driver=False)
-    workdir = tempfile.mkdtemp(prefix="keeper-bench-lm-")
-    results: dict[str, dict[int, list]] = {}
-    # cold and keeper on every seed first, then the baselines: a run stopped early has keeper's seeds complete
+    # the cold arm is the same for every arm of a seed (same initial weights, data order and schedule): it runs
+    # once per seed and every arm of that seed is read against it. Cold and keeper on every seed first, then the
+    # baselines: a run stopped early has keeper's seeds complete.
     plan = [(seed, arm) for seed in range(max(args.seeds, args.baseline_seeds))
             for arm in (["cold", "keeper"] if seed < args.seeds else ["cold"])]
     plan += [(seed, arm) for seed in range(args.baseline_seeds) for arm in baselines]
+    if args.estimate:
+        print(_estimate(specs, run, corpus, plan))
+        return 0
+
+    import ray
+    import torch
+
+    from keeper_bench.lm_nas import run_arm
+
+    ray.init(address="local", num_cpus=args.concurrency, include_dashboard=False, log_to_driver=False)
+    workdir = tempfile.mkdtemp(prefix="keeper-bench-lm-")
+    results: dict[str, dict[int, list]] = {}
+    walls: dict[str, dict[int, float]] = {}
+    load = _LoadSampler()
     t_all = time.perf_counter()
     report = ""
     for seed, arm in plan:
@@ -80,19 +97,92 @@ def main(argv: list[str] | None = None) -> int:
 
         def show(a, r, seed=seed):
             print(f"  seed {seed} {a:18s} #{r.index:02d} {r.arch:28s} parent {r.parent or '-':36s} "
-                  f"sim {r.score:4.2f} loss {r.final_loss:.3f} acc {r.final_accuracy:.3f}", flush=True)
+                  f"sim {r.score:4.2f} loss {r.final_loss:.3f} acc {r.final_accuracy:.3f} "
+                  f"train {r.seconds:.1f}s warm {r.warm_seconds:.1f}s", flush=True)
 
         results.setdefault(arm, {})[seed] = run_arm(arm, specs, run, workdir, seed=seed, progress=show)
-        print(f"seed {seed} {arm}: {time.perf_counter() - t0:.0f} s", flush=True)
+        walls.setdefault(arm, {})[seed] = time.perf_counter() - t0
+        print(f"seed {seed} {arm}: {walls[arm][seed]:.0f} s (1-min load average so far: mean "
+              f"{load.mean():.2f})", flush=True)
         if arm != "cold":  # the report so far, rewritten after every arm (complete when the plan is)
             report = _write(args, run, specs, corpus, results, time.perf_counter() - t_all, len(plan),
-                            torch.__version__, ray.__version__)
+                            torch.__version__, ray.__version__, walls, load)
+    load.stop()
     ray.shutdown()
     print(report)
     return 0
 
 
-def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_version) -> str:
+class _LoadSampler:
+    """The 1-minute load average, sampled every ``every`` seconds in a daemon thread while the benchmark runs (the
+    cores are shared: the report states the load beside the wall time)."""
+
+    def __init__(self, every: float = 30.0):
+        import threading
+
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def mean(self) -> float:
+        return float(np.mean(self.samples))
+
+    def summary(self) -> dict:
+        s = np.asarray(self.samples)
+        return {"samples": len(s), "every_s": 30.0, "mean": float(s.mean()), "median": float(np.median(s)),
+                "min": float(s.min()), "max": float(s.max())}
+
+
+def _estimate(specs, run, corpus, plan) -> str:
+    """Projected wall time of ``plan``: every architecture's training step timed on one thread in process CPU
+    time (40 steps after 10 of warm-up, evaluations included at their cadence), times its budget, summed over the plan's trials and
+    divided by the concurrency; plus the warm start and Tune's per-trial overhead at the figures measured in the
+    quick setting (``_OVERHEAD_S``). Idle cores assumed."""
+    import torch
+
+    from keeper_bench.lm import arch_label, build, evaluate, train
+
+    torch.set_num_threads(1)
+    per_trial = []
+    for i, spec in enumerate(specs):
+        torch.manual_seed(i)
+        model = build(spec, run.context)
+        train(model, corpus, steps=10, eval_every=10, batch_size=run.batch_size, context=run.context, lr=run.lr)
+        # process CPU time (one thread): what the step costs on an idle core, whatever else shares the machine
+        t0 = time.process_time()
+        train(model, corpus, steps=40, eval_every=1_000, batch_size=run.batch_size, context=run.context, lr=run.lr)
+        t1 = time.process_time()
+        evaluate(model, corpus, run.context)
+        t2 = time.process_time()
+        # train(steps=40) evaluated once at its end: take it out of the step time
+        step = ((t1 - t0) - (t2 - t1)) / 40
+        budget = run.budget(spec["family"])
+        per_trial.append(step * budget + (t2 - t1) * run.evaluations)
+        print(f"  {arch_label(spec):28s} {1 / step:6.1f} steps/s  {per_trial[-1]:5.1f} s per trial", flush=True)
+    train_s = sum(per_trial) * len(plan) / run.concurrency
+    warmed = sum(arm != "cold" for _, arm in plan) * len(specs)
+    over_s = ((_OVERHEAD_S["trial"] * len(plan) * len(specs) + _OVERHEAD_S["warm"] * warmed) / run.concurrency
+              + _OVERHEAD_S["arm_run"] * len(plan))
+    return (f"{len(plan)} arm runs x {len(specs)} trials, {run.concurrency} at a time: training and evaluation "
+            f"{train_s / 60:.1f} min + warm starts and Tune overhead {over_s / 60:.1f} min = "
+            f"{(train_s + over_s) / 60:.1f} min on idle cores")
+
+
+#: Seconds outside training, rough figures from the quick setting on lightly loaded cores: core-seconds per trial
+#: for Tune's trial start, report and checkpoint (every trial) and for a warm start with its registration
+#: afterwards (warmed arms); wall seconds per arm run for starting the Tuner and, for a warmed arm, keeper's service.
+_OVERHEAD_S = {"trial": 2.0, "warm": 4.0, "arm_run": 10.0}
+
+
+def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_version, walls, load) -> str:
     from keeper_bench.lm_nas import plateau_check, records_to_json, summarize
 
     rows = {arm: {seed: summarize(results["cold"][seed], recs, run) for seed, recs in by_seed.items()}
@@ -101,12 +191,14 @@ def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_
     done = sum(len(by) for by in results.values())
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
     report = _report(args, run, specs, corpus, results, rows, plateau, wall, torch_version, ray_version,
-                     done, planned)
+                     done, planned, walls, load.summary())
     with open(os.path.join(args.out, "bench_lm.md"), "w") as f:
         f.write(report)
     with open(os.path.join(args.out, "bench_lm.json"), "w") as f:
         json.dump({"settings": vars(args), "run": dict(run.__dict__), "specs": specs,
-                   "corpus_sha256": corpus.sha256, "wall_seconds": wall, "arm_runs_done": done,
+                   "corpus_sha256": corpus.sha256, "wall_seconds": wall, "load_average_1min": load.summary(),
+                   "arm_run_seconds": {arm: {str(s): v for s, v in by.items()} for arm, by in walls.items()},
+                   "arm_runs_done": done,
                    "arm_runs_planned": planned, "plateau": {str(s): v for s, v in plateau.items()},
                    "summary": {arm: {str(s): v for s, v in by.items()} for arm, by in rows.items()},
                    "trials": {arm: {str(s): records_to_json(r) for s, r in by.items()}
@@ -121,8 +213,13 @@ def _fmt(values: list[float], fmt: str) -> str:
     return f"{format(float(np.mean(values)), fmt)} ± {format(float(np.std(values, ddof=1)), fmt)}"
 
 
+def _span(specs: list[dict], key: str, before: str, after: str = "") -> str:
+    lo, hi = min(s[key] for s in specs), max(s[key] for s in specs)
+    return f"{before}{lo}{after}" if lo == hi else f"{before}{lo}-{hi}{after}"
+
+
 def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_version, ray_version, done,
-            planned) -> str:
+            planned, walls, load) -> str:
     from keeper_bench.lm import arch_label
 
     quick = " --quick" if args.quick else ""
@@ -137,11 +234,15 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
     lines += [f"Command: `python scripts/bench_lm.py{quick}` (archs {args.archs}, seeds {args.seeds}, baseline "
               f"seeds {args.baseline_seeds}, budgets {args.budgets}, batch {args.batch_size}); wall time "
               f"{wall / 60:.1f} min on "
-              f"{os.cpu_count()} CPUs shared with other work ({platform.processor() or platform.machine()}), "
-              f"torch {torch_version}, ray {ray_version}.", "",
+              f"{os.cpu_count()} CPUs shared with other work ({platform.processor() or platform.machine()}; "
+              f"1-minute load average sampled every 30 s during the run: mean {load['mean']:.1f}, median "
+              f"{load['median']:.1f}, range {load['min']:.1f}-{load['max']:.1f}, where this benchmark alone "
+              f"contributes about {run.concurrency}), torch {torch_version}, ray {ray_version}.", "",
               f"Workload: {len(specs)} byte-level causal language models (GPT-2- and Llama-style, Hugging Face "
-              "configs, random initialisation; widths 32-64, 1-4 layers, 2-4 heads, 1-4 key-value heads for "
-              "Llama's grouped-query attention, FFN 2-4x) arriving in a fixed order, trained through Ray Tune "
+              f"configs, random initialisation; {_span(specs, 'd_model', 'widths ')}, "
+              f"{_span(specs, 'layers', '', ' layers')}, {_span(specs, 'heads', '', ' heads')}, "
+              f"{_span(specs, 'kv_heads', '', ' key-value heads')} for Llama's grouped-query attention, FFN 2-4x) "
+              "arriving in a fixed order, trained through Ray Tune "
               f"{run.concurrency} at a time with AdamW (lr {run.lr}, {20}-step warm-up, cosine decay to zero), "
               f"batch {run.batch_size} x {run.context} bytes, on the Python standard library's source "
               f"({len(corpus.train_files)} files, {len(corpus.train) / 1e6:.2f} MB for training; "
@@ -204,6 +305,20 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
     for i, (cr, kr) in enumerate(zip(c, k)):
         lines.append(f"| {i} | {arch_label(specs[i])} | {kr.params} | {kr.parent or '-'} | {kr.score:.2f} | "
                      f"{s['cold_steps'][i]} / {s['arm_steps'][i]} | {cr.final_loss:.3f} / {kr.final_loss:.3f} |")
+    lines += ["", "## Where the time goes", "",
+              "Per (arm, seed) run: wall time, and the trials' own seconds summed (training with its evaluations; "
+              "the warm start: export, parent choice, transfer). Wall time x concurrency minus those is Tune's and "
+              "the keeper service's share (trial start-up, reporting, checkpoints, registering finished trials) "
+              "and the other work on the shared cores.", "",
+              "| arm | seed | wall (s) | training (s, summed) | warm starts (s, summed) | rest (core-s) |",
+              "|---|---|---|---|---|---|"]
+    for arm, by_seed in results.items():
+        for seed, recs in by_seed.items():
+            w = walls.get(arm, {}).get(seed)
+            if w is None:
+                continue
+            tr, wa = sum(r.seconds for r in recs), sum(r.warm_seconds for r in recs)
+            lines.append(f"| {arm} | {seed} | {w:.0f} | {tr:.0f} | {wa:.0f} | {w * run.concurrency - tr - wa:.0f} |")
     lines += ["", "Figures: `figures/lm_curves.png` (mean validation loss against steps per family, cold vs keeper, "
               "over the architectures keeper warmed, seed 0), `figures/lm_speedup_hist.png` (per-trial speedup of "
               "the warmed trials, every arm, seed 0). Every trial's history is in `bench_lm.json`.", ""]
