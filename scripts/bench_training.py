@@ -273,7 +273,7 @@ def _fmt(values: list[float], fmt: str) -> str:
 
 def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, progress, torch_version,
             ray_version) -> str:
-    from keeper_bench.nas import arch_label
+    from keeper_bench.nas import arch_label, steps_to_target
 
     rows = tables["summary"]
     quick = " --quick" if args.quick else ""
@@ -356,8 +356,10 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
               "| seed | speedup | training saved | short of 2.9x / 65.5% by | ceiling | warmed trials slower than cold "
               "(#: cold / keeper steps) | trials that cost the most (#: cold / keeper steps) |",
               "|---|---|---|---|---|---|---|"]
+    why = []
     for seed, x in rows.get("keeper", {}).items():
-        recs = results["keeper"][seed]
+        recs = [r.read_with_running_statistics() for r in results["keeper"][seed]]
+        colds = [r.read_with_running_statistics() for r in results["cold"][seed]]
         unwarmed = sum(x["arm_steps"][i] for i, r in enumerate(recs) if not r.parent)
         ceiling = sum(x["cold_steps"]) / (unwarmed + run.eval_every * x["warmed"])
         short = (f"{max(0.0, 2.9 - x['speedup']):.2f}x / {max(0.0, 65.5 - 100 * x['saved']):.1f} points"
@@ -366,10 +368,28 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
         # evaluation): where the total went
         costly = sorted((i for i, r in enumerate(recs) if r.parent),
                         key=lambda i: x["arm_steps"][i] - run.eval_every, reverse=True)[:3]
+        missed = [i for i, r in enumerate(recs) if r.parent and not steps_to_target(
+            r, colds[i].final_accuracy - run.margin, run.budget(r.family))[1]]
+
+        def label(i: int) -> str:
+            tail = (f", never reached: final {recs[i].final_accuracy:.3f} against cold's {colds[i].final_accuracy:.3f}"
+                    if i in missed else "")
+            return f"#{i} {arch_label(specs[i])}: {x['cold_steps'][i]} / {x['arm_steps'][i]}{tail}"
+
         lines.append(f"| {seed} | {x['speedup']:.2f}x | {100 * x['saved']:.1f}% | {short} | {ceiling:.2f}x | "
                      f"{'; '.join(f'#{i}: {c} / {w}' for i, c, w in x['slow']) or 'none'} | "
-                     + "; ".join(f"#{i} {arch_label(specs[i])}: {x['cold_steps'][i]} / {x['arm_steps'][i]}"
-                                 for i in costly) + " |")
+                     + "; ".join(label(i) for i in costly) + " |")
+        total = sum(x["arm_steps"])
+        miss_steps = sum(x["arm_steps"][i] for i in missed)
+        rest = total - unwarmed - miss_steps
+        why.append(f"seed {seed}: of keeper's {total} steps to target, {unwarmed} ({100 * unwarmed / total:.0f}%) "
+                   f"are the {len(recs) - x['warmed']} trials without a parent, {miss_steps} "
+                   f"({100 * miss_steps / total:.0f}%) the {len(missed)} warmed trials that never reached their "
+                   f"target (each counts its whole budget), {rest} the other {x['warmed'] - len(missed)} warmed "
+                   f"trials, against {sum(x['cold_steps'][i] for i, r in enumerate(recs) if r.parent and i not in missed)} "
+                   "cold steps for the same trials")
+    if why:
+        lines += ["", "Where keeper's steps went, per seed (headline reading): " + "; ".join(why) + "."]
     other = {"summary_precise_bn": "The same runs read with BatchNorm statistics re-estimated for the weights of "
                                    "each evaluation (a copy of the model runs 4 training batches in train mode "
                                    "first; training is untouched), for cold and the arm alike; targets are cold's "
