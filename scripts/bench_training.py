@@ -303,7 +303,9 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
               f"work on the machine does not inflate), {compute / run.concurrency / 60:.1f} min on "
               f"{run.concurrency} idle cores; the rest of the trials' slots (Tune's trial start and report, "
               f"checkpoints, registration, the Tuner's and keeper's service start between arm runs) took "
-              f"{other / run.concurrency / 60:.1f} min of wall time at this load. See the profile at the end.", "",
+              f"{other / run.concurrency / 60:.1f} min of wall time at this load. On {run.concurrency} idle cores the run "
+              f"would take at most {(compute + other) / run.concurrency / 60:.1f} min (that rest as measured here, "
+              f"where the load inflated it too). See the profile at the end.", "",
               f"Workload: {len(specs)} architectures (1-D VGG-style CNNs, ResNets, MLPs, transformers) arriving in a "
               f"fixed order, trained through Ray Tune {run.concurrency} at a time with Adam (batch {run.batch_size}, "
               f"lr {run.lr}, cosine decay over the budget) on MNIST-1D ({run.num_samples} generated samples, 80% "
