@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
@@ -78,6 +79,10 @@ class TrialRecord:
     final_accuracy: float = 0.0
     seconds: float = 0.0
     running_accuracies: list[float] = field(default_factory=list)  # with precise_bn: read with running statistics
+    cpu_seconds: float = 0.0     # training and evaluation, CPU time of the trial's thread (torch runs one)
+    warm_seconds: float = 0.0    # the warm start, wall time (asking the service, loading the parent, transforming)
+    warm_cpu_seconds: float = 0.0  # the warm start, CPU time of the trial's thread (the service's share not counted)
+    trial_seconds: float = 0.0   # the trial function from its start to its report, wall time
 
     def read_with_running_statistics(self) -> "TrialRecord":
         """This trial as the model's running BatchNorm statistics read it (itself when nothing else was read)."""
@@ -176,24 +181,32 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         from keeper_bench.families import build, example_input
         from keeper_bench.workload import train
 
-        torch.set_num_threads(1)
+        torch.set_num_threads(1)  # ``concurrency`` trials share as many cores: more threads would only contend
+        t_trial = time.perf_counter()
         i = int(config["index"])
         spec = specs[i]
         torch.manual_seed(seed * 100_003 + i)  # the same initial weights in every arm
         model = build(spec)
         info = {"parent": "", "score": 0.0}
+        t_warm, c_warm = time.perf_counter(), time.thread_time()
         if arm != "cold":
             info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed)
+        info.update(warm_seconds=time.perf_counter() - t_warm, warm_cpu_seconds=time.thread_time() - c_warm)
         data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
         h = train(model, data, steps=run.budget(spec["family"]), eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
                   seed=seed * 7_919 + i, precise_bn=run.precise_bn)
+        history = json.dumps([h.steps, h.accuracies, h.running_accuracies])
+        metrics = {"accuracy": h.final_accuracy, "index": i, "history": history, "seconds": h.seconds,
+                   "cpu_seconds": h.cpu_seconds, **info}
+        if arm == "cold":  # nothing registers the cold arm's models: no checkpoint to write and copy
+            tune.report({**metrics, "trial_seconds": time.perf_counter() - t_trial})
+            return
         with tempfile.TemporaryDirectory() as d:
             torch.save(model.state_dict(), os.path.join(d, "model.pt"))
             if arm == "name-shape":  # later trials of this arm load parents by name
                 torch.save(model.state_dict(), os.path.join(states, f"{prefix}{tune.get_context().get_trial_id()}.pt"))
-            history = json.dumps([h.steps, h.accuracies, h.running_accuracies])
-            tune.report({"accuracy": h.final_accuracy, "index": i, "history": history,
-                         "seconds": h.seconds, **info}, checkpoint=tune.Checkpoint.from_directory(d))
+            tune.report({**metrics, "trial_seconds": time.perf_counter() - t_trial},
+                        checkpoint=tune.Checkpoint.from_directory(d))
     return trial
 
 
@@ -261,7 +274,9 @@ def _record(specs: list[dict], m: dict, num_params: Callable[[dict], int]) -> Tr
     i = int(m["index"])
     steps, accs, running = json.loads(m["history"])
     return TrialRecord(i, specs[i]["family"], arch_label(specs[i]), num_params(specs[i]), m["parent"],
-                       float(m["score"]), steps, accs, float(m["accuracy"]), float(m["seconds"]), running)
+                       float(m["score"]), steps, accs, float(m["accuracy"]), float(m["seconds"]), running,
+                       float(m.get("cpu_seconds", 0.0)), float(m.get("warm_seconds", 0.0)),
+                       float(m.get("warm_cpu_seconds", 0.0)), float(m.get("trial_seconds", 0.0)))
 
 
 def _progress_class():
