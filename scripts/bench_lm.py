@@ -143,12 +143,14 @@ class _LoadSampler:
 
 def _estimate(specs, run, corpus, plan) -> str:
     """Projected wall time of ``plan``: every architecture's training step timed on one thread in process CPU
-    time (40 steps after 10 of warm-up, evaluations included at their cadence), times its budget, summed over the plan's trials and
-    divided by the concurrency; plus the warm start and Tune's per-trial overhead at the figures measured in the
-    quick setting (``_OVERHEAD_S``). Idle cores assumed."""
+    time (40 steps after 10 of warm-up, evaluations included at their cadence), times its budget, summed over the
+    plan's trials and divided by the concurrency; plus the warm start and Tune's per-trial overhead at the figures
+    of ``keeper_bench.estimate.OVERHEAD_S``. Idle cores assumed."""
     import torch
 
     from keeper_bench.lm import arch_label, build, evaluate, train
+
+    from keeper_bench.estimate import projection
 
     torch.set_num_threads(1)
     per_trial = []
@@ -167,19 +169,7 @@ def _estimate(specs, run, corpus, plan) -> str:
         budget = run.budget(spec["family"])
         per_trial.append(step * budget + (t2 - t1) * run.evaluations)
         print(f"  {arch_label(spec):28s} {1 / step:6.1f} steps/s  {per_trial[-1]:5.1f} s per trial", flush=True)
-    train_s = sum(per_trial) * len(plan) / run.concurrency
-    warmed = sum(arm != "cold" for _, arm in plan) * len(specs)
-    over_s = ((_OVERHEAD_S["trial"] * len(plan) * len(specs) + _OVERHEAD_S["warm"] * warmed) / run.concurrency
-              + _OVERHEAD_S["arm_run"] * len(plan))
-    return (f"{len(plan)} arm runs x {len(specs)} trials, {run.concurrency} at a time: training and evaluation "
-            f"{train_s / 60:.1f} min + warm starts and Tune overhead {over_s / 60:.1f} min = "
-            f"{(train_s + over_s) / 60:.1f} min on idle cores")
-
-
-#: Seconds outside training, rough figures from the quick setting on lightly loaded cores: core-seconds per trial
-#: for Tune's trial start, report and checkpoint (every trial) and for a warm start with its registration
-#: afterwards (warmed arms); wall seconds per arm run for starting the Tuner and, for a warmed arm, keeper's service.
-_OVERHEAD_S = {"trial": 2.0, "warm": 4.0, "arm_run": 10.0}
+    return projection(per_trial, plan, run.concurrency)
 
 
 def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_version, walls, load) -> str:

@@ -221,12 +221,14 @@ def _estimate(specs, run, plan) -> str:
     """Projected wall time of ``plan`` on idle cores: every architecture's training step and evaluation timed on
     one thread in thread CPU time (so whatever else shares the machine does not count), times its budget and
     evaluation count, summed over the plan's trials and divided by the concurrency; plus the warm starts and
-    Tune's per-trial and per-arm-run overhead at the figures measured in the quick setting (``_OVERHEAD_S``)."""
+    Tune's per-trial and per-arm-run overhead at the figures of ``keeper_bench.estimate.OVERHEAD_S``."""
     import torch
 
     from keeper_bench.families import build
     from keeper_bench.nas import arch_label
     from keeper_bench.workload import evaluate, mnist1d_dataset, train, with_precise_bn
+
+    from keeper_bench.estimate import projection
 
     torch.set_num_threads(1)
     data = mnist1d_dataset(seed=run.data_seed, num_samples=run.num_samples)
@@ -250,19 +252,7 @@ def _estimate(specs, run, plan) -> str:
         per_trial.append(step * budget + ev * evaluations)
         print(f"  {arch_label(spec):40s} {step * 1e3:6.2f} ms/step  {ev * 1e3:6.1f} ms/evaluation  "
               f"{per_trial[-1]:5.1f} s per trial", flush=True)
-    train_s = sum(per_trial) * len(plan) / run.concurrency
-    warmed = sum(arm != "cold" for _, arm in plan) * len(specs)
-    over_s = ((_OVERHEAD_S["trial"] * len(plan) * len(specs) + _OVERHEAD_S["warm"] * warmed) / run.concurrency
-              + _OVERHEAD_S["arm_run"] * len(plan))
-    return (f"{len(plan)} arm runs x {len(specs)} trials, {run.concurrency} at a time: training and evaluation "
-            f"{train_s / 60:.1f} min + warm starts and Tune overhead {over_s / 60:.1f} min = "
-            f"{(train_s + over_s) / 60:.1f} min on {run.concurrency} idle cores")
-
-
-#: Seconds outside training (core-seconds per trial for Tune's trial start, report and checkpoint; per warmed trial
-#: for the warm start and its registration; wall seconds per arm run for the Tuner's and the service's start),
-#: rough figures from runs of this benchmark; the report's profile table gives the measured ones of each run.
-_OVERHEAD_S = {"trial": 2.0, "warm": 4.0, "arm_run": 10.0}
+    return projection(per_trial, plan, run.concurrency)
 
 
 def _fmt(values: list[float], fmt: str) -> str:

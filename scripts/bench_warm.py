@@ -612,8 +612,8 @@ def _large_section(setup: dict, m: dict, check: dict, e2e: dict, load: float) ->
     rows = [
         f"| streamed into a safetensors file (`out=`) | {m['stream_s']:.1f} | {m['stream_s'] / load_s:.2f}x | "
         f"{m['stream_anon'] / gb:.2f} | {m['stream_anon'] / child_w:.2f}x |",
-        f"| in memory (`weights` dict; copied tensors are views of the parent's mapped file; best of two) | {m['memory_s']:.1f} | "
-        f"{m['memory_s'] / load_s:.2f}x | {m['memory_anon'] / gb:.2f} | {m['memory_anon'] / child_w:.2f}x |",
+        f"| in memory (`weights` dict; copied tensors are views of the parent's mapped file; best of two) | "
+        f"{m['memory_s']:.1f} | {m['memory_s'] / load_s:.2f}x | {m['memory_anon'] / gb:.2f} | {m['memory_anon'] / child_w:.2f}x |",
         f"| baseline: `safetensors.numpy.load_file` of the child's weights | {load_s:.1f} | 1.00x | "
         f"{m['load_anon'] / gb:.2f} | {m['load_anon'] / child_w:.2f}x |"]
     def verdict(ratio: float, target: float) -> str:
