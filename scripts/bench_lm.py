@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="6 archs, 1 seed, cold/keeper/published, half the budgets "
                                                         "(below the plateau: a smoke run)")
     p.add_argument("--out", default="reports", help="directory for bench_lm.md/.json and figures/")
+    p.add_argument("--resume", metavar="JSON",
+                   help="a stopped run's JSON (same setting): its finished (arm, seed) runs are kept, the rest run")
     p.add_argument("--estimate", action="store_true",
                    help="measure each architecture's training step on one thread and print the setting's projected "
                         "wall time, then exit (trains nothing through Tune)")
@@ -91,8 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     walls: dict[str, dict[int, float]] = {}
     load = _LoadSampler()
     t_all = time.perf_counter()
-    report = ""
+    report, before = "", 0.0
+    if args.resume:
+        before = _resume(args.resume, args, results, walls, load)
     for seed, arm in plan:
+        if seed in results.get(arm, {}):
+            continue
         t0 = time.perf_counter()
 
         def show(a, r, seed=seed):
@@ -105,12 +111,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seed {seed} {arm}: {walls[arm][seed]:.0f} s (1-min load average so far: mean "
               f"{load.mean():.2f})", flush=True)
         if arm != "cold":  # the report so far, rewritten after every arm (complete when the plan is)
-            report = _write(args, run, specs, corpus, results, time.perf_counter() - t_all, len(plan),
+            report = _write(args, run, specs, corpus, results, before + time.perf_counter() - t_all, len(plan),
                             torch.__version__, ray.__version__, walls, load)
     load.stop()
     ray.shutdown()
     print(report)
     return 0
+
+
+def _resume(path: str, args, results: dict, walls: dict, load: "_LoadSampler") -> float:
+    """Load a stopped run's finished (arm, seed) runs, wall times and load samples into this run; its wall time.
+
+    The setting must be the same (archs, seeds, budgets, batch): the kept runs are read against this run's."""
+    from keeper_bench.lm_nas import LmRecord
+
+    with open(path) as f:
+        d = json.load(f)
+    same = {k: getattr(args, k) for k in ("archs", "seeds", "baseline_seeds", "budgets", "batch_size")}
+    if any(d["settings"].get(k) != v for k, v in same.items()):
+        raise SystemExit(f"--resume {path}: its setting {d['settings']} differs from this run's {same}")
+    for arm, by_seed in d["trials"].items():
+        for seed, recs in by_seed.items():
+            results.setdefault(arm, {})[int(seed)] = [LmRecord(**r) for r in recs]
+            walls.setdefault(arm, {})[int(seed)] = float(d["arm_run_seconds"][arm][seed])
+    args.resumed = {"runs": sum(len(v) for v in d["trials"].values()), "wall_s": float(d["wall_seconds"]),
+                    "load": d["load_average_1min"]}
+    return float(d["wall_seconds"])
 
 
 class _LoadSampler:
@@ -217,6 +243,12 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
     if done < planned:
         lines += [f"**Incomplete run**: {done} of the {planned} (arm, seed) runs of this setting finished; the "
                   "tables cover those only.", ""]
+    resumed = getattr(args, "resumed", None)
+    if resumed:
+        lines += [f"**Resumed** (`--resume`): the first {resumed['runs']} (arm, seed) runs come from a stopped run of "
+                  f"this setting ({resumed['wall_s'] / 60:.1f} min, included in the wall time below; its 1-minute "
+                  f"load average: mean {resumed['load']['mean']:.1f}, range {resumed['load']['min']:.1f}-"
+                  f"{resumed['load']['max']:.1f}); the load figures below are of the resumed part.", ""]
     if args.quick:
         lines += ["**Quick setting** (6 architectures, 1 seed, cold/keeper/published, half the default budgets, "
                   "so the cold runs are not expected at their plateau): a smoke run, not the benchmark's default "
