@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["import_transformers", "FAMILIES", "PAIRS", "build", "trained_like", "GrowthResult",
+__all__ = ["quiet", "import_transformers", "FAMILIES", "PAIRS", "build", "trained_like", "GrowthResult",
            "growth_deviation", "warm_deviation"]
 
 
@@ -257,7 +257,8 @@ class GrowthResult:
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
+    """Silence exporter chatter (prints, warnings, torch logging)."""
     logger = logging.getLogger("torch")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -296,7 +297,7 @@ def warm_deviation(parent: nn.Module, child: nn.Module, x: tuple, *, dynamo: boo
 
     trained_like(parent, seed)
     t0 = time.perf_counter()
-    with _quiet():
+    with quiet():
         pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
         with torch.no_grad():
             want, cold = parent(*x), child(*x)

@@ -12,14 +12,11 @@ Two sources, both cheap to reuse:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import io
 import json
-import logging
 import os
-import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,26 +27,13 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from keeper_bench import families
+from keeper_bench.hf_growth import quiet  # noqa: F401 (the tests' nets.quiet)
 
 EXPORTERS = ("torchscript", "dynamo")
 MODES = ("eval", "keep")
 
 
 # ----------------------------------------------------------------------------------------------- torch export
-
-@contextlib.contextmanager
-def quiet():
-    """Silence exporter chatter (prints, warnings, torch logging)."""
-    logger = logging.getLogger("torch")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
