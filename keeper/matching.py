@@ -353,7 +353,11 @@ def _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, cols, gains):
 # block's, and a stem's BatchNorm as much from a block's; only structure tells them apart, and new blocks then come
 # (and dropped ones go) as whole contiguous runs, which is what lets them start as identities. Both orders live in
 # one int64 (value = inherited * K + secondary) with K above any secondary sum (bonuses up to 6 per match; skip,
-# gap and edge costs up to ~36 per layer) while the two graphs hold fewer than ~25,000 layers together.
+# gap and edge costs up to ~36 per layer) while the two graphs hold fewer than ~25,000 layers together. Among
+# alignments equal on both, the traceback takes skips as late as it can: equal blocks pair up from the first, so a
+# shallower child keeps the parent's first blocks (an exact part of its function; the parent's last blocks read
+# what its first ones wrote, and a 4-to-2-block transformer kept from its last two started at chance) and a deeper
+# child gets its new blocks after the inherited ones.
 _TIE_K = 1 << 20
 _GAP_OPEN = 4
 _EDGE_INSIDE = 8
@@ -418,7 +422,7 @@ def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, cls_p, shp_p, vec_p, s
     inherited = 0
     i, j = m, n
     v = _max3(M[i, j], X[i, j], Y[i, j])
-    state = 0 if M[i, j] == v else (1 if X[i, j] == v else 2)
+    state = 2 if Y[i, j] == v else (1 if X[i, j] == v else 0)
     while i > 0 or j > 0:
         if state == 0:
             g = _gain(shp_c, vec_c, i - 1, shp_p, vec_p, j - 1)
@@ -427,15 +431,15 @@ def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, cls_p, shp_p, vec_p, s
             v = M[i, j] - g * _TIE_K - _bonus(shp_c, ctx_c, i - 1, shp_p, ctx_p, j - 1)
             i -= 1
             j -= 1
-            state = 0 if M[i, j] == v else (1 if i > 0 and X[i, j] - edge_c[i] == v else 2)
+            state = 2 if j > 0 and Y[i, j] - edge_p[j] == v else (1 if i > 0 and X[i, j] - edge_c[i] == v else 0)
         elif state == 1:
             v = X[i, j] + skip_c[i - 1]
             i -= 1
-            state = 1 if X[i, j] == v else (0 if M[i, j] - _GAP_OPEN - edge_c[i] == v else 2)
+            state = 1 if X[i, j] == v else (2 if Y[i, j] - _GAP_OPEN - edge_c[i] == v else 0)
         else:
             v = Y[i, j] + skip_p[j - 1]
             j -= 1
-            state = 2 if Y[i, j] == v else (0 if M[i, j] - _GAP_OPEN - edge_p[j] == v else 1)
+            state = 2 if Y[i, j] == v else (1 if X[i, j] - _GAP_OPEN - edge_p[j] == v else 0)
     return inherited, pairs
 
 

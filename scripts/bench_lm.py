@@ -52,10 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="reports", help="directory for bench_lm.md/.json and figures/")
     p.add_argument("--resume", metavar="JSON",
                    help="a stopped run's JSON (same setting): its finished (arm, seed) runs are kept, the rest run")
+    p.add_argument("--rerun", default="", metavar="ARM,...",
+                   help="with --resume: these arms run again instead of being kept (after a change to code only "
+                        "they use; the report names the kept and the rerun arms)")
     p.add_argument("--estimate", action="store_true",
                    help="measure each architecture's training step on one thread and print the setting's projected "
                         "wall time, then exit (trains nothing through Tune)")
     args = p.parse_args(argv)
+    args.rerun = [a for a in args.rerun.split(",") if a]
+    if args.rerun and not args.resume:
+        p.error("--rerun needs --resume JSON (the run whose other arms are kept)")
     if args.quick:
         args.archs, args.seeds, args.baseline_seeds = 6, 1, 1
         if args.budgets == DEFAULT_BUDGETS:
@@ -130,13 +136,23 @@ def _resume(path: str, args, results: dict, walls: dict, load: "_LoadSampler") -
     same = {k: getattr(args, k) for k in ("archs", "seeds", "baseline_seeds", "budgets", "batch_size")}
     if any(d["settings"].get(k) != v for k, v in same.items()):
         raise SystemExit(f"--resume {path}: its setting {d['settings']} differs from this run's {same}")
-    for arm, by_seed in d["trials"].items():
+    from keeper_bench.lm_nas import ARMS
+
+    unknown = [a for a in args.rerun if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"--rerun {','.join(unknown)}: unknown arm; expected some of {', '.join(ARMS)}")
+    kept = {arm: by_seed for arm, by_seed in d["trials"].items() if arm not in args.rerun}
+    for arm, by_seed in kept.items():
         for seed, recs in by_seed.items():
             results.setdefault(arm, {})[int(seed)] = [LmRecord(**r) for r in recs]
             walls.setdefault(arm, {})[int(seed)] = float(d["arm_run_seconds"][arm][seed])
-    args.resumed = {"runs": sum(len(v) for v in d["trials"].values()), "wall_s": float(d["wall_seconds"]),
-                    "load": d["load_average_1min"]}
-    return float(d["wall_seconds"])
+    # with arms rerun, the kept part's wall time is the sum of its arm runs (the stopped run's total held the
+    # dropped arm runs too)
+    wall = (sum(walls[a][int(s)] for a, by in kept.items() for s in by) if args.rerun
+            else float(d["wall_seconds"]))
+    args.resumed = {"runs": sum(len(v) for v in kept.values()), "wall_s": wall, "load": d["load_average_1min"],
+                    "kept": sorted(kept), "rerun": list(args.rerun)}
+    return wall
 
 
 class _LoadSampler:
@@ -244,7 +260,15 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
         lines += [f"**Incomplete run**: {done} of the {planned} (arm, seed) runs of this setting finished; the "
                   "tables cover those only.", ""]
     resumed = getattr(args, "resumed", None)
-    if resumed:
+    if resumed and resumed.get("rerun"):
+        lines += [f"**Partly rerun** (`--resume` with `--rerun {','.join(resumed['rerun'])}`): the "
+                  f"{resumed['runs']} (arm, seed) runs of {', '.join(resumed['kept'])} come from an earlier run of "
+                  f"this setting ({resumed['wall_s'] / 60:.1f} min of arm runs, included in the wall time below; "
+                  f"its 1-minute load average: mean {resumed['load']['mean']:.1f}, range "
+                  f"{resumed['load']['min']:.1f}-{resumed['load']['max']:.1f}); the arms "
+                  f"{', '.join(resumed['rerun'])} ran again on the current code, which changed only what they use; "
+                  "the load figures below are of the rerun part.", ""]
+    elif resumed:
         lines += [f"**Resumed** (`--resume`): the first {resumed['runs']} (arm, seed) runs come from a stopped run of "
                   f"this setting ({resumed['wall_s'] / 60:.1f} min, included in the wall time below; its 1-minute "
                   f"load average: mean {resumed['load']['mean']:.1f}, range {resumed['load']['min']:.1f}-"

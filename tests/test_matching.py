@@ -333,6 +333,26 @@ def test_a_dropped_residual_block_goes_whole_and_every_layer_keeps_its_role(pare
         ["bn1", "bn2", "conv1", "conv2"], dropped
 
 
+@pytest.mark.parametrize("parent_layers,child_layers", [(4, 2), (3, 1), (2, 4), (1, 3)])
+def test_blocks_pair_up_from_the_first_so_a_shallower_child_keeps_the_parents_first_blocks(parent_layers,
+                                                                                           child_layers):
+    # equal blocks inherit equally wherever a run of them is dropped or added: the tie goes to the first blocks,
+    # so a shallower child is the parent's prefix (which computes a part of the parent's function; the parent's
+    # last blocks read what its first ones wrote and start near chance without them) and a deeper child adds
+    # its new blocks after the inherited ones
+    parent = load_graph(nets.family_onnx(nets.spec("transformer", layers=parent_layers)))
+    child = load_graph(nets.family_onnx(nets.spec("transformer", layers=child_layers)))
+    pairs = align(parent, child).pairs.tolist()
+    for ci, pi in enumerate(pairs):
+        name = child.layer_names[ci]
+        if not name.startswith("/layers."):
+            assert pi >= 0 and parent.layer_names[pi] == name, (name, pi)
+        elif int(name.split(".")[1].split("/")[0]) < parent_layers:
+            assert pi >= 0 and parent.layer_names[pi] == name, (name, parent.layer_names[pi] if pi >= 0 else None)
+        else:
+            assert pi == -1, (name, parent.layer_names[pi])
+
+
 def test_a_widened_stage_keeps_its_own_blocks_and_streams():
     # widening stage 1 and dropping a stage-2 block: the parent's stage-2 blocks are wider than its stage-1 ones,
     # so pairing the child's stage-1 blocks with them inherits more elements, but those channels belong to

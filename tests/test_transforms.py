@@ -245,6 +245,28 @@ def test_widening_attention_keeps_q_k_v_and_heads_apart(heads, parent_d, child_d
     assert any("attention-scale" in op for _, op in result.mapping.values())
 
 
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_a_shallower_transformer_computes_the_parents_first_blocks(dynamo):
+    # dropping blocks cannot preserve the function; keeping the first ones keeps an exact part of it: the warmed
+    # child is the parent with its last blocks removed (its final norm and head read the earlier stream)
+    parent_spec, child_spec = {**PRE_LN, "layers": 4}, {**PRE_LN, "layers": 2}
+    torch.manual_seed(0)
+    parent = families.build(parent_spec)
+    x = families.example_input(parent_spec, batch=4)
+    nets.trained_like(parent, x, 0)
+    child = families.build(child_spec).eval()
+    pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
+    result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
+    load_warm(child, result, ce.keys)
+    truncated = families.build(child_spec).eval()
+    state = parent.state_dict()
+    truncated.load_state_dict({k: state[k] for k in truncated.state_dict()})  # layers.0 and .1 are the first two
+    parent.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(child(x), truncated(x), rtol=0, atol=0)
+    assert result.score == 1.0 and not result.missing
+
+
 def test_identical_architecture_is_copied_exactly():
     dev, score = _deviation(RESNET, RESNET, dynamo=True)
     assert dev == 0.0 and score == 1.0
