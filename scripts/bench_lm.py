@@ -28,6 +28,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import numpy as np  # noqa: E402
 
+from keeper_bench.reporting import LoadSampler, spread  # noqa: E402
+
 #: Per-family budgets, chosen on cold runs only: the largest whose projected wall time (``--estimate``, idle
 #: cores) leaves a fifth of the 45 minutes spare, 2,000 steps (about 35 min); in the calibration runs of the
 #: largest architectures of the catalogue (seed 1) 4 of 6 cold runs gained under 1% over their last 20% at this
@@ -55,10 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rerun", default="", metavar="ARM,...",
                    help="with --resume: these arms run again instead of being kept (after a change to code only "
                         "they use; the report names the kept and the rerun arms)")
+    p.add_argument("--report-from", metavar="JSON",
+                   help="rewrite the report, JSON and figures from a bench_lm.json this script wrote, run nothing")
     p.add_argument("--estimate", action="store_true",
                    help="measure each architecture's training step on one thread and print the setting's projected "
                         "wall time, then exit (trains nothing through Tune)")
     args = p.parse_args(argv)
+    if args.report_from:
+        return _rewrite(args.report_from, args.out)
     args.rerun = [a for a in args.rerun.split(",") if a]
     if args.rerun and not args.resume:
         p.error("--rerun needs --resume JSON (the run whose other arms are kept)")
@@ -97,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = tempfile.mkdtemp(prefix="keeper-bench-lm-")
     results: dict[str, dict[int, list]] = {}
     walls: dict[str, dict[int, float]] = {}
-    load = _LoadSampler()
+    load = LoadSampler()
     t_all = time.perf_counter()
     report, before = "", 0.0
     if args.resume:
@@ -118,14 +124,37 @@ def main(argv: list[str] | None = None) -> int:
               f"{load.mean():.2f})", flush=True)
         if arm != "cold":  # the report so far, rewritten after every arm (complete when the plan is)
             report = _write(args, run, specs, corpus, results, before + time.perf_counter() - t_all, len(plan),
-                            torch.__version__, ray.__version__, walls, load)
+                            torch.__version__, ray.__version__, walls, load.summary())
     load.stop()
     ray.shutdown()
     print(report)
     return 0
 
 
-def _resume(path: str, args, results: dict, walls: dict, load: "_LoadSampler") -> float:
+def _rewrite(path: str, out: str) -> int:
+    """The report, JSON and figures of a finished or stopped run again, from the JSON it wrote (into ``out``)."""
+    import ray
+    import torch
+
+    from keeper_bench.lm import stdlib_corpus
+    from keeper_bench.lm_nas import LmRecord, LmRun
+
+    with open(path) as f:
+        d = json.load(f)
+    corpus = stdlib_corpus()
+    if corpus.sha256 != d["corpus_sha256"]:
+        raise SystemExit(f"--report-from {path}: its corpus (sha256 {d['corpus_sha256'][:12]}) is not this "
+                         f"Python's standard library corpus ({corpus.sha256[:12]}); rewrite it where it ran")
+    args = argparse.Namespace(**{**d["settings"], "out": out, "report_from": None})
+    run = LmRun(**{**d["run"], "budgets": tuple(tuple(b) for b in d["run"]["budgets"])})
+    results = {arm: {int(s): [LmRecord(**r) for r in recs] for s, recs in by.items()} for arm, by in d["trials"].items()}
+    walls = {arm: {int(s): w for s, w in by.items()} for arm, by in d["arm_run_seconds"].items()}
+    print(_write(args, run, d["specs"], corpus, results, d["wall_seconds"], d["arm_runs_planned"], torch.__version__,
+                 ray.__version__, walls, d["load_average_1min"]))
+    return 0
+
+
+def _resume(path: str, args, results: dict, walls: dict, load: "LoadSampler") -> float:
     """Load a stopped run's finished (arm, seed) runs, wall times and load samples into this run; its wall time.
 
     The setting must be the same (archs, seeds, budgets, batch): the kept runs are read against this run's."""
@@ -153,34 +182,6 @@ def _resume(path: str, args, results: dict, walls: dict, load: "_LoadSampler") -
     args.resumed = {"runs": sum(len(v) for v in kept.values()), "wall_s": wall, "load": d["load_average_1min"],
                     "kept": sorted(kept), "rerun": list(args.rerun)}
     return wall
-
-
-class _LoadSampler:
-    """The 1-minute load average, sampled every ``every`` seconds in a daemon thread while the benchmark runs (the
-    cores are shared: the report states the load beside the wall time)."""
-
-    def __init__(self, every: float = 30.0):
-        import threading
-
-        self.samples: list[float] = [os.getloadavg()[0]]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
-        self._thread.start()
-
-    def _run(self, every: float) -> None:
-        while not self._stop.wait(every):
-            self.samples.append(os.getloadavg()[0])
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def mean(self) -> float:
-        return float(np.mean(self.samples))
-
-    def summary(self) -> dict:
-        s = np.asarray(self.samples)
-        return {"samples": len(s), "every_s": 30.0, "mean": float(s.mean()), "median": float(np.median(s)),
-                "min": float(s.min()), "max": float(s.max())}
 
 
 def _estimate(specs, run, corpus, plan) -> str:
@@ -214,7 +215,9 @@ def _estimate(specs, run, corpus, plan) -> str:
     return projection(per_trial, plan, run.concurrency)
 
 
-def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_version, walls, load) -> str:
+def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_version, walls, load: dict) -> str:
+    """Write the report, the JSON and the figures of the runs so far into ``args.out``; ``load``: the load
+    sampler's summary. Returns the report."""
     from keeper_bench.lm_nas import plateau_check, records_to_json, summarize
 
     rows = {arm: {seed: summarize(results["cold"][seed], recs, run) for seed, recs in by_seed.items()}
@@ -223,12 +226,12 @@ def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_
     done = sum(len(by) for by in results.values())
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
     report = _report(args, run, specs, corpus, results, rows, plateau, wall, torch_version, ray_version,
-                     done, planned, walls, load.summary())
+                     done, planned, walls, load)
     with open(os.path.join(args.out, "bench_lm.md"), "w") as f:
         f.write(report)
     with open(os.path.join(args.out, "bench_lm.json"), "w") as f:
         json.dump({"settings": vars(args), "run": dict(run.__dict__), "specs": specs,
-                   "corpus_sha256": corpus.sha256, "wall_seconds": wall, "load_average_1min": load.summary(),
+                   "corpus_sha256": corpus.sha256, "wall_seconds": wall, "load_average_1min": load,
                    "arm_run_seconds": {arm: {str(s): v for s, v in by.items()} for arm, by in walls.items()},
                    "arm_runs_done": done,
                    "arm_runs_planned": planned, "plateau": {str(s): v for s, v in plateau.items()},
@@ -237,12 +240,6 @@ def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_
                               for arm, by in results.items()}}, f)
     _plots(args.out, results, rows, run)
     return report
-
-
-def _fmt(values: list[float], fmt: str) -> str:
-    if len(values) == 1:
-        return format(values[0], fmt)
-    return f"{format(float(np.mean(values)), fmt)} ± {format(float(np.std(values, ddof=1)), fmt)}"
 
 
 def _span(specs: list[dict], key: str, before: str, after: str = "") -> str:
@@ -318,12 +315,12 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
               "|---|---|---|---|---|---|---|---|---|---|"]
     for arm, per_seed in rows.items():
         v = list(per_seed.values())
-        lines.append(f"| {arm} | {len(v)} | {_fmt([x['speedup'] for x in v], '.2f')}x | "
-                     f"{_fmt([100 * x['saved'] for x in v], '.1f')}% | {_fmt([x['warmed'] for x in v], '.0f')} of "
-                     f"{v[0]['trials']} | {_fmt([x['warmed_speedup'] for x in v], '.2f')}x | "
-                     f"{_fmt([x['reached'] for x in v], '.0f')} | {_fmt([len(x['slow']) for x in v], '.0f')} | "
-                     f"{_fmt([x['loss_delta'] for x in v], '+.3f')} | "
-                     f"{_fmt([100 * x['accuracy_delta'] for x in v], '+.2f')} |")
+        lines.append(f"| {arm} | {len(v)} | {spread([x['speedup'] for x in v], '.2f')}x | "
+                     f"{spread([100 * x['saved'] for x in v], '.1f')}% | {spread([x['warmed'] for x in v], '.0f')} of "
+                     f"{v[0]['trials']} | {spread([x['warmed_speedup'] for x in v], '.2f')}x | "
+                     f"{spread([x['reached'] for x in v], '.0f')} | {spread([len(x['slow']) for x in v], '.0f')} | "
+                     f"{spread([x['loss_delta'] for x in v], '+.3f')} | "
+                     f"{spread([100 * x['accuracy_delta'] for x in v], '+.2f')} |")
     lines += ["", "Mean ± sample std over seeds where there are several. Per seed (keeper):", "",
               "| seed | speedup | training saved | warmed trials slower than cold |", "|---|---|---|---|"]
     for seed, x in rows["keeper"].items():
@@ -372,41 +369,11 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
 
 
 def _plots(out, results, rows, run) -> None:
-    import matplotlib
+    from keeper_bench.reporting import plot_family_curves, plot_speedup_hist
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cold, warm = results["cold"][0], results["keeper"][0]
-    fams = sorted({r.family for r in cold})
-    fig, axes = plt.subplots(1, len(fams), figsize=(4.5 * len(fams), 3.3), squeeze=False)
-    for ax, fam in zip(axes[0], fams):
-        warmed = [i for i, r in enumerate(warm) if r.family == fam and r.parent]
-        for recs, label, colour in ((cold, "cold", "tab:gray"), (warm, "keeper", "tab:blue")):
-            if warmed:
-                loss = np.mean([recs[i].losses for i in warmed], axis=0)
-                ax.plot(recs[warmed[0]].steps, loss, marker=".", label=f"{label} ({len(warmed)} warmed archs)",
-                        color=colour)
-        ax.set_title(fam)
-        ax.set_xlabel("training steps")
-        ax.set_ylabel("validation loss (nats/byte)")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "figures", "lm_curves.png"), dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    bins = np.logspace(np.log10(0.1), np.log10(run.evaluations + 1), 24)
-    for arm, per_seed in rows.items():
-        sp = [x for x, r in zip(per_seed[0]["per_trial_speedup"], results[arm][0]) if r.parent]
-        ax.hist(sp, bins=bins, histtype="step", label=arm, linewidth=1.5)
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="k", linewidth=0.8)
-    ax.set_xlabel("per-trial speedup in steps to target (warmed trials, seed 0)")
-    ax.set_ylabel("trials")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "figures", "lm_speedup_hist.png"), dpi=110)
-    plt.close(fig)
+    plot_family_curves(results["cold"][0], results["keeper"][0], lambda r: r.losses, "validation loss (nats/byte)",
+                       os.path.join(out, "figures", "lm_curves.png"), marker=".")
+    plot_speedup_hist(rows, results, run.evaluations + 1, os.path.join(out, "figures", "lm_speedup_hist.png"))
 
 
 if __name__ == "__main__":

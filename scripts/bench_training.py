@@ -36,6 +36,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import numpy as np  # noqa: E402
 
+from keeper_bench.reporting import LoadSampler, spread  # noqa: E402
+
 #: Per-family budgets at which the cold runs are at their plateau (measured; the report checks every cold run).
 DEFAULT_BUDGETS = "vgg=400,resnet=800,mlp=2400,transformer=1000"
 QUICK_BUDGETS = "vgg=200,resnet=400,mlp=1200,transformer=500"
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.estimate:
         print(_estimate(specs, run, plan))
         return 0
-    load = _LoadSampler()
+    load = LoadSampler(every=15.0)
     ray.init(address="local", num_cpus=args.concurrency, include_dashboard=False, log_to_driver=False)
     workdir = tempfile.mkdtemp(prefix="keeper-bench-training-")
     results: dict[str, dict[int, list]] = {}
@@ -134,29 +136,6 @@ def _rewrite(path: str, out: str) -> int:
     _write(args, run, d["specs"], results, arm_walls, d["wall_seconds"], d["load_average_1min"], plan,
            progress["arm_runs_done"], torch.__version__, ray.__version__, final=progress["complete"])
     return 0
-
-
-class _LoadSampler:
-    """Samples the 1-minute load average every ``every`` seconds in a daemon thread, to state beside a wall time."""
-
-    def __init__(self, every: float = 15.0):
-        import threading
-
-        self.samples: list[float] = [os.getloadavg()[0]]
-        self._stop = threading.Event()
-
-        def loop() -> None:
-            while not self._stop.wait(every):
-                self.samples.append(os.getloadavg()[0])
-
-        threading.Thread(target=loop, daemon=True).start()
-
-    def summary(self) -> dict:
-        return {"mean": float(np.mean(self.samples)), "min": float(np.min(self.samples)),
-                "max": float(np.max(self.samples)), "samples": len(self.samples)}
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def _write(args, run, specs, results, arm_walls, wall, load, plan, done, torch_version, ray_version,
@@ -255,12 +234,6 @@ def _estimate(specs, run, plan) -> str:
     return projection(per_trial, plan, run.concurrency)
 
 
-def _fmt(values: list[float], fmt: str) -> str:
-    if len(values) == 1:
-        return format(values[0], fmt)
-    return f"{format(float(np.mean(values)), fmt)} ± {format(float(np.std(values, ddof=1)), fmt)}"
-
-
 def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, progress, torch_version,
             ray_version) -> str:
     from keeper_bench.nas import arch_label, steps_to_target
@@ -286,7 +259,7 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
               f"seeds {args.baseline_seeds}, budgets {args.budgets}, eval every {args.eval_every}); wall time "
               f"{wall / 60:.1f} min on {os.cpu_count()} CPUs shared with other work: 1-minute load average "
               f"{load['mean']:.1f} on average over the run (min {load['min']:.1f}, max {load['max']:.1f}, "
-              f"{load['samples']} samples 15 s apart; {run.concurrency} is a full load from this benchmark alone) "
+              f"{load['samples']} samples {load.get('every_s', 15):g} s apart; {run.concurrency} is a full load from this benchmark alone) "
               f"({platform.processor() or platform.machine()}), torch {torch_version}, ray {ray_version}.", "",
               f"Idle-core estimate from the costs measured in this run: the trials' training, evaluation and warm "
               f"starts took {compute / 60:.1f} CPU-minutes on their own threads (thread CPU time, which other "
@@ -336,11 +309,11 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
               "cold (points) |", "|---|---|---|---|---|---|---|---|---|"]
     for arm, per_seed in rows.items():
         v = list(per_seed.values())
-        lines.append(f"| {arm} | {len(v)} | {_fmt([x['speedup'] for x in v], '.2f')}x | "
-                     f"{_fmt([100 * x['saved'] for x in v], '.1f')}% | {_fmt([x['warmed'] for x in v], '.0f')} of "
-                     f"{v[0]['trials']} | {_fmt([x['warmed_speedup'] for x in v], '.2f')}x | "
-                     f"{_fmt([x['reached'] for x in v], '.0f')} | {_fmt([len(x['slow']) for x in v], '.0f')} | "
-                     f"{_fmt([100 * x['accuracy_delta'] for x in v], '+.2f')} |")
+        lines.append(f"| {arm} | {len(v)} | {spread([x['speedup'] for x in v], '.2f')}x | "
+                     f"{spread([100 * x['saved'] for x in v], '.1f')}% | {spread([x['warmed'] for x in v], '.0f')} of "
+                     f"{v[0]['trials']} | {spread([x['warmed_speedup'] for x in v], '.2f')}x | "
+                     f"{spread([x['reached'] for x in v], '.0f')} | {spread([len(x['slow']) for x in v], '.0f')} | "
+                     f"{spread([100 * x['accuracy_delta'] for x in v], '+.2f')} |")
     lines += ["", "Mean ± sample std over seeds where there are several. Per seed (keeper), against the targets "
               "(above 2.9x and 65.5% saved). The ceiling is the speedup had every warmed trial reached its target at "
               f"its first evaluation ({run.eval_every} steps), the trials without a parent counting as they did: "
@@ -395,11 +368,11 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
                   "warmed trials slower than cold | final accuracy vs cold (points) |", "|---|---|---|---|---|---|"]
         for arm, per_seed in table.items():
             v = list(per_seed.values())
-            lines.append(f"| {arm} | {_fmt([x['speedup'] for x in v], '.2f')}x | "
-                         f"{_fmt([100 * x['saved'] for x in v], '.1f')}% | "
-                         f"{_fmt([x['warmed_speedup'] for x in v], '.2f')}x | "
-                         f"{_fmt([len(x['slow']) for x in v], '.0f')} | "
-                         f"{_fmt([100 * x['accuracy_delta'] for x in v], '+.2f')} |")
+            lines.append(f"| {arm} | {spread([x['speedup'] for x in v], '.2f')}x | "
+                         f"{spread([100 * x['saved'] for x in v], '.1f')}% | "
+                         f"{spread([x['warmed_speedup'] for x in v], '.2f')}x | "
+                         f"{spread([len(x['slow']) for x in v], '.0f')} | "
+                         f"{spread([100 * x['accuracy_delta'] for x in v], '+.2f')} |")
     lines += ["", "The published system reports 2.9x faster completion and 65.5% GPU time saved on its NAS workload "
               "(NASBench, 1,000 models); this workload is smaller (the zoo holds at most "
               f"{len(specs) - 1} models when the last trial starts) and the figures are not directly comparable. "
@@ -455,43 +428,13 @@ def _profile_lines(profile, load, run) -> list[str]:
 
 
 def _plots(out, results, rows, run) -> None:
-    import matplotlib
+    from keeper_bench.reporting import plot_family_curves, plot_speedup_hist
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cold = [r.read_with_running_statistics() for r in results["cold"][0]]
-    warm = [r.read_with_running_statistics() for r in results["keeper"][0]]
-    fams = sorted({r.family for r in cold})
-    fig, axes = plt.subplots(1, len(fams), figsize=(4 * len(fams), 3.2), squeeze=False)
-    for ax, fam in zip(axes[0], fams):
-        for recs, label, colour in ((cold, "cold", "tab:gray"), (warm, "keeper", "tab:blue")):
-            warmed = [i for i, r in enumerate(warm) if r.family == fam and r.parent]
-            if not warmed:
-                continue
-            acc = np.mean([recs[i].accuracies for i in warmed], axis=0)  # one family: one budget, one grid
-            ax.plot(recs[warmed[0]].steps, acc, label=f"{label} ({len(warmed)} warmed archs)", color=colour)
-        ax.set_title(fam)
-        ax.set_xlabel("training steps")
-        ax.set_ylabel("test accuracy")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "figures", "training_curves.png"), dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    bins = np.logspace(np.log10(0.1), np.log10(max(n for _, n in run.budgets) / run.eval_every + 1), 24)
-    for arm, per_seed in rows.items():
-        recs = results[arm][0]
-        sp = [x for x, r in zip(per_seed[0]["per_trial_speedup"], recs) if r.parent]
-        ax.hist(sp, bins=bins, histtype="step", label=arm, linewidth=1.5)
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="k", linewidth=0.8)
-    ax.set_xlabel("per-trial speedup in steps to target (warmed trials, seed 0)")
-    ax.set_ylabel("trials")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "figures", "speedup_hist.png"), dpi=110)
-    plt.close(fig)
+    plot_family_curves([r.read_with_running_statistics() for r in results["cold"][0]],
+                       [r.read_with_running_statistics() for r in results["keeper"][0]], lambda r: r.accuracies,
+                       "test accuracy", os.path.join(out, "figures", "training_curves.png"))
+    plot_speedup_hist(rows, results, max(n for _, n in run.budgets) / run.eval_every + 1,
+                      os.path.join(out, "figures", "speedup_hist.png"))
 
 
 if __name__ == "__main__":
