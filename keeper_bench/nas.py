@@ -15,6 +15,11 @@ Arms:
         (:func:`keeper_bench.baselines.published_transfer`).
     name-shape: keeper's parent choice, then ``load_state_dict`` of the tensors whose name and shape match.
 
+A bound, not an arm a user could run (``BOUNDS``):
+    copy: every trial starts from the final weights of the cold trial of its own architecture and seed (run
+        before it in the same work directory) and trains again under the same recipe: more than any parent can
+        hand over, so its steps to target are what the recipe allows a warm start at best.
+
 Budgets: ``NasRun.budgets`` gives each family its own number of steps (the plateau budgets of
 ``scripts/bench_training.py``: cold runs whose test accuracy improves by less than 1% relative over their last 20%
 of steps, checked by :func:`plateau_check`); a family not listed trains ``steps``.
@@ -36,10 +41,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["ARMS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize", "service_config",
+__all__ = ["ARMS", "BOUNDS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize", "service_config",
            "warm_by_arm", "plateau_check"]
 
 ARMS = ("cold", "keeper", "keeper-no-accuracy", "published", "name-shape")
+BOUNDS = ("copy",)
 
 
 @dataclass(frozen=True)
@@ -189,7 +195,10 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         model = build(spec)
         info = {"parent": "", "score": 0.0}
         t_warm, c_warm = time.perf_counter(), time.thread_time()
-        if arm != "cold":
+        if arm == "copy":
+            model.load_state_dict(torch.load(_cold_final(states, seed, i), weights_only=True))
+            info = {"parent": f"cold-s{seed}-{i}", "score": 1.0}
+        elif arm != "cold":
             info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed)
         info.update(warm_seconds=time.perf_counter() - t_warm, warm_cpu_seconds=time.thread_time() - c_warm)
         data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
@@ -198,7 +207,9 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         history = json.dumps([h.steps, h.accuracies, h.running_accuracies])
         metrics = {"accuracy": h.final_accuracy, "index": i, "history": history, "seconds": h.seconds,
                    "cpu_seconds": h.cpu_seconds, **info}
-        if arm == "cold":  # nothing registers the cold arm's models: no checkpoint to write and copy
+        if arm in ("cold", "copy"):  # nothing registers these models: no checkpoint to write and copy
+            if arm == "cold":  # the copy bound's start
+                torch.save(model.state_dict(), os.path.join(states, f"{i}.pt"))
             tune.report({**metrics, "trial_seconds": time.perf_counter() - t_trial})
             return
         with tempfile.TemporaryDirectory() as d:
@@ -208,6 +219,15 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
             tune.report({**metrics, "trial_seconds": time.perf_counter() - t_trial},
                         checkpoint=tune.Checkpoint.from_directory(d))
     return trial
+
+
+def _cold_final(states: str, seed: int, index: int) -> str:
+    """Where the cold arm of ``seed`` left trial ``index``'s final weights (``states`` is the copy arm's own)."""
+    path = os.path.join(os.path.dirname(states), f"states-cold-s{seed}", f"{index}.pt")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"copy arm, seed {seed}, trial {index}: no cold-trained weights at {path}; run the "
+                                f"cold arm of seed {seed} first in the same work directory")
+    return path
 
 
 _datasets: dict[tuple[int, int], Any] = {}
@@ -229,8 +249,9 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
             progress: Callable[[str, TrialRecord], None] | None = None) -> list[TrialRecord]:
     """Train ``specs`` in order through Ray Tune for one arm; returns one record per spec, in spec order.
 
-    Ray must be initialized. A non-cold arm starts its own keeper service on an empty zoo under ``workdir``
-    and shuts it down at the end.
+    Ray must be initialized. An arm other than cold and copy starts its own keeper service on an empty zoo under
+    ``workdir`` and shuts it down at the end; the cold arm leaves its trials' final weights there for the copy
+    bound (:data:`BOUNDS`), which must run after the cold arm of its seed in the same ``workdir``.
     """
     import ray
     from ray import tune
@@ -239,14 +260,15 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
     from keeper_bench.families import num_params
     from keeper.tune_integration import KeeperCallback
 
-    if arm not in ARMS:
-        raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS}")
+    if arm not in ARMS + BOUNDS:
+        raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS + BOUNDS}")
+    keeper_arm = arm not in ("cold", "copy")  # an arm with a keeper service and a zoo
     service = service_config(arm, seed, workdir, run.noise)
     states = os.path.join(workdir, f"states-{arm}-s{seed}")
     os.makedirs(states, exist_ok=True)
     prefix = f"{arm}-s{seed}-"
     callbacks: list[Any] = []
-    if arm != "cold":
+    if keeper_arm:
         callbacks.append(KeeperCallback("accuracy", "max", config=service, name_prefix=prefix))
     if progress is not None:
         callbacks.append(_Progress(arm, specs, progress))
@@ -260,7 +282,7 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
     try:
         grid = tuner.fit()
     finally:
-        if arm != "cold":
+        if keeper_arm:
             shutdown(service)
     if grid.errors:
         raise RuntimeError(f"{arm}: {len(grid.errors)} trials failed; first: {grid.errors[0]}")

@@ -17,7 +17,7 @@ from keeper.errors import ConfigError, KeeperError
 from keeper_bench.families import build, default_spec, example_input
 from keeper.tune_integration import ARCHITECTURE_FILE, KeeperCallback, warm_start
 from keeper.tune_integration.checkpoint import checkpoint_onnx
-from keeper_bench.workload import mnist1d_dataset, train
+from keeper_bench.workload import evaluate, mnist1d_dataset, train
 from keeper.zoo import Zoo
 
 
@@ -363,3 +363,24 @@ def test_a_trial_lineage_file_is_read_as_json_and_a_malformed_one_refused(tmp_pa
         (tmp_path / "keeper-lineage.json").write_text(bad)
         with pytest.raises(AdmissionError, match="trial t: .*keeper-lineage.json.*remove the file"):
             _read_lineage(fs, path, "trial t")
+
+
+def test_the_copy_bound_restarts_each_cold_trained_model_from_its_final_weights(tmp_path):
+    # keeper_bench's copy bound: the cold arm leaves each trial's final weights, the copy arm starts from them.
+    # With a learning rate of 0 the copy cannot move, so every one of its evaluations reads the cold final accuracy
+    # exactly; one that started from the shared initial weights would read the untrained accuracy instead.
+    from dataclasses import replace
+
+    from keeper_bench.nas import NasRun, run_arm
+
+    specs = [_spec([32]), _spec([24, 12])]
+    run = NasRun(steps=60, eval_every=20, num_samples=1200, concurrency=2, precise_bn=False)
+    cold = run_arm("cold", specs, run, str(tmp_path), seed=0)
+    copy = run_arm("copy", specs, replace(run, lr=0.0), str(tmp_path), seed=0)
+    data = mnist1d_dataset(seed=run.data_seed, num_samples=run.num_samples)
+    for c, k in zip(cold, copy):
+        torch.manual_seed(c.index)  # every arm's initial weights for seed 0 (keeper_bench.nas)
+        untrained = evaluate(build(specs[c.index]), data)
+        assert untrained != c.final_accuracy  # the check below tells the two starts apart
+        assert k.parent == f"cold-s0-{c.index}" and k.score == 1.0
+        assert k.accuracies == [c.final_accuracy] * len(k.accuracies), (c.accuracies, k.accuracies)
