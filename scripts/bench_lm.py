@@ -218,10 +218,11 @@ def _estimate(specs, run, corpus, plan) -> str:
 def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_version, walls, load: dict) -> str:
     """Write the report, the JSON and the figures of the runs so far into ``args.out``; ``load``: the load
     sampler's summary. Returns the report."""
-    from keeper_bench.lm_nas import plateau_check, records_to_json, summarize
+    from keeper_bench.lm_nas import ARMS, plateau_check, records_to_json, summarize
 
-    rows = {arm: {seed: summarize(results["cold"][seed], recs, run) for seed, recs in by_seed.items()}
-            for arm, by_seed in results.items() if arm != "cold"}
+    # in the arms' own order, whichever ran first (a resumed run holds its kept arms first)
+    rows = {arm: {seed: summarize(results["cold"][seed], recs, run) for seed, recs in sorted(results[arm].items())}
+            for arm in ARMS if arm != "cold" and arm in results}
     plateau = {seed: plateau_check(recs) for seed, recs in results["cold"].items()}
     done = sum(len(by) for by in results.values())
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
