@@ -62,10 +62,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="print the setting's projected wall time on idle cores from measured step costs, run nothing")
     p.add_argument("--report-from", metavar="JSON",
                    help="rewrite the report and figures from a bench_training.json this script wrote, run nothing")
+    p.add_argument("--copy-seeds", type=int, default=None,
+                   help="seeds of the copy bound (default: as many as --seeds; 0: none)")
+    p.add_argument("--resume", metavar="JSON",
+                   help="a bench_training.json of this setting: its finished (arm, seed) runs are kept and the rest "
+                        "of the plan runs (the copy bound needs the cold runs' weights: pass their --workdir)")
+    p.add_argument("--workdir", metavar="DIR",
+                   help="work directory (zoos, Tune results, the cold runs' final weights); default: a new one "
+                        "under the system's temporary directory")
     p.add_argument("--out", default="reports", help="directory for bench_training.md/.json and figures/")
     args = p.parse_args(argv)
     if args.report_from:
         return _rewrite(args.report_from, args.out)
+    if args.copy_seeds is None:
+        args.copy_seeds = 0 if args.quick else args.seeds
     if args.quick:
         args.archs, args.seeds, args.baseline_seeds = 8, 1, 1
         if args.budgets == DEFAULT_BUDGETS:
@@ -89,20 +99,26 @@ def main(argv: list[str] | None = None) -> int:
     plan = [(seed, arm) for seed in range(max(args.seeds, args.baseline_seeds))
             for arm in (["cold", "keeper"] if seed < args.seeds else ["cold"])]
     plan += [(seed, arm) for seed in range(args.baseline_seeds) for arm in baselines]
-    if not args.quick:  # the copy bound (keeper_bench.nas.BOUNDS): after the cold arm of its seed
-        plan += [(seed, "copy") for seed in range(args.baseline_seeds)]
+    # the copy bound (keeper_bench.nas.BOUNDS), after the cold arm of its seed
+    plan += [(seed, "copy") for seed in range(min(args.copy_seeds, max(args.seeds, args.baseline_seeds)))]
     if args.estimate:
         print(_estimate(specs, run, plan))
         return 0
     load = LoadSampler(every=15.0)
     ray.init(address="local", num_cpus=args.concurrency, include_dashboard=False, log_to_driver=False)
-    workdir = tempfile.mkdtemp(prefix="keeper-bench-training-")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="keeper-bench-training-")
+    os.makedirs(workdir, exist_ok=True)
     results: dict[str, dict[int, list]] = {}
     arm_walls: dict[str, dict[int, float]] = {}
-    t_all = time.perf_counter()
+    before = _resume(args, plan, results, arm_walls) if args.resume else 0.0
+    t_all = time.perf_counter() - before
     from keeper_bench.nas import run_arm
 
+    ran = False
     for done, (seed, arm) in enumerate(plan, 1):
+        if seed in results.get(arm, {}):
+            continue
+        ran = True
         t0 = time.perf_counter()
 
         def show(a, r):
@@ -116,9 +132,43 @@ def main(argv: list[str] | None = None) -> int:
         # written after every arm run: a run stopped early leaves its report, marked incomplete
         _write(args, run, specs, results, arm_walls, time.perf_counter() - t_all, load.summary(), plan, done,
                torch.__version__, ray.__version__, final=done == len(plan))
+    if not ran:  # everything came from --resume: the report of what it holds
+        _write(args, run, specs, results, arm_walls, time.perf_counter() - t_all, load.summary(), plan, len(plan),
+               torch.__version__, ray.__version__, final=True)
     ray.shutdown()
     load.stop()
     return 0
+
+
+def _resume(args, plan: list, results: dict, arm_walls: dict) -> float:
+    """Load the finished (arm, seed) runs of ``args.resume`` that this run's plan holds; their wall time.
+
+    The setting must be the same (archs, budgets, evaluation cadence, concurrency): kept runs are read against this
+    run's. A kept copy run needs nothing; a copy run still to do needs its seed's cold weights in ``--workdir``."""
+    from keeper_bench.nas import TrialRecord
+
+    with open(args.resume) as f:
+        d = json.load(f)
+    same = ("archs", "budgets", "eval_every", "concurrency", "quick")
+    if any(d["settings"].get(k) != getattr(args, k) for k in same):
+        raise SystemExit(f"--resume {args.resume}: its setting "
+                         f"{ {k: d['settings'].get(k) for k in same} } differs from this run's "
+                         f"{ {k: getattr(args, k) for k in same} }")
+    wall = 0.0
+    for arm, by_seed in d["trials"].items():
+        for seed, recs in by_seed.items():
+            if (int(seed), arm) in plan:
+                results.setdefault(arm, {})[int(seed)] = [TrialRecord(**r) for r in recs]
+                arm_walls.setdefault(arm, {})[int(seed)] = float(d["arm_wall_seconds"][arm][seed])
+                wall += arm_walls[arm][int(seed)]
+    missing_cold = sorted({s for s, a in plan if a == "copy" and s not in results.get("copy", {})
+                           and not os.path.isdir(os.path.join(args.workdir or "", f"states-cold-s{s}"))})
+    if missing_cold:
+        raise SystemExit(f"--resume: the copy bound of seeds {missing_cold} needs the cold runs' final weights; pass "
+                         "--workdir with the work directory of the run that trained them")
+    args.resumed = {"runs": sum(len(v) for v in results.values()), "wall_s": wall,
+                    "load": d["load_average_1min"]}
+    return wall
 
 
 def _rewrite(path: str, out: str) -> int:
@@ -250,6 +300,12 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
         lines += ["**Quick setting** (8 architectures, 1 seed, cold/keeper/published, half the default budgets, "
                   "so the cold runs are not expected at their plateau): a smoke run, not the benchmark's default "
                   "setting.", ""]
+    resumed = getattr(args, "resumed", None)
+    if resumed:
+        lines += [f"**Resumed** (`--resume`): {resumed['runs']} (arm, seed) runs come from an earlier run of this "
+                  f"setting ({resumed['wall_s'] / 60:.1f} min of arm runs, included in the wall time below; its "
+                  f"1-minute load average: mean {resumed['load']['mean']:.1f}, range {resumed['load']['min']:.1f}-"
+                  f"{resumed['load']['max']:.1f}); the load figures below are of the resumed part.", ""]
     if not progress["complete"]:
         done = progress["plan"][:progress["arm_runs_done"]]
         left = progress["plan"][progress["arm_runs_done"]:]
@@ -260,7 +316,8 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
     compute = sum(v["train_cpu"] + v["warm_cpu"] for by in profile.values() for v in by.values())
     other = sum(v["other_slot_seconds"] for by in profile.values() for v in by.values())
     lines += [f"Command: `python scripts/bench_training.py{quick}` (archs {args.archs}, seeds {args.seeds}, baseline "
-              f"seeds {args.baseline_seeds}, budgets {args.budgets}, eval every {args.eval_every}); wall time "
+              f"seeds {args.baseline_seeds}, copy seeds {getattr(args, 'copy_seeds', args.baseline_seeds)}, budgets "
+              f"{args.budgets}, eval every {args.eval_every}); wall time "
               f"{wall / 60:.1f} min on {os.cpu_count()} CPUs shared with other work: 1-minute load average "
               f"{load['mean']:.1f} on average over the run (min {load['min']:.1f}, max {load['max']:.1f}, "
               f"{load['samples']} samples {load.get('every_s', 15):g} s apart; {run.concurrency} is a full load from this benchmark alone) "
