@@ -761,8 +761,10 @@ def _with_deviation_rows(rows: list[str], command: str) -> str:
     table = section.index("|---|")
     table = section.index("\n", table) + 1
     note = f"Rows measured by `{command}` (this section alone; the rest of the report is from the run above).\n\n"
-    section = section[:section.index("| case |")] + note + section[section.index("| case |"):table] + \
-        "\n".join(rows) + "\n"
+    intro = section[:section.index("| case |")]
+    if intro.endswith(note):  # a previous --deviation run's note: replaced, not repeated
+        intro = intro[:-len(note)]
+    section = intro + note + section[section.index("| case |"):table] + "\n".join(rows) + "\n"
     return old[:start] + section + old[end:]
 
 
