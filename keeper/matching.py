@@ -100,6 +100,7 @@ class MatchArrays:
     skip: np.ndarray     # int64 (n,): tie-break cost of leaving the layer unmatched (see _dp_pairs)
     edge: np.ndarray     # int64 (n,): tie-break cost of a run of unmatched layers starting or ending here
     context: np.ndarray  # int64 (n,): code of what feeds the layer, for the tie-break (see _context_codes)
+    feeds: np.ndarray    # int64 (n,): code of what the layer feeds, for the tie-break (see _feeds_codes)
 
     @property
     def n(self) -> int:
@@ -111,7 +112,8 @@ def match_arrays(graph: LayerGraph, rules: MatchRules = DEFAULT_RULES) -> MatchA
     stream = residual_stream(graph)
     return MatchArrays(cls, np.ascontiguousarray(graph.shape, dtype=np.int64),
                        np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.score_total),
-                       _skip_costs(graph, stream), _edge_costs(graph, stream), _context_codes(graph, cls))
+                       _skip_costs(graph, stream), _edge_costs(graph, stream), _context_codes(graph, cls),
+                       _feeds_codes(graph, cls))
 
 
 # context codes of a layer fed by no weighted layer: straight from the graph input, or through a merge
@@ -148,6 +150,38 @@ def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
                 code = _CONTEXT_INPUT if len(up) == 0 else _CONTEXT_MERGE
                 break
             cur = int(up[0])
+        out[li] = code
+    return out
+
+
+def _feeds_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
+    """What each layer feeds, as a code equal across two graphs when the feeding is alike: the class of the nearest
+    weighted layer downstream along a single path (through activations, pools and reshapes), or a token for a graph
+    output or a merge (a residual add, a concatenation, a fork to several consumers).
+
+    The counterpart of :func:`_context_codes` on the other side: in a plain chain (VGG, an MLP) the last conv of a
+    run of equal convs is the one feeding the head, so a deeper child's last conv takes the parent's last conv and
+    its new ones come before it. In residual blocks every block's layers feed alike, so blocks still pair up from
+    the first.
+    """
+    layer_of = np.full(graph.num_nodes, -1, dtype=np.int64)
+    layer_of[graph.layer_node] = np.arange(graph.num_layers)
+    succs: list[list[int]] = [[] for _ in range(graph.num_nodes)]
+    for node in range(graph.num_nodes):
+        for p in graph.predecessors(node).tolist():
+            succs[p].append(node)
+    out = np.empty(graph.num_layers, dtype=np.int64)
+    for li, node in enumerate(graph.layer_node.tolist()):
+        code = _CONTEXT_INPUT if not succs[node] else _CONTEXT_MERGE
+        cur = succs[node][0] if len(succs[node]) == 1 else -1
+        while cur >= 0:
+            if layer_of[cur] >= 0:
+                code = int(cls[int(layer_of[cur])])
+                break
+            if graph.kind[cur] in _MERGE_KINDS or len(succs[cur]) != 1 or len(graph.predecessors(cur)) != 1:
+                code = _CONTEXT_INPUT if not succs[cur] else _CONTEXT_MERGE
+                break
+            cur = succs[cur][0]
         out[li] = code
     return out
 
@@ -348,12 +382,12 @@ def _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, cols, gains):
 
 # The alignment maximises inherited elements first. Among alignments inheriting equally many it prefers, second,
 # the one with the fewest runs of unmatched layers (an affine gap cost, as in Gotoh's alignment) plus the most
-# dimensions agreeing exactly plus the most matched layers fed alike (_context_codes): a stem conv (16,3,3,3)
+# dimensions agreeing exactly plus the most matched layers fed alike (_context_codes) and feeding alike (_feeds_codes): a stem conv (16,3,3,3)
 # inherits as much from any (16,16,3,3) conv as from its true counterpart, a final LayerNorm as much from the first
 # block's, and a stem's BatchNorm as much from a block's; only structure tells them apart, and new blocks then come
 # (and dropped ones go) as whole contiguous runs, which is what lets them start as identities. Both orders live in
-# one int64 (value = inherited * K + secondary) with K above any secondary sum (bonuses up to 6 per match; skip,
-# gap and edge costs up to ~36 per layer) while the two graphs hold fewer than ~25,000 layers together. Among
+# one int64 (value = inherited * K + secondary) with K above any secondary sum (bonuses up to 8 per match; skip,
+# gap and edge costs up to ~36 per layer) while the two graphs hold fewer than ~23,000 layers together. Among
 # alignments equal on both, the traceback takes skips as late as it can: equal blocks pair up from the first, so a
 # shallower child keeps the parent's first blocks (an exact part of its function; the parent's last blocks read
 # what its first ones wrote, and a 4-to-2-block transformer kept from its last two started at chance) and a deeper
@@ -363,13 +397,15 @@ _GAP_OPEN = 4
 _EDGE_INSIDE = 8
 _EDGE_NONLINEAR = 4
 _SKIP_NOT_IDENTITY = 16  # skipping a layer that cannot be an identity outweighs gaps and dims
-_CONTEXT = 2             # a match whose two layers are fed alike (see _context_codes)
+_CONTEXT = 2             # a match whose two layers are fed alike (see _context_codes), or feed alike (_feeds_codes)
 _NEG = -(1 << 62)
 
 
 @numba.njit(cache=True, inline="always")
-def _bonus(shp_c, ctx_c, i, shp_p, ctx_p, j):
+def _bonus(shp_c, ctx_c, out_c, i, shp_p, ctx_p, out_p, j):
     b = _CONTEXT + 1 if ctx_c[i] == ctx_p[j] else 1
+    if out_c[i] == out_p[j]:
+        b += _CONTEXT
     if shp_c[i, 0] == shp_p[j, 0]:
         b += 1
     if shp_c[i, 1] == shp_p[j, 1]:
@@ -390,7 +426,7 @@ def _max3(a, b, c):
 
 
 @numba.njit(cache=True)
-def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, cls_p, shp_p, vec_p, skip_p, edge_p, ctx_p):
+def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, out_c, cls_p, shp_p, vec_p, skip_p, edge_p, ctx_p, out_p):
     m = cls_c.shape[0]
     n = cls_p.shape[0]
     # M: last step matched; X: last step skipped a child layer; Y: last step skipped a parent layer.
@@ -411,7 +447,7 @@ def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, cls_p, shp_p, vec_p, s
                 if g > 0:
                     M[i, j] = _max3(M[i - 1, j - 1], X[i - 1, j - 1] - edge_c[i - 1],
                                     Y[i - 1, j - 1] - edge_p[j - 1]) \
-                        + g * _TIE_K + _bonus(shp_c, ctx_c, i - 1, shp_p, ctx_p, j - 1)
+                        + g * _TIE_K + _bonus(shp_c, ctx_c, out_c, i - 1, shp_p, ctx_p, out_p, j - 1)
             if i > 0:
                 X[i, j] = _max3(M[i - 1, j] - _GAP_OPEN - edge_c[i - 1], X[i - 1, j],
                                 Y[i - 1, j] - _GAP_OPEN - edge_c[i - 1]) - skip_c[i - 1]
@@ -428,7 +464,7 @@ def _dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, cls_p, shp_p, vec_p, s
             g = _gain(shp_c, vec_c, i - 1, shp_p, vec_p, j - 1)
             pairs[i - 1] = j - 1
             inherited += g
-            v = M[i, j] - g * _TIE_K - _bonus(shp_c, ctx_c, i - 1, shp_p, ctx_p, j - 1)
+            v = M[i, j] - g * _TIE_K - _bonus(shp_c, ctx_c, out_c, i - 1, shp_p, ctx_p, out_p, j - 1)
             i -= 1
             j -= 1
             state = 2 if j > 0 and Y[i, j] - edge_p[j] == v else (1 if i > 0 and X[i, j] - edge_c[i] == v else 0)
@@ -511,8 +547,8 @@ def align(parent: GraphLike, child: GraphLike, rules: MatchRules = DEFAULT_RULES
         >>> a.score, a.pairs[:4]                          # doctest: +SKIP
     """
     p, c = _arrays(parent, rules), _arrays(child, rules)
-    v, pairs = _dp_pairs(c.cls, c.shape, c.vectors, c.skip, c.edge, c.context, p.cls, p.shape, p.vectors, p.skip,
-                         p.edge, p.context)
+    v, pairs = _dp_pairs(c.cls, c.shape, c.vectors, c.skip, c.edge, c.context, c.feeds, p.cls, p.shape, p.vectors,
+                         p.skip, p.edge, p.context, p.feeds)
     score = min(1.0, int(v) / c.total) if c.total > 0 else 0.0
     return Alignment(score, int(v), c.total, pairs)
 

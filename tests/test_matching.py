@@ -353,6 +353,23 @@ def test_blocks_pair_up_from_the_first_so_a_shallower_child_keeps_the_parents_fi
             assert pi == -1, (name, parent.layer_names[pi])
 
 
+def test_in_a_plain_chain_the_conv_feeding_the_next_stage_keeps_its_place():
+    # a run of equal convs without residual blocks (VGG): each inherits as much from any other, but only the last
+    # one feeds the pooling and the head; a deeper child's new conv goes before it, so the parent's last conv still
+    # feeds the head, the warm preserves the function and its structure is whole (a parent once fell under the
+    # floor for this: its last conv was paired with a middle one)
+    from keeper.preservation import assess
+
+    base = dict(family="vgg", dim=1, in_channels=1, num_classes=10, input_length=32, widths=[8, 16], kernel=3)
+    parent = load_graph(nets.family_onnx({**base, "depths": [1, 2]}))
+    child = load_graph(nets.family_onnx({**base, "depths": [1, 3]}))
+    al = align(parent, child)
+    last = child.layer_names.index("/features/features.10/Conv")
+    assert parent.layer_names[al.pairs[last]] == "/features/features.7/Conv"
+    fit = assess(parent, child, al)
+    assert fit.preserved and fit.structure == 1.0, fit
+
+
 def test_a_widened_stage_keeps_its_own_blocks_and_streams():
     # widening stage 1 and dropping a stage-2 block: the parent's stage-2 blocks are wider than its stage-1 ones,
     # so pairing the child's stage-1 blocks with them inherits more elements, but those channels belong to
