@@ -110,10 +110,11 @@ class MatchArrays:
 def match_arrays(graph: LayerGraph, rules: MatchRules = DEFAULT_RULES) -> MatchArrays:
     cls = np.ascontiguousarray(rules.node_class(graph), dtype=np.int32)
     stream = residual_stream(graph)
+    succs = graph.successors()
     return MatchArrays(cls, np.ascontiguousarray(graph.shape, dtype=np.int64),
                        np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.score_total),
-                       _skip_costs(graph, stream), _edge_costs(graph, stream), _context_codes(graph, cls),
-                       _feeds_codes(graph, cls))
+                       _skip_costs(graph, stream, succs), _edge_costs(graph, stream), _context_codes(graph, cls),
+                       _feeds_codes(graph, cls, succs))
 
 
 # context codes of a layer fed by no weighted layer: straight from the graph input, or through a merge
@@ -154,7 +155,7 @@ def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
     return out
 
 
-def _feeds_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
+def _feeds_codes(graph: LayerGraph, cls: np.ndarray, succs: list[list[int]]) -> np.ndarray:
     """What each layer feeds, as a code equal across two graphs when the feeding is alike: the class of the nearest
     weighted layer downstream along a single path (through activations, pools and reshapes), or a token for a graph
     output or a merge (a residual add, a concatenation, a fork to several consumers).
@@ -166,10 +167,6 @@ def _feeds_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
     """
     layer_of = np.full(graph.num_nodes, -1, dtype=np.int64)
     layer_of[graph.layer_node] = np.arange(graph.num_layers)
-    succs: list[list[int]] = [[] for _ in range(graph.num_nodes)]
-    for node in range(graph.num_nodes):
-        for p in graph.predecessors(node).tolist():
-            succs[p].append(node)
     out = np.empty(graph.num_layers, dtype=np.int64)
     for li, node in enumerate(graph.layer_node.tolist()):
         code = _CONTEXT_INPUT if not succs[node] else _CONTEXT_MERGE
@@ -186,7 +183,8 @@ def _feeds_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
     return out
 
 
-def _skip_costs(graph: LayerGraph, stream: Stream | None = None) -> np.ndarray:
+def _skip_costs(graph: LayerGraph, stream: Stream | None = None,
+                succs: list[list[int]] | None = None) -> np.ndarray:
     """A new layer costs nothing to leave unmatched when it can start as an identity (square conv/linear,
     depthwise conv, BatchNorm) or sits inside a residual branch (whose last layer is zeroed, so the branch adds
     nothing: a block of the residual stream that an add closes, :mod:`keeper.graph.stream`); any other new layer
@@ -194,10 +192,7 @@ def _skip_costs(graph: LayerGraph, stream: Stream | None = None) -> np.ndarray:
     k, s = graph.layer_kind, graph.shape
     square = s[:, 0] == s[:, 1]
     free = _IDENTITY_ANY_SHAPE[k] | (_IDENTITY_IF_SQUARE[k] & square)
-    succs: list[list[int]] = [[] for _ in range(graph.num_nodes)]
-    for node in range(graph.num_nodes):
-        for p in graph.predecessors(node).tolist():
-            succs[p].append(node)
+    succs = succs if succs is not None else graph.successors()
     stream = stream or residual_stream(graph)
     for li, node in enumerate(graph.layer_node.tolist()):
         if free[li]:
@@ -380,18 +375,18 @@ def _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, cols, gains):
     return row[n]
 
 
-# The alignment maximises inherited elements first. Among alignments inheriting equally many it prefers, second,
-# the one with the fewest runs of unmatched layers (an affine gap cost, as in Gotoh's alignment) plus the most
-# dimensions agreeing exactly plus the most matched layers fed alike (_context_codes) and feeding alike (_feeds_codes): a stem conv (16,3,3,3)
-# inherits as much from any (16,16,3,3) conv as from its true counterpart, a final LayerNorm as much from the first
-# block's, and a stem's BatchNorm as much from a block's; only structure tells them apart, and new blocks then come
-# (and dropped ones go) as whole contiguous runs, which is what lets them start as identities. Both orders live in
-# one int64 (value = inherited * K + secondary) with K above any secondary sum (bonuses up to 8 per match; skip,
-# gap and edge costs up to ~36 per layer) while the two graphs hold fewer than ~23,000 layers together. Among
-# alignments equal on both, the traceback takes skips as late as it can: equal blocks pair up from the first, so a
-# shallower child keeps the parent's first blocks (an exact part of its function; the parent's last blocks read
-# what its first ones wrote, and a 4-to-2-block transformer kept from its last two started at chance) and a deeper
-# child gets its new blocks after the inherited ones.
+# The alignment maximises inherited elements first. Among alignments inheriting equally many it prefers, second, the
+# one with the fewest runs of unmatched layers (an affine gap cost, as in Gotoh's alignment) plus the most dimensions
+# agreeing exactly plus the most matched layers fed alike (_context_codes) and feeding alike (_feeds_codes): a stem
+# conv (16,3,3,3) inherits as much from any (16,16,3,3) conv as from its true counterpart, a final LayerNorm as much
+# from the first block's, and a stem's BatchNorm as much from a block's; only structure tells them apart, and new
+# blocks then come (and dropped ones go) as whole contiguous runs, which is what lets them start as identities. Both
+# orders live in one int64 (value = inherited * K + secondary) with K above any secondary sum (bonuses up to 8 per
+# match; skip, gap and edge costs up to ~36 per layer) while the two graphs hold fewer than ~23,000 layers together.
+# Among alignments equal on both, the traceback takes skips as late as it can: equal blocks pair up from the first, so
+# a shallower child keeps the parent's first blocks (an exact part of its function; the parent's last blocks read what
+# its first ones wrote, and a 4-to-2-block transformer kept from its last two started at chance) and a deeper child
+# gets its new blocks after the inherited ones.
 _TIE_K = 1 << 20
 _GAP_OPEN = 4
 _EDGE_INSIDE = 8

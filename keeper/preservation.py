@@ -57,14 +57,6 @@ class Assessment:
     why: str = ""
 
 
-def _successors(g: LayerGraph) -> list[list[int]]:
-    succ: list[list[int]] = [[] for _ in range(g.num_nodes)]
-    for node in range(g.num_nodes):
-        for p in g.predecessors(node).tolist():
-            succ[int(p)].append(node)
-    return succ
-
-
 def layer_roles(g: LayerGraph, fresh: tuple[set[int], set[int]] = (set(), set())) -> tuple[np.ndarray, np.ndarray]:
     """Per layer: (what feeds it, what it feeds) as codes equal across graphs when the layers sit alike.
 
@@ -80,7 +72,7 @@ def layer_roles(g: LayerGraph, fresh: tuple[set[int], set[int]] = (set(), set())
     adds, skip = fresh
     layer_of = np.full(g.num_nodes, -1, dtype=np.int64)
     layer_of[g.layer_node] = np.arange(g.num_layers)
-    succ = [[n for n in nxt if n not in skip] for nxt in _successors(g)]
+    succ = [[n for n in nxt if n not in skip] for nxt in g.successors()]
     feed = np.empty(g.num_layers, dtype=np.int64)
     into = np.empty(g.num_layers, dtype=np.int64)
     for li, node in enumerate(g.layer_node.tolist()):

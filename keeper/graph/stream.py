@@ -73,10 +73,7 @@ def residual_stream(graph: LayerGraph) -> Stream:
     preds = [indices[indptr[v]:indptr[v + 1]].tolist() for v in range(n)]
     if any(p >= v for v in range(n) for p in preds[v]):
         return none  # not in topological order: no stream rather than a wrong one
-    succs: list[list[int]] = [[] for _ in range(n)]
-    for v in range(n):
-        for p in preds[v]:
-            succs[p].append(v)
+    succs = graph.successors()
     source = _main_source(preds, succs)
     reach = np.zeros(n, dtype=bool)
     reach[source] = True

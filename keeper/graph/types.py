@@ -137,6 +137,15 @@ class LayerGraph:
     def predecessors(self, node: int) -> np.ndarray:
         return self.pred_indices[self.pred_indptr[node]:self.pred_indptr[node + 1]]
 
+    def successors(self) -> list[list[int]]:
+        """Per node, the nodes it feeds in ascending order (the predecessor lists turned around; built anew on
+        each call, so a caller walking forward builds them once)."""
+        succs: list[list[int]] = [[] for _ in range(self.num_nodes)]
+        for node in range(self.num_nodes):
+            for p in self.predecessors(node).tolist():
+                succs[int(p)].append(node)
+        return succs
+
     def group_of_parts(self, group: int) -> np.ndarray:
         return self.group_parts[self.group_parts_indptr[group]:self.group_parts_indptr[group + 1]]
 

@@ -103,10 +103,7 @@ def fresh_branches(graph: LayerGraph, new_layer: np.ndarray) -> list[FreshBranch
     """
     node_layer = np.full(graph.num_nodes, -1, dtype=np.int64)
     node_layer[graph.layer_node] = np.arange(graph.num_layers)
-    succs: list[list[int]] = [[] for _ in range(graph.num_nodes)]
-    for v in range(graph.num_nodes):
-        for p in graph.predecessors(v).tolist():
-            succs[int(p)].append(v)
+    succs = graph.successors()
     out: list[FreshBranch] = []
     for node in np.flatnonzero(np.isin(graph.kind, sorted(_RESIDUAL_KINDS))).tolist():
         preds = graph.predecessors(int(node)).tolist()
