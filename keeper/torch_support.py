@@ -127,11 +127,11 @@ def _export_graph(module: torch.nn.Module, args: tuple, dynamo: bool, seed: int)
             proto = load_model(_export_bytes(module, args, dynamo), what="exported module")
             inits = read_initializers(proto)
         graph = graph_from_proto(proto)
-        keys = _match_keys(graph, inits, stamps)  # inside: dynamo's arrays are views of the stamped module
+        by_first = _stamps_by_first(stamps)
+        keys = _match_keys(graph, inits, stamps, by_first)  # inside: dynamo's arrays are views of the stamped module
         # tensors of the module that no layer reads (an op keeper has no rule for) stay in the graph as data:
         # find which they are while they hold the stamps, to write their real values below
         read = {r.source for refs in graph.tensors for r in refs if r.key in keys}
-        by_first = _stamps_by_first(stamps)
         held = {name: hit for name, a in inits.items() if name not in read and a.dtype in _FLOATS and a.size > 1
                 for hit in [_find_stamp(a, by_first, stamps)] if hit is not None}
     finally:
@@ -385,8 +385,8 @@ def _find_stamp(a: np.ndarray, by_first: dict[float, list[str]],
     return None
 
 
-def _match_keys(graph, inits: dict[str, np.ndarray], stamps: dict[str, np.ndarray]) -> dict[str, tuple[str, str]]:
-    by_first = _stamps_by_first(stamps)
+def _match_keys(graph, inits: dict[str, np.ndarray], stamps: dict[str, np.ndarray],
+                by_first: dict[float, list[str]]) -> dict[str, tuple[str, str]]:
     out: dict[str, tuple[str, str]] = {}
     for refs in graph.tensors:
         for r in refs:
