@@ -10,7 +10,8 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from importlib.metadata import entry_points
+from typing import Any, Sequence
 
 from keeper.actors.cli import add_commands as service_commands
 from keeper.errors import KeeperError
@@ -27,7 +28,7 @@ _EPILOG = """examples:
   keeper warm graph.onnx -o warm.safetensors                 # any size: the warmed weights as safetensors
   keeper zoo ls ; keeper zoo info resnet-a ; keeper zoo rm resnet-a
   keeper serve --config configs/default.yaml ; keeper scale 4 ; keeper stats
-  keeper demo                                                # small NAS on MNIST-1D, cold vs warm
+  keeper demo                                                # small NAS on MNIST-1D, cold vs warm (bench extra)
 """
 
 _REGISTER_EPILOG = """examples:
@@ -154,23 +155,16 @@ def _cmd_zoo(args) -> int:
     return 0
 
 
-#: What ``keeper demo`` needs beyond keeper itself: the ``bench`` extra.
-_DEMO_MODULES = ("mnist1d", "matplotlib")
-
-
-def _cmd_demo(args) -> int:
-    import importlib.util
-
-    # the workload lives in keeper_bench and its dependencies in an extra: import it only for this command
-    missing = [m for m in _DEMO_MODULES if importlib.util.find_spec(m) is None]
-    if missing or importlib.util.find_spec("keeper_bench") is None:
-        what = ", ".join(missing or ["keeper_bench"])
-        raise KeeperError(f"demo: the benchmark workload's dependencies are not installed (missing: {what}); "
-                          'install the bench extra: pip install -e ".[bench]" (or pip install "keeper[bench]")')
-    from keeper_bench.demo import run_demo
-
-    run_demo(args.out, archs=args.archs, steps=args.steps, cpus=args.cpus)
-    return 0
+def _plugin_commands(sub: Any) -> None:
+    """Commands other packages add (entry point group ``keeper.commands``: a function taking the subparsers),
+    such as ``keeper demo`` from keeper_bench. keeper itself never imports them."""
+    for ep in entry_points(group="keeper.commands"):
+        try:
+            add = ep.load()
+        except (ImportError, AttributeError) as exc:  # a plugin whose package is broken must not break keeper's own commands
+            print(f"keeper: warning: command {ep.name!r} from {ep.value} could not be loaded ({exc})", file=sys.stderr)
+            continue
+        add(sub)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -219,16 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     z.set_defaults(fn=_cmd_zoo)
 
     service_commands(sub)
-    d = sub.add_parser("demo", help="small NAS on MNIST-1D, cold vs warm-started (local Ray, a few minutes)",
-                       description="Twelve 1-D CNN architectures arrive one after another and are trained through "
-                                   "Ray Tune,\nonce cold and once warm-started by keeper; prints the speedup and "
-                                   "writes demo.png.\nNeeds the bench extra: pip install -e \".[bench]\"",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("--out", default="keeper-demo", help="output directory (zoo, Tune results, demo.png)")
-    d.add_argument("--archs", type=int, default=12)
-    d.add_argument("--steps", type=int, default=300, help="training steps per trial")
-    d.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray (also the trials run at once)")
-    d.set_defaults(fn=_cmd_demo)
+    _plugin_commands(sub)
     return p
 
 

@@ -36,6 +36,8 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import numbers
 from dataclasses import dataclass
@@ -45,7 +47,8 @@ import numpy as np
 
 from keeper.errors import KeeperError
 
-__all__ = ["Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "rank_parents", "coverage"]
+__all__ = ["Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "rank_parents", "coverage", "make_choice",
+           "SHOWN"]
 
 
 def _is_real(x: object) -> bool:
@@ -118,11 +121,13 @@ def coverage(score: float, child_params: int, parent_params: int) -> float:
 @dataclass(frozen=True)
 class ParentChoice:
     """The answer of a parent search: the chosen ``parent`` (None: the child keeps its own weights) and its
-    ``score``, the zoo ``uri`` to read it from, the ``noise`` and ``seed`` the transfer is to use, and the best
-    ``candidates`` the choice considered (at most five: the qualifying ones in rank order, then the rest by
-    score), and how many of them a caller's data probe scores (``probe_top``).
+    ``score``, the zoo ``uri`` to read it from, the ``noise`` and ``seed`` the transfer is to use, and the
+    ``candidates`` the choice considered: the first ``qualified`` of them qualify, in rank order (a data probe scores
+    the first ``probe_top`` of those), then the best of the rest by score. ``floor`` is the policy's floor and
+    ``models`` how many models the zoo held, for the reason a result gives.
 
-    Plain data (strings, floats, a tuple of Candidates), so it crosses Ray without pickling user objects.
+    Plain data (strings, numbers, a tuple of Candidates), so it crosses Ray without pickling user objects, and
+    :meth:`to_json` / :meth:`from_json` carry it as JSON (Ray Train ranks).
     """
 
     parent: str | None
@@ -132,6 +137,43 @@ class ParentChoice:
     seed: int
     candidates: tuple[Candidate, ...] = ()
     probe_top: int = 3
+    qualified: int = 0
+    floor: float = 0.3
+    models: int = 0
+
+    def ranked(self) -> tuple[Candidate, ...]:
+        """The qualifying candidates, best first."""
+        return self.candidates[:self.qualified]
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "ParentChoice":
+        d = json.loads(text)
+        d["candidates"] = tuple(Candidate(**c) for c in d["candidates"])
+        return cls(**d)
+
+
+#: How many candidates a choice lists at least (the report's table).
+SHOWN = 5
+
+
+def make_choice(candidates: Iterable[Candidate], policy: "SelectionPolicy", uri: str, noise: float, seed: int,
+                models: int = 0) -> ParentChoice:
+    """The :class:`ParentChoice` for ``candidates`` under ``policy``: the best ranked one (None when none
+    qualifies), the qualifying ones in rank order, then the others by score, at least :data:`SHOWN` and at least
+    ``policy.probe_top`` of them."""
+    cands = list(candidates)
+    ranked = rank_parents(cands, policy)
+    rest = sorted((c for c in cands if c not in ranked), key=lambda c: (-c.score, c.name))
+    keep = max(SHOWN, policy.probe_top)
+    listed = tuple((ranked + rest)[:keep])
+    best = ranked[0] if ranked else None
+    return ParentChoice(best.name if best else None, float(best.score) if best else 0.0, uri, float(noise),
+                        int(seed), listed, int(policy.probe_top), min(len(ranked), keep), float(policy.floor),
+                        int(models))
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import io
 import logging
 import math
 import os
@@ -24,27 +24,27 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from keeper import chooser
+from keeper.candidates import ParentFacts, assess_found, may_qualify_all
 from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
-from keeper.preservation import assess_candidate, layer_roles, may_qualify
-from keeper.probe import ResultScore, probe_choice
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.onnx_weights import apart_specs
-from keeper.selection import Candidate, SelectionPolicy, rank_parents
+from keeper.preservation import layer_roles
+from keeper.probe import ResultScore
+from keeper.selection import Candidate, ParentChoice, SelectionPolicy, make_choice, rank_parents
 from keeper.store import ModelRecord, ModelStore, check_name, sha256
+from keeper.stored import GRAPH_EXTRA, WEIGHTS_EXTRA, graph_blob, graph_format, graph_from_blob, stored_weights
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, check_weights, open_weights
 
-__all__ = ["Zoo", "ZooConfig", "graph_blob", "graph_format", "graph_from_blob", "stored_weights"]
+__all__ = ["Zoo", "ZooConfig"]
 
-GRAPH_EXTRA = "graph.npz"
-#: The extra holding a model's weights when they are kept apart from its graph.
-WEIGHTS_EXTRA = "weights.safetensors"
 log = logging.getLogger(__name__)
 
 
@@ -61,36 +61,6 @@ class ZooConfig:
     selection: SelectionPolicy = field(default_factory=SelectionPolicy)
     noise: float = DEFAULT_NOISE
     seed: int = 0
-
-
-def graph_blob(graph: LayerGraph) -> bytes:
-    """A LayerGraph as ``.npz`` bytes (no pickle)."""
-    buf = io.BytesIO()
-    np.savez(buf, **graph.to_arrays())
-    return buf.getvalue()
-
-
-def graph_format(blob: bytes) -> int:
-    """The ``LayerGraph.FORMAT`` a graph blob was written with (1 for blobs that predate the field)."""
-    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        return int(z["format"]) if "format" in z.files else 1
-
-
-def graph_from_blob(blob: bytes, model: Callable[[], ModelInput] | None = None) -> LayerGraph:
-    """The LayerGraph stored by :func:`graph_blob`; re-extracted from ``model()`` (the ONNX it was made from)
-    when the blob predates ``LayerGraph.FORMAT``, since an older graph lacks what matching and the transforms
-    now read."""
-    if model is not None and graph_format(blob) < LayerGraph.FORMAT:
-        return load_graph(model())
-    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        return LayerGraph.from_arrays({k: z[k] for k in z.files})
-
-
-def stored_weights(store: ModelStore, name: str) -> SafeTensors | None:
-    """The weights of ``name`` memory-mapped from the store (None when they are inside its ONNX blob)."""
-    if WEIGHTS_EXTRA not in store.record(name).extra_checksums:
-        return None
-    return SafeTensors(store.extra_path(name, WEIGHTS_EXTRA), f"model {name!r}: stored weights")
 
 
 def _normalized_weights(weights: WeightsInput, specs: dict, what: str, directory: str) -> Path:
@@ -354,35 +324,29 @@ class Zoo:
     # -- warm
     def candidates(self, child: LayerGraph | ModelInput, names: list[str] | None = None) -> list[Candidate]:
         """Every zoo model that may qualify as a parent, with its exact score, coverage and what its alignment keeps
-        (``preserved``, ``structure``), and whether its lineage is ``clean`` (see :meth:`register`).
-
-        A model qualifies by fit (its score, hence its signature bound, at or above the floor) or by preserved
-        function, which needs every parent element inherited: then its parameter count is at most the child's and
-        its bound covers its own size, whatever the floor. The alignment is computed for those only.
-        """
+        (``preserved``, ``structure``), and whether its lineage is ``clean`` (see :meth:`register`); assembled as
+        the service assembles them (:mod:`keeper.candidates`)."""
         g = as_graph(child)
         pool = names if names is not None else self.names()
         if not pool:
             return []
         ca = match_arrays(g)
-        floor = self.config.selection.floor
-        bounds = upper_bounds(np.stack([self._sigs[n] for n in pool]), ca)
         sel = self.config.selection
-        keep = [n for n, b in zip(pool, bounds)
-                if may_qualify(float(b), self._arrays[n].total, ca.total, floor, sel.preserve)]
+        bounds = upper_bounds(np.stack([self._sigs[n] for n in pool]), ca)
+        totals = np.array([self._arrays[n].total for n in pool])
+        keep = [n for n, ok in zip(pool, may_qualify_all(bounds, totals, ca.total, sel.floor, sel.preserve)) if ok]
         if not keep:
             return []
         scores = score_many(PackedParents.pack([self._arrays[n] for n in keep]), ca)
         recs = {r.name: r for r in self.store.records()}
-        me = (g, ca, layer_roles(g))
-        out = []
-        for n, s in zip(keep, scores):
-            if n not in recs:
-                continue
-            out.append(assess_candidate(n, float(s), recs[n].accuracy,
-                                        bool(recs[n].summary.get("lineage", {}).get("clean", True)), floor, me,
-                                        (self._graphs[n], self._arrays[n], self._roles_of(n))))
-        return out
+        found = {n: float(s) for n, s in zip(keep, scores) if n in recs}
+
+        def facts(name: str) -> ParentFacts:
+            lineage = recs[name].summary.get("lineage", {})
+            return ParentFacts(recs[name].accuracy, bool(lineage.get("clean", True)), self._arrays[name].total)
+
+        return assess_found(found, g, sel.floor, facts,
+                            lambda n: (self._graphs[n], self._arrays[n], self._roles_of(n)), ca)
 
     def _roles_of(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         if name not in self._roles:
@@ -393,6 +357,14 @@ class Zoo:
         """The qualifying candidates for ``child``, best first (:func:`keeper.selection.rank_parents`)."""
         return rank_parents(self.candidates(child), self.config.selection)
 
+    def choose(self, graph: LayerGraph | ModelInput, fresh: bool = False) -> ParentChoice:
+        """The parent choice for ``graph`` (a :class:`~keeper.chooser.ParentSource` method; counts no hit).
+        ``fresh``: re-read the catalog first (another process may have removed the parent)."""
+        if fresh:
+            self.reload()
+        return make_choice(self.candidates(graph), self.config.selection, self.uri, self.config.noise,
+                           self.config.seed, len(self))
+
     def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None, *,
              weights: WeightsInput | None = None, out: str | os.PathLike | None = None,
              probe: ResultScore | None = None, graph: LayerGraph | None = None) -> WarmResult:
@@ -401,6 +373,7 @@ class Zoo:
         Args:
             model: the child: ONNX with its initial weights inside, or its graph alone (then ``weights`` holds
                 its initial weights, or, when absent, the tensors the parent does not supply are ``unset``).
+            seed: the transfer's seed (None: the zoo's ``seed`` setting).
             out: stream the warmed weights into this safetensors file (any size; see :func:`warm_from_parent`).
             graph: ``model``'s LayerGraph when the caller has extracted it (it is not extracted again).
             probe: a data probe over warm results (lower is better; e.g. load ``result`` into your model and
@@ -413,46 +386,27 @@ class Zoo:
         """
         proto = load_model(model, what="child model", weights_apart=weights is not None)
         graph = graph if graph is not None else graph_from_proto(proto)
-        ranked = self.rank(graph)
-        table = [c.as_dict() for c in ranked[:5]]
-        if probe is not None and ranked:
-            result, report = probe_choice(
-                ranked, lambda name: self.warm_from(name, proto, graph, noise=noise, seed=seed, weights=weights,
-                                                    count=False),
-                lambda: cold_result(proto, weights, graph=graph), probe, self.config.selection.probe_top)
-            if result.parent is not None:
-                self.hit(result.parent)
-            if out is not None:  # the probe ran in memory; the winner is made again into the file
-                result = (self.warm_from(result.parent, proto, graph, noise=noise, seed=seed, weights=weights,
-                                         out=out, count=False)
-                          if result.parent is not None else cold_result(proto, weights, out=out, graph=graph))
-            result.probe, result.reason = report.as_dict(), report.reason
-        elif ranked:
-            best = ranked[0]
-            result = self.warm_from(best.name, proto, graph, noise=noise, seed=seed, weights=weights, out=out)
-            result.reason = (f"the child grows from {best.name!r} without losing its function" if best.preserved
-                             else f"{best.name!r} has the best fit ({best.fit:.3f} = similarity {best.score:.3f} x "
-                                  f"structure {best.structure:.3f}) among the most accurate")
-        else:
-            result = cold_result(proto, weights, out=out, graph=graph)
-            result.reason = (f"no candidate preserves function or has a fit (similarity x structure) of at least "
-                             f"the floor {self.config.selection.floor}; the child keeps its own weights")
-        result.candidates = table
-        return result
+        return chooser.warm(self, proto, graph, weights=weights, noise=noise, seed=seed, out=out, probe=probe)
 
-    def warm_from(self, parent: str, child: ModelInput, child_graph: LayerGraph | None = None, *,
-                  noise: float | None = None, seed: int | None = None, weights: WeightsInput | None = None,
-                  out: str | os.PathLike | None = None, count: bool = True) -> WarmResult:
-        """Warm ``child`` from the named zoo model, and count the hit (``count=False``: not)."""
-        blob = self.store.get(parent)
-        result = warm_from_parent(blob, child, parent_weights=stored_weights(self.store, parent),
-                                  child_weights=weights, parent_name=parent, parent_graph=self.graph(parent),
-                                  child_graph=child_graph, out=out,
-                                  noise=self.config.noise if noise is None else noise,
-                                  seed=self.config.seed if seed is None else seed)
-        if count:
-            self.hit(parent)
-        return result
+    def transfer(self, choice: ParentChoice | None, parent: str | None, child: ModelInput,
+                 graph: LayerGraph | None = None, *, weights: WeightsInput | None = None,
+                 noise: float | None = None, out: str | os.PathLike | None = None,
+                 report: dict[str, Any] | None = None) -> WarmResult:
+        """``child`` warmed from the named zoo model (its own weights when ``parent`` is None), with ``choice``'s
+        seed (the zoo's without a choice); counts no hit (a :class:`~keeper.chooser.ParentSource` method).
+
+        Raises:
+            ModelNotFoundError: ``parent`` is not in the zoo.
+        """
+        seed = self.config.seed if choice is None else choice.seed
+        if parent is None:
+            result = cold_result(child, weights, out=out, graph=graph)
+        else:
+            result = warm_from_parent(self.store.get(parent), child, parent_weights=stored_weights(self.store, parent),
+                                      child_weights=weights, parent_name=parent, parent_graph=self.graph(parent),
+                                      child_graph=graph, out=out, seed=seed,
+                                      noise=self.config.noise if noise is None else noise)
+        return dataclasses.replace(result, **report) if report else result
 
     def hit(self, name: str) -> None:
         """Count one use of ``name`` as a parent (decayed value for eviction)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from keeper.actors.transfer import read_parent
+from keeper.stored import read_parent
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
 from keeper.onnx_safety import ModelInput, load_model
@@ -117,7 +117,7 @@ def published_warm(parent: ModelInput, child: ModelInput, *, parent_name: str | 
 
 def published_warm_from_store(uri: str, parent: str, child: ModelInput, *, seed: int = 0) -> WarmResult:
     """:func:`published_warm` from the zoo model ``parent`` stored at ``uri`` (read as keeper's transfer task
-    reads it, :func:`keeper.actors.transfer.read_parent`), with the published system's noise."""
+    reads it, :func:`keeper.stored.read_parent`), with the published system's noise."""
     blob, graph, weights = read_parent(uri, parent)
     return published_warm(blob, child, parent_name=parent, parent_graph=graph, parent_weights=weights, seed=seed)
 

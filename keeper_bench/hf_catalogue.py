@@ -47,7 +47,7 @@ class FirstOutput(torch.nn.Module):
     return (ConvNeXt's final LayerNorm acts on its pooled output, the second).
 
     LeViT keeps its gathered attention biases between eval calls; keeper drops such caches itself around an export
-    and after a warm (:func:`keeper.torch_support.drop_eval_caches`), so nothing here clears them."""
+    and after a warm (:func:`keeper.torch_support.tensors.drop_eval_caches`), so nothing here clears them."""
 
     def __init__(self, model: torch.nn.Module, full_mask: bool = False, output: int = 0):
         super().__init__()

@@ -292,7 +292,8 @@ def warm_deviation(parent: nn.Module, child: nn.Module, x: tuple, *, dynamo: boo
     from keeper.graph import load_graph
     from keeper.graph.stream import residual_stream
     from keeper.matching import align
-    from keeper.torch_support import export, load_warm
+    from keeper.torch_support import export
+    from keeper.torch_support.load import load_result
     from keeper.warm import warm_from_parent
 
     trained_like(parent, seed)
@@ -305,7 +306,7 @@ def warm_deviation(parent: nn.Module, child: nn.Module, x: tuple, *, dynamo: boo
         alignment = align(pg, cg)
         result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", parent_graph=pg, child_graph=cg,
                                   alignment=alignment, noise=0.0, seed=seed)
-        load_warm(child, result, ce.keys)
+        load_result(child, result, ce.keys)
     seconds = time.perf_counter() - t0
     with torch.no_grad():
         got = child(*x)

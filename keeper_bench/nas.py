@@ -41,6 +41,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from keeper.torch_support import warm_start
+from keeper.torch_support.load import load_result
+from keeper.torch_support.start import choose_for_module
+
 __all__ = ["ARMS", "BOUNDS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize", "service_config",
            "warm_by_arm", "plateau_check"]
 
@@ -151,17 +155,14 @@ def service_config(arm: str, seed: int, workdir: str, noise: float) -> dict:
 def warm_by_arm(arm: str, model: Any, example: Any, service: dict, dynamo: bool, states: str, seed: int) -> dict:
     """Warm ``model`` the arm's way (in a Tune trial; ``states``: where the name-shape arm finds its parents'
     state_dicts); returns ``{"parent", "score"}``."""
-    from keeper.tune_integration.trainable import ask_parent, warm_start
-
     if arm in ("keeper", "keeper-no-accuracy"):
         r = warm_start(model, example, config=service, dynamo=dynamo)
         return {"parent": r.parent or "", "score": float(r.score)}
-    exported, choice = ask_parent(model, example, config=service, dynamo=dynamo)
+    exported, choice = choose_for_module(model, example, config=service, dynamo=dynamo)
     parent = choice.parent
     if parent is None:
         return {"parent": "", "score": 0.0}
     if arm == "published":
-        from keeper.torch_support import load_result
         from keeper_bench.baselines import published_warm_from_store
 
         r = published_warm_from_store(choice.uri, parent, exported.onnx, seed=seed)

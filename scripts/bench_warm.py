@@ -261,7 +261,8 @@ def deviation(parent_spec: dict, child_spec: dict, dynamo: bool, seed: int) -> t
     import torch
 
     from keeper_bench import families
-    from keeper.torch_support import export, load_warm
+    from keeper.torch_support import export
+    from keeper.torch_support.load import load_result
     from keeper.warm import warm_from_parent
 
     torch.manual_seed(seed)
@@ -274,7 +275,7 @@ def deviation(parent_spec: dict, child_spec: dict, dynamo: bool, seed: int) -> t
     result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0, seed=seed)
     with torch.no_grad():
         a, cold = parent(x), child(x)
-        load_warm(child, result, ce.keys)
+        load_result(child, result, ce.keys)
         if result.missing:
             raise RuntimeError(f"child tensors not warmed: {result.missing}")
         child.eval()
@@ -423,7 +424,7 @@ def _load_by_keys(module, weights, exported) -> None:
     """Copy arrays keyed by ONNX initializer name into ``module`` (the export's key map)."""
     import torch
 
-    from keeper.torch_support import _as_tensor
+    from keeper.torch_support.tensors import as_tensor as _as_tensor
 
     state = module.state_dict()
     with torch.no_grad():
@@ -548,7 +549,7 @@ def e2e_case(workdir: Path) -> dict:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from keeper import export_cache
+    from keeper.torch_support import cache as export_cache
     from keeper import torch_support as ts
     from keeper.zoo import Zoo
 
@@ -644,7 +645,7 @@ def _large_section(setup: dict, m: dict, check: dict, e2e: dict, load: float) ->
         f"{twin[0] / st:.1f}x a safetensors load); {verdict(first[0] / pt, 3)} for the first call, whose "
         f"{first[1]:.1f} s of {first[0]:.1f} s is torch's trace of the module (keeper serialises no weight; "
         f"dynamo's tracing costs seconds whatever the size, TorchScript's less). The trace depends on the "
-        f"architecture, not on the values, so keeper remembers it per process (`keeper.export_cache`: fingerprint "
+        f"architecture, not on the values, so keeper remembers it per process (`keeper.torch_support.cache`: fingerprint "
         f"of the module's classes, attributes, tensor shapes and the input; cache {e2e['cache']}): a Tune trial "
         f"exports once for its warm start and again for its checkpoint, and a search meets an architecture "
         f"again. Keeper's own part (choice + transfer + load) is {twin[2]:.2f} s. Function preserved by the "

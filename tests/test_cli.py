@@ -181,7 +181,7 @@ def test_warm_without_a_parent_keeps_the_models_weights(tmp_path, zoo_dir, capsy
     child_bytes = mlp_onnx([40, 10], 2)
     child, out_path = write(tmp_path / "child.onnx", child_bytes), tmp_path / "w.onnx"
     code, out, _ = keeper(capsys, "warm", child, "-o", str(out_path), "--zoo", zoo_dir)
-    assert code == 0 and "no parent: " in out and "floor 0.3" in out
+    assert code == 0 and "no parent: " in out and "holds no model" in out  # an empty zoo says so
     got = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out_path)).graph.initializer}
     want = {t.name: numpy_helper.to_array(t) for t in onnx.load_from_string(child_bytes).graph.initializer}
     assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)

@@ -18,7 +18,8 @@ import torch
 
 from keeper.errors import PartialWarmWarning
 from keeper.graph import load_graph
-from keeper.torch_support import export_graph, module_weights, register, tied_keys, warm_exported
+from keeper.torch_support import export_graph, module_weights, register, warm_start
+from keeper.torch_support.tensors import tied_keys
 from keeper.zoo import Zoo
 from keeper_bench.hf_catalogue import CATALOGUE, build
 
@@ -41,7 +42,7 @@ def warm_pair(root, parent: torch.nn.Module, child: torch.nn.Module, args: tuple
     exported = export_graph(child, args, dynamo=dynamo)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PartialWarmWarning)
-        result = warm_exported(child, exported, zoo, noise=0.0)
+        result = warm_start(child, args, zoo, noise=0.0, dynamo=dynamo)
     partial = [str(w.message) for w in caught if issubclass(w.category, PartialWarmWarning)]
     with torch.no_grad():
         dev = rel_dev(parent(*args), child(*args))

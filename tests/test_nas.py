@@ -11,7 +11,8 @@ import torch
 from keeper_bench.baselines import name_shape_load, published_warm
 from keeper_bench.families import build, default_spec, example_input
 from keeper_bench.nas import NasRun, TrialRecord, arrivals, steps_to_target, summarize
-from keeper.torch_support import export, load_warm
+from keeper.torch_support import export
+from keeper.torch_support.load import load_result
 from keeper.warm import warm_from_parent
 
 
@@ -96,7 +97,7 @@ def test_published_kernel_operator_shifts_the_function_and_keepers_does_not():
     for name, warm in (("keeper", warm_from_parent), ("published", published_warm)):
         r = warm(pb, cb.onnx, noise=0.0)
         m = build(child_spec)
-        load_warm(m, r, cb.keys)
+        load_result(m, r, cb.keys)
         deviations[name] = float((_outputs(m, x) - y).abs().max() / y.abs().max())
     assert deviations["keeper"] < 1e-5
     assert deviations["published"] > 1e-2

@@ -93,9 +93,9 @@ def test_removing_a_node_mid_tune_run_loses_nothing(cluster, tmp_path):
     assert not grid.errors, "trials on the removed node are retried on the one left"
     assert len(cb.registered) == 4 and len(Zoo(service["zoo"])) == 4, cb.outcomes
     # the service still answers, on the node that remains
-    from keeper.actors.launcher import get_handle
+    from keeper.actors.launcher import find
     from keeper.torch_support import export
 
-    handle = get_handle(service)
+    handle = find(service)
     result = ray.get(handle.warm.remote(export(_mlp(80), torch.randn(1, 16)).onnx), timeout=120)
     assert result.parent is not None

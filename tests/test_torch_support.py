@@ -18,7 +18,8 @@ import nets
 from keeper_bench import families
 from keeper.errors import KeeperError
 from keeper.onnx_weights import read_initializers
-from keeper.torch_support import architecture_template, export, fill_template, warm_start
+from keeper.torch_support import export, warm_start
+from keeper.torch_support.templates import architecture_template, fill_template
 from keeper.zoo import Zoo
 
 RESNET = dict(family="resnet", dim=2, in_channels=3, num_classes=5, input_length=8, widths=[8, 16], blocks=[1, 1],

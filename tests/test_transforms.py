@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import nets
 from keeper_bench import families
 from keeper.graph import Kind, load_graph
-from keeper.torch_support import export, load_warm
+from keeper.torch_support import export
+from keeper.torch_support.load import load_result
 from keeper.transforms.depth import identity_fill, zero_fill
 from keeper.transforms.kernel import fit_kernel
 from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
@@ -145,7 +146,7 @@ def _deviation(parent_spec: dict, child_spec: dict, dynamo: bool, seed: int = 0)
     child = families.build(child_spec).eval()
     pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
     result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
-    load_warm(child, result, ce.keys)
+    load_result(child, result, ce.keys)
     assert not result.missing, result.missing
     child.eval()
     with torch.no_grad():
@@ -238,7 +239,7 @@ def test_widening_attention_keeps_q_k_v_and_heads_apart(heads, parent_d, child_d
     packed = [a["packed"] for a in load_graph(ce.onnx).attrs if "packed" in a]
     assert packed == [{"parts": 3, "heads": [heads] * 3, "dots": [[0, 1]]}]
     result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
-    load_warm(child, result, ce.keys)
+    load_result(child, result, ce.keys)
     with torch.no_grad():
         a, b = parent(x), child(x)
     assert float((a - b).abs().max() / a.abs().max()) <= 1e-5
@@ -257,7 +258,7 @@ def test_a_shallower_transformer_computes_the_parents_first_blocks(dynamo):
     child = families.build(child_spec).eval()
     pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
     result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
-    load_warm(child, result, ce.keys)
+    load_result(child, result, ce.keys)
     truncated = families.build(child_spec).eval()
     state = parent.state_dict()
     truncated.load_state_dict({k: state[k] for k in truncated.state_dict()})  # layers.0 and .1 are the first two

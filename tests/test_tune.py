@@ -78,9 +78,9 @@ def _tuner(service, tmp_path, widths: list[list[int]], callback, concurrent: int
 
 
 def _registers(service) -> int:
-    from keeper.actors.launcher import get_handle
+    from keeper.actors.launcher import find
 
-    return ray.get(get_handle(service).stats.remote(), timeout=30)["registers"]
+    return ray.get(find(service).stats.remote(), timeout=30)["registers"]
 
 
 def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registers_twice(tmp_path):
@@ -98,7 +98,7 @@ def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registe
     zoo = Zoo(service["zoo"])
     assert len(zoo) == 4 and len(cb.registered) == 4
     # trials' state_dicts are registered as a graph plus safetensors weights: no weight goes through ONNX
-    from keeper.zoo import WEIGHTS_EXTRA
+    from keeper.stored import WEIGHTS_EXTRA
 
     assert all(WEIGHTS_EXTRA in r.extra_checksums for r in zoo.store.records())
     # every trial directory holds the architecture template the callback read
@@ -314,9 +314,9 @@ def test_a_ray_train_trial_warms_once_and_every_worker_gets_the_same_weights(tmp
     assert list(rows["same"]) == [True, True], "every worker ends with rank 0's weights"
     assert list(rows["parent"])[0] == "" and list(rows["parent"])[1], "the second trial inherits from the first"
     # one parent choice per trial, not one per worker (the choice is the front door's only query here)
-    from keeper.actors.launcher import get_handle
+    from keeper.actors.launcher import find
 
-    assert ray.get(get_handle(service).stats.remote(), timeout=30)["queries"] == 2
+    assert ray.get(find(service).stats.remote(), timeout=30)["queries"] == 2
     # one template per architecture in the zoo's store (Tune copies the run's checkpoint into its own trial
     # directory, so the callback finds the template from the checkpoint's state_dict), and both trials registered
     assert len(list((tmp_path / "zoo" / "templates").glob("*.onnx"))) == 2
@@ -328,9 +328,9 @@ class KillsTheManagerMidRun(KeeperCallback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         if len(self.registered) == 1 and not getattr(self, "killed", None):
-            from keeper.actors.launcher import get_handle
+            from keeper.actors.launcher import find
 
-            self.killed = ray.get(get_handle(self.config).manager_pid.remote(), timeout=30)
+            self.killed = ray.get(find(self.config).manager_pid.remote(), timeout=30)
             os.kill(self.killed, 9)
         super().on_trial_complete(iteration, trials, trial, **info)
 
@@ -341,9 +341,9 @@ def test_a_manager_killed_mid_run_loses_nothing(tmp_path):
     grid = _tuner(service, tmp_path, [[64, 32], [64, 48], [96, 32], [64, 32, 32]], cb, concurrent=2,
                   name="kill").fit()
     assert not grid.errors and cb.killed
-    from keeper.actors.launcher import get_handle
+    from keeper.actors.launcher import find
 
-    assert ray.get(get_handle(service).manager_pid.remote(), timeout=60) != cb.killed
+    assert ray.get(find(service).manager_pid.remote(), timeout=60) != cb.killed
     assert len(cb.registered) == 4 and len(Zoo(service["zoo"])) == 4, cb.outcomes
     assert sum(1 for p in grid.get_dataframe()["parent"] if p) >= 2
 

@@ -332,7 +332,7 @@ def test_a_graph_stored_by_an_older_version_is_extracted_again_and_stored_back(t
 
     from keeper.graph import load_graph
     from keeper.graph import LayerGraph
-    from keeper.zoo import GRAPH_EXTRA, graph_blob, graph_format, graph_from_blob
+    from keeper.stored import GRAPH_EXTRA, graph_blob, graph_format, graph_from_blob
 
     blob = nets.extra_onnx("tokens")
     current = load_graph(blob)
@@ -443,7 +443,7 @@ def test_old_and_new_records_live_in_one_zoo(tmp_path):
     assert sorted(zoo.names()) == ["new", "old"]
     x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
     for name, blob in (("old", mlp_onnx(PARENT, 1)), ("new", None)):
-        result = zoo.warm_from(name, mlp_onnx(WIDER, 3), noise=0.0)
+        result = zoo.transfer(None, name, mlp_onnx(WIDER, 3), noise=0.0)
         parent = blob if blob is not None else zoo.store.get(name)
         pweights = inits(parent) if blob is not None else weights
         assert result.parent == name

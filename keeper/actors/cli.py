@@ -37,15 +37,10 @@ def _connect(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _handle(args: argparse.Namespace):
-    from keeper.actors.launcher import get_handle
-    from keeper.errors import ServiceError
+    from keeper.actors.launcher import connect
 
     ctx = _connect(args)
-    handle = get_handle(ctx["config"])
-    if handle is None:
-        raise ServiceError(f"keeper: no service named {ctx['config'].name!r} in namespace "
-                           f"{ctx['config'].namespace!r}; start it with `keeper serve --address auto`")
-    return handle, ctx["config"]
+    return connect(ctx["config"]), ctx["config"]
 
 
 def _get(ref, handle, timeout_s: float):

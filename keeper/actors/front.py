@@ -32,6 +32,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
+from keeper import chooser
 from keeper.actors.config import ServiceConfig
 from keeper.actors.matcher import Matcher
 from keeper.actors.metrics import ServiceMetrics
@@ -39,13 +40,14 @@ from keeper.actors.pool import MatcherPool
 from keeper.actors.remote import Demand, demand_of, get, shortfall
 from keeper.actors.snapshot import View
 from keeper.clustering import ClusterIndex, two_stage_search
-from keeper.errors import ModelNotFoundError, ServiceError
+from keeper.errors import ServiceError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
-from keeper.actors.transfer import read_parent_graph
-from keeper.preservation import assess_candidate, layer_roles, may_qualify
-from keeper.selection import Candidate, ParentChoice, SelectionPolicy, choose_parent, coverage, rank_parents
+from keeper.candidates import ParentFacts, assess_found, may_qualify_all
+from keeper.preservation import layer_roles
+from keeper.selection import Candidate, ParentChoice, SelectionPolicy, make_choice
+from keeper.stored import read_parent_graph
 from keeper.warm import WarmResult
 
 __all__ = ["Keeper"]
@@ -112,23 +114,11 @@ class Keeper:
         """
         t0 = time.perf_counter()
         try:
-            for attempt in (0, 1):
-                ref, choice = self._start_warm(model, noise, seed)
-                need = Demand(f"the weight-transfer task from {choice.parent!r} (timeouts.transfer_s)",
-                              self._transfer_need.setting, self._transfer_need.resources)
-                try:
-                    result = get(ref, self.config.timeouts.transfer_s, need)
-                    break
-                except ModelNotFoundError:
-                    if attempt:
-                        raise
-                    # the parent was evicted or removed after it was chosen: choose again on a fresh view
-                    self._refresh(force=True)
+            blob, graph = self._child(model)
+            result = chooser.warm(_TaskSource(self), blob, graph, noise=noise, seed=seed)
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise
-        if result.parent is not None:
-            self.manager.hit.remote(result.parent)  # fire and forget: a lost hit only ages a model sooner
         self._count(time.perf_counter() - t0, ok=True)
         return result
 
@@ -138,16 +128,19 @@ class Keeper:
         """
         t0 = time.perf_counter()
         try:
-            ref, choice = self._start_warm(model, noise, seed)
+            blob, graph = self._child(model)
+            choice = self._choose(graph)
+            ref = self._launch(choice, choice.parent, blob, graph, noise, seed, chooser.report_of(choice))
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise
         if choice.parent is not None:
-            self.manager.hit.remote(choice.parent)
+            self.hit(choice.parent)
         self._count(time.perf_counter() - t0, ok=True, timed=False)  # p50 / p99 are of whole warms only
         return ref
 
-    def choose(self, model: ModelInput | dict[str, np.ndarray], hit: bool = False) -> ParentChoice:
+    def choose(self, model: ModelInput | dict[str, np.ndarray], hit: bool = False,
+               fresh: bool = False) -> ParentChoice:
         """The parent a warm start would use, without transferring weights.
 
         Choices are cached per architecture until the zoo changes, so a ``choose`` made ahead of time (e.g. by
@@ -156,24 +149,30 @@ class Keeper:
         Args:
             model: the child: ONNX (bytes, path, ModelProto), or its graph as ``LayerGraph.to_arrays()`` (plain
                 arrays) when the caller has extracted it and warms in its own process.
-            hit: count a hit for the chosen parent (pass True when the caller then warms from it).
+            hit: count a hit for the chosen parent (a caller that warms from it counts it with :meth:`hit`).
+            fresh: refresh the zoo view first (the parent of an earlier choice was removed).
 
         Returns:
-            The :class:`~keeper.selection.ParentChoice`; run
-            ``keeper.actors.transfer.warm_from_store(choice.uri, choice.parent, model, choice.noise, choice.seed)``
-            to warm in the caller's process.
+            The :class:`~keeper.selection.ParentChoice`; :class:`keeper.actors.ServiceClient` warms from it in
+            the caller's process.
         """
         t0 = time.perf_counter()
         try:
             graph = LayerGraph.from_arrays(model) if isinstance(model, dict) else as_graph(model)
+            if fresh:
+                self._refresh(force=True)
             choice = self._choose(graph)
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise
         if hit and choice.parent is not None:
-            self.manager.hit.remote(choice.parent)
+            self.hit(choice.parent)
         self._count(time.perf_counter() - t0, ok=True, timed=False)
         return choice
+
+    def hit(self, name: str) -> None:
+        """Count one use of ``name`` as a parent (fire and forget: a lost hit only ages a model sooner)."""
+        self.manager.hit.remote(name)
 
     def search(self, child: MatchArrays | ModelInput, two_stage: bool = True) -> dict[str, Any]:
         """Scoring only: the two-stage (or, with ``two_stage=False``, whole-zoo) search for ``child``.
@@ -271,15 +270,18 @@ class Keeper:
                 self._latencies.append(seconds)
         self.metrics.query(seconds, "ok" if ok and timed else ("error" if not ok else "started"))
 
-    def _start_warm(self, model: ModelInput, noise: float | None, seed: int | None) -> tuple[Any, ParentChoice]:
+    def _child(self, model: ModelInput) -> tuple[bytes, LayerGraph]:
+        """The child's ONNX bytes and its graph, extracted once."""
         proto = load_model(model, what="child model")
-        graph = graph_from_proto(proto)
-        choice = self._choose(graph)
-        blob = proto.SerializeToString() if not isinstance(model, (bytes, bytearray)) else bytes(model)
-        # the graph goes as flat arrays: the task neither extracts it again nor unpickles an object
-        ref = self._transfer.remote(choice.uri, choice.parent, blob, choice.noise if noise is None else float(noise),
-                                    choice.seed if seed is None else int(seed), graph.to_arrays())
-        return ref, choice
+        blob = bytes(model) if isinstance(model, (bytes, bytearray)) else proto.SerializeToString()
+        return blob, graph_from_proto(proto)
+
+    def _launch(self, choice: ParentChoice, parent: str | None, blob: bytes, graph: LayerGraph,
+                noise: float | None, seed: int | None, report: dict | None) -> Any:
+        """The transfer task's ObjectRef; the graph goes as flat arrays, so the task neither extracts it again nor
+        unpickles an object."""
+        return self._transfer.remote(choice.uri, parent, blob, choice.noise if noise is None else float(noise),
+                                     choice.seed if seed is None else int(seed), graph.to_arrays(), report=report)
 
     def _choose(self, graph: LayerGraph) -> ParentChoice:
         t0 = time.perf_counter()
@@ -296,14 +298,8 @@ class Keeper:
         with self._stats_lock:
             self._search_latencies.append(time.perf_counter() - t0)
         cands = self._candidates(graph, child, state, list(names), np.asarray(scores, dtype=np.float64))
-        best = choose_parent(cands, self.policy)
-        ranked = rank_parents(cands, self.policy)
-        rest = sorted((c for c in cands if c not in ranked), key=lambda c: -c.score)
-        top = tuple((ranked + rest)[:5])  # what the choice used: the qualifying ones in rank order first
         # the URI as configured (with any credentials it carries), not the store's redacted form
-        choice = ParentChoice(best.name if best is not None else None, float(best.score) if best is not None else 0.0,
-                              self.config.zoo_uri, float(self.config.noise), int(self.config.seed), top,
-                              int(self.policy.probe_top))
+        choice = make_choice(cands, self.policy, self.config.zoo_uri, self.config.noise, self.config.seed, view.n)
         with self._stats_lock:
             self._choices[(view.key, digest)] = choice
             while len(self._choices) > _CHOICE_CACHE:
@@ -312,9 +308,8 @@ class Keeper:
 
     def _candidates(self, graph: LayerGraph, child: MatchArrays, state: "_State", names: list[str],
                     scores: np.ndarray) -> list[Candidate]:
-        """The candidates the search returned, plus every weighted model that may qualify by preserved function
-        (as :meth:`keeper.zoo.Zoo.candidates` decides), each assessed like the embedded zoo assesses it
-        (:func:`keeper.preservation.assess_candidate`): preserved function, structure and lineage count."""
+        """The candidates the search returned, plus every weighted model that may qualify by preserved function,
+        assembled as the embedded zoo assembles them (:func:`keeper.candidates.assess_found`)."""
         view = state.view
         if view.n == 0:
             return []
@@ -323,33 +318,24 @@ class Keeper:
         if self.policy.preserve:
             # the search skips (or does not align) parents below the floor; those the child may grow from
             # without losing their function need exact scores
-            bounds = upper_bounds(view.sigs, child)
-            redo = [str(n) for n, b, t, w in zip(view.names, bounds, view.params, view.weighted)
-                    if w and may_qualify(float(b), int(t), child.total, math.inf, True)
-                    and found.get(str(n), -1.0) < floor]
+            ok = may_qualify_all(upper_bounds(view.sigs, child), view.params, child.total, math.inf, True)
+            redo = [str(n) for n, q, w in zip(view.names, ok, view.weighted) if q and w and found.get(str(n), -1.0) < floor]
             if redo:
                 exact = self._score(child, view, state.refs, redo, time.monotonic() + self.config.timeouts.query_s,
                                     None)
                 found.update(zip(redo, (float(s) for s in exact)))
-        if not found:
-            return []
-        me = None
-        out = []
-        for n, p in zip(found, view.positions(list(found))):
-            if not view.weighted[p]:
-                continue
-            s, total = found[n], int(view.params[p])
-            if s >= floor or int(round(s * child.total)) >= total:
-                me = me or (graph, child, layer_roles(graph))
-                pg, pa, roles, clean = self._parent(n, view.key)
-                out.append(assess_candidate(n, s, float(view.accuracy[p]), clean, floor, me, (pg, pa, roles)))
-            else:  # qualifies neither by fit nor by preserved function: nothing to assess
-                out.append(Candidate(n, s, float(view.accuracy[p]), coverage(s, child.total, total)))
-        return out
+        pos = dict(zip(found, view.positions(list(found)))) if found else {}
+        found = {n: s for n, s in found.items() if view.weighted[pos[n]]}  # graph-only entries are never parents
 
-    def _parent(self, name: str, key: str) -> tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray], bool]:
-        """(graph, match arrays, layer roles, clean lineage) of the zoo model ``name``, read from the store once
-        per view (a bounded LRU, emptied when the view changes: a name may then hold another model)."""
+        def facts(name: str) -> ParentFacts:
+            p = pos[name]
+            return ParentFacts(float(view.accuracy[p]), view.is_clean(p), int(view.params[p]))
+
+        return assess_found(found, graph, floor, facts, lambda n: self._parent(n, view.key), child)
+
+    def _parent(self, name: str, key: str) -> tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]:
+        """(graph, match arrays, layer roles) of the zoo model ``name``, read from the store once per view (a
+        bounded LRU, emptied when the view changes: a name may then hold another model)."""
         with self._stats_lock:
             if self._parents_key != key:
                 self._parents.clear()
@@ -358,8 +344,8 @@ class Keeper:
             if hit is not None:
                 self._parents.move_to_end(name)
                 return hit
-        g, rec = read_parent_graph(self.config.zoo_uri, name)
-        entry = (g, match_arrays(g), layer_roles(g), bool(rec.summary.get("lineage", {}).get("clean", True)))
+        g, _ = read_parent_graph(self.config.zoo_uri, name)
+        entry = (g, match_arrays(g), layer_roles(g))
         with self._stats_lock:
             if self._parents_key == key:
                 self._parents[name] = entry
@@ -475,3 +461,27 @@ def _as_bytes(model: ModelInput, weights_apart: bool = False) -> bytes:
     if isinstance(model, (bytes, bytearray, memoryview)):
         return bytes(model)
     return load_model(model, weights_apart=weights_apart).SerializeToString()
+
+
+class _TaskSource:
+    """The front door as a :class:`~keeper.chooser.ParentSource`: it has chosen already; the transfer runs in the
+    service's transfer task, awaited within ``timeouts.transfer_s``."""
+
+    def __init__(self, keeper: Keeper):
+        self.keeper = keeper
+
+    def choose(self, graph: LayerGraph, fresh: bool = False) -> ParentChoice:
+        if fresh:
+            self.keeper._refresh(force=True)
+        return self.keeper._choose(graph)
+
+    def transfer(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
+                 weights: Any, noise: float, out: Any, report: dict | None) -> WarmResult:
+        need = self.keeper._transfer_need
+        ref = self.keeper._launch(choice, parent, child, graph, noise, None, report)
+        return get(ref, self.keeper.config.timeouts.transfer_s,
+                   Demand(f"the weight-transfer task from {parent!r} (timeouts.transfer_s)", need.setting,
+                          need.resources))
+
+    def hit(self, parent: str) -> None:
+        self.keeper.hit(parent)

@@ -24,21 +24,25 @@ import logging
 import time
 from typing import Any
 
+import ray
+
 from keeper.actors.config import ACTOR_KINDS, ConfigInput, ServiceConfig, load_config
+from keeper.actors.front import Keeper
+from keeper.actors.manager import ZooManager
+from keeper.actors.matcher import Matcher
 from keeper.actors.remote import demand_of, get, infeasible, shortfall
 from keeper.errors import ConfigError, ServiceError
+from keeper.stored import warm_from_store
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["start", "shutdown", "get_handle", "check_resources", "launch_manager", "launch_keeper", "launch_matcher",
+__all__ = ["start", "shutdown", "connect", "find", "check_resources", "launch_manager", "launch_keeper", "launch_matcher",
            "transfer_task"]
 
 _remote_classes: dict[type, Any] = {}
 
 
 def _actor(cls: type, config: ServiceConfig, kind: str, **extra: Any) -> Any:
-    import ray
-
     if cls not in _remote_classes:
         _remote_classes[cls] = ray.remote(cls)
     return _remote_classes[cls].options(**config.actor_options(kind), **extra)
@@ -46,16 +50,12 @@ def _actor(cls: type, config: ServiceConfig, kind: str, **extra: Any) -> Any:
 
 def launch_manager(config: ServiceConfig) -> Any:
     """The named, detached ZooManager (the running one when it exists)."""
-    from keeper.actors.manager import ZooManager
-
     return _actor(ZooManager, config, "zoo_manager", name=config.manager_name, namespace=config.namespace,
                   lifetime="detached", get_if_exists=True).remote(config)
 
 
 def launch_keeper(config: ServiceConfig) -> Any:
     """The named, detached front door (the running one when it exists)."""
-    from keeper.actors.front import Keeper
-
     return _actor(Keeper, config, "keeper", name=config.name, namespace=config.namespace, lifetime="detached",
                   get_if_exists=True).remote(config, spawn_matcher=functools.partial(launch_matcher, config),
                                              transfer_task=functools.partial(transfer_task, config))
@@ -63,37 +63,43 @@ def launch_keeper(config: ServiceConfig) -> Any:
 
 def launch_matcher(config: ServiceConfig) -> Any:
     """One Matcher actor (unnamed; owned by the caller, normally the front door)."""
-    from keeper.actors.matcher import Matcher
-
     return _actor(Matcher, config, "matcher").remote(config.timeouts.batch_s)
 
 
 def transfer_task(config: ServiceConfig) -> Any:
     """The weight transfer as a Ray remote function with the config's ``transfer`` options."""
-    import ray
-
-    from keeper.actors.transfer import warm_from_store
-
     return ray.remote(warm_from_store).options(**config.actor_options("transfer"))
 
 
 def _ensure_ray(config: ServiceConfig) -> None:
-    import ray
-
     if not ray.is_initialized():
         ray.init(address=config.address, namespace=config.namespace, include_dashboard=False)
 
 
-def get_handle(config: ConfigInput = None, **overrides: Any) -> Any | None:
+def find(config: ConfigInput = None, **overrides: Any) -> Any | None:
     """The running front door's handle, or None when the service is not running."""
-    import ray
-
     cfg = load_config(config, **overrides)
     _ensure_ray(cfg)
     try:
         return ray.get_actor(cfg.name, namespace=cfg.namespace)
     except ValueError:
         return None
+
+
+def connect(config: ConfigInput = None, **overrides: Any) -> Any:
+    """The running front door's handle (connecting to Ray first when needed); unlike :func:`start`, never starts
+    the service.
+
+    Raises:
+        ServiceError: no keeper service of this config's name and namespace is running.
+    """
+    cfg = load_config(config, **overrides)
+    handle = find(cfg)
+    if handle is None:
+        raise ServiceError(f"keeper: no service named {cfg.name!r} is running in namespace {cfg.namespace!r}; start "
+                           "one with `keeper serve`, keeper.actors.start(), or KeeperCallback(...) in the Tune "
+                           "run's callbacks")
+    return handle
 
 
 def check_resources(config: ServiceConfig) -> None:
@@ -142,7 +148,7 @@ def start(config: ConfigInput = None, **overrides: Any) -> Any:
     """
     cfg = load_config(config, **overrides)
     _ensure_ray(cfg)
-    handle = get_handle(cfg)
+    handle = find(cfg)
     if handle is None:
         check_resources(cfg)
         launch_manager(cfg)
@@ -158,8 +164,6 @@ def shutdown(config: ConfigInput = None, **overrides: Any) -> list[str]:
 
     The zoo itself stays in its store; ``start`` again serves it.
     """
-    import ray
-
     cfg = load_config(config, **overrides)
     if not ray.is_initialized():
         return []

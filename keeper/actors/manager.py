@@ -64,6 +64,7 @@ class ZooManager:
         self._seq = 0
         self._arrays: dict[str, MatchArrays] = {}
         self._accuracy: dict[str, float] = {}
+        self._clean: dict[str, bool] = {}  # lineage without a warm across block structures (see Zoo.register)
         self._loc: dict[str, tuple[str, int]] = {}   # name -> (shard id, row)
         self._shards: dict[str, Shard] = {}
         self._retired: dict[str, Shard] = {}         # the generation before the last compaction
@@ -81,19 +82,22 @@ class ZooManager:
     def _load_all(self) -> None:
         with self._lock:
             self._arrays.clear(), self._accuracy.clear(), self._loc.clear(), self._shards.clear()
+            self._clean.clear()
             self._pending = []
             self._index = None
             for rec in self.zoo:
                 self._arrays[rec.name] = match_arrays(self.zoo.graph(rec.name))
                 self._accuracy[rec.name] = float(rec.accuracy)
+                self._clean[rec.name] = _clean(rec)
                 self._pending.append(rec.name)
             self._dirty = True
             self._publish()
             self._maybe_refit(force=True)
 
-    def _added(self, name: str, arrays: MatchArrays, accuracy: float) -> None:
+    def _added(self, name: str, arrays: MatchArrays, accuracy: float, clean: bool = True) -> None:
         self._arrays[name] = arrays
         self._accuracy[name] = accuracy
+        self._clean[name] = clean
         self._pending.append(name)
         self._changes += 1
         if self._index is not None:
@@ -105,6 +109,7 @@ class ZooManager:
     def _removed(self, name: str) -> None:
         self._arrays.pop(name, None)
         self._accuracy.pop(name, None)
+        self._clean.pop(name, None)
         self._loc.pop(name, None)
         if name in self._pending:
             self._pending.remove(name)
@@ -121,7 +126,8 @@ class ZooManager:
         for name in sorted(before - after):
             self._removed(name)
         for name in sorted(after - before):
-            self._added(name, match_arrays(self.zoo.graph(name)), float(self.zoo.record(name).accuracy))
+            rec = self.zoo.record(name)
+            self._added(name, match_arrays(self.zoo.graph(name)), float(rec.accuracy), _clean(rec))
 
     def _live(self) -> list[str]:
         return sorted(self._arrays)
@@ -244,6 +250,7 @@ class ZooManager:
             names=np.array(names, dtype=str),
             accuracy=np.array([self._accuracy[n] for n in names], dtype=np.float64),
             weighted=np.ones(len(names), dtype=bool),  # every model the manager holds has stored weights
+            clean=np.array([self._clean.get(n, True) for n in names], dtype=bool),
             params=np.array([self._arrays[n].total for n in names], dtype=np.int64),
             shard=np.array([pos[self._loc[n][0]] for n in names], dtype=np.int32),
             row=np.array([self._loc[n][1] for n in names], dtype=np.int64),
@@ -312,3 +319,8 @@ class ZooManager:
 
     def ping(self) -> str:
         return "ok"
+
+
+def _clean(rec: Any) -> bool:
+    """Whether a catalog record's lineage is clean (no warm across block structures on the way to it)."""
+    return bool(rec.summary.get("lineage", {}).get("clean", True))

@@ -82,6 +82,10 @@ class View:
     shards: tuple[str, ...]
     index: dict[str, np.ndarray] = field(default_factory=dict)
     uri: str = ""
+    clean: np.ndarray | None = None  # bool (n,): lineage clean (see keeper.zoo.Zoo.register); None: all clean
+
+    def is_clean(self, position: int) -> bool:
+        return True if self.clean is None else bool(self.clean[position])
 
     @property
     def n(self) -> int:

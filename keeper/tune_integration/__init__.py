@@ -2,14 +2,16 @@
 
 - :class:`KeeperCallback` (``tune.RunConfig(callbacks=[KeeperCallback(metric="accuracy", mode="max")])``)
   starts or finds the keeper service and registers every finished trial's checkpoint into the zoo.
-- :func:`warm_start` (``warm_start(model, example_input)`` in the trainable) loads the best parent's weights,
-  transformed onto the trial's architecture, on the model's own device.
+- :func:`warm_start` (``warm_start(model, example_input)`` in the trainable) is
+  :func:`keeper.torch_support.warm_start`: with no zoo given it warms from the running service, and in a trial it
+  leaves the architecture template and the warm's lineage for the callback.
 
 Checkpoint layouts the callback reads are listed in :mod:`keeper.tune_integration.checkpoint`.
 """
 
+from keeper.torch_support import warm_start
+from keeper.torch_support.trial import ARCHITECTURE_FILE
 from keeper.tune_integration.callback import KeeperCallback
 from keeper.tune_integration.checkpoint import CHECKPOINT_FILES
-from keeper.tune_integration.trainable import ARCHITECTURE_FILE, warm_start
 
 __all__ = ["KeeperCallback", "warm_start", "CHECKPOINT_FILES", "ARCHITECTURE_FILE"]

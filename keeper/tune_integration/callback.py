@@ -25,9 +25,15 @@ import math
 import re
 from typing import Any, Callable
 
+import ray
 from ray.tune import Callback
 
+from keeper.actors.config import load_config
+from keeper.actors.launcher import start
+from keeper.actors.remote import Demand, get
 from keeper.errors import ConfigError
+from keeper.torch_support.export import export_graph
+from keeper.tune_integration.checkpoint import register_trial
 
 __all__ = ["KeeperCallback"]
 
@@ -67,8 +73,6 @@ class KeeperCallback(Callback):
         if mode == "min" and score_fn is None:
             raise ConfigError(f"KeeperCallback: metric {metric!r} is minimized, so pass score_fn mapping it to an "
                               "accuracy in [0, 1], e.g. score_fn=lambda loss: math.exp(-loss)")
-        from keeper.actors.config import load_config
-
         self.metric, self.mode = metric, mode
         self.score_fn = score_fn
         self.config = load_config(config, **overrides)  # checked now, on the driver, not in a trial
@@ -89,8 +93,6 @@ class KeeperCallback(Callback):
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info) -> None:
         if self.model_builder is None:
             return
-        import ray
-
         self._prepares = [r for r in self._prepares if not _done(r)]
         self._prepares.append(ray.remote(_prepare).options(num_cpus=0).remote(
             self._service(), self.model_builder, dict(trial.config)))
@@ -114,10 +116,6 @@ class KeeperCallback(Callback):
             logger.warning("keeper: trial %s never reported metric %r, so it is not registered", tid, self.metric)
             return
         accuracy = float(self.score_fn(value)) if self.score_fn is not None else float(value)
-        import ray
-
-        from keeper.tune_integration.checkpoint import register_trial
-
         name = self._name(trial)
         # retried when its worker or node dies: registration is idempotent by content, so a retry stores nothing twice
         ref = ray.remote(register_trial).options(num_cpus=0, max_retries=3).remote(
@@ -152,8 +150,6 @@ class KeeperCallback(Callback):
 
     def _service(self) -> Any:
         if self._handle is None:
-            from keeper.actors.launcher import start
-
             self._handle = start(self.config)
         return self._handle
 
@@ -180,8 +176,6 @@ class KeeperCallback(Callback):
         return (prefix + trial.trial_id)[-128:].lstrip(".")
 
     def _collect(self, wait: bool, only: str | None = None) -> None:
-        from keeper.actors.remote import Demand, get
-
         for tid in [only] if only is not None else list(self._pending):
             ref, name = self._pending[tid]
             if not wait and not _done(ref):
@@ -201,15 +195,11 @@ class KeeperCallback(Callback):
 
 def _prepare(handle: Any, builder: Callable[[dict], tuple[Any, Any]], config: dict) -> None:
     """Build the trial's model from its config and ask for its parent, so the trial's own ask is a cache hit."""
-    from keeper.torch_support import export
-
     module, example = builder(config)
-    handle.choose.remote(export(module, example).onnx)
+    handle.choose.remote(export_graph(module, example).graph.to_arrays())
 
 
 def _done(ref: Any) -> bool:
-    import ray
-
     ready, _ = ray.wait([ref], timeout=0)
     return bool(ready)
 

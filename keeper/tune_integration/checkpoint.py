@@ -17,7 +17,17 @@ import json
 import os
 from typing import Any, Callable
 
+import torch
+from safetensors.torch import load_file
+
+from keeper.actors.remote import Demand, get
 from keeper.errors import AdmissionError, KeeperError
+from keeper.onnx_safety import load_model
+from keeper.onnx_weights import write_weights
+from keeper.torch_support.export import export_graph
+from keeper.torch_support.templates import architecture_template, find_template, template_apart
+from keeper.torch_support.trial import ARCHITECTURE_FILE, LINEAGE_FILE
+from keeper.weights import weights_bytes
 
 __all__ = ["CHECKPOINT_FILES", "checkpoint_onnx", "checkpoint_model", "register_trial"]
 
@@ -25,12 +35,8 @@ CHECKPOINT_FILES = ("model.onnx", "model.safetensors", "model.pt")
 
 
 def _state_dict(directory: str, what: str) -> dict[str, Any] | None:
-    import torch
-
     st = os.path.join(directory, "model.safetensors")
     if os.path.exists(st):
-        from safetensors.torch import load_file
-
         return load_file(st)
     pt = os.path.join(directory, "model.pt")
     if not os.path.exists(pt):
@@ -56,9 +62,6 @@ def checkpoint_onnx(directory: str, template: bytes | None, what: str,
     model, weights = checkpoint_model(directory, template, what, builder, find)
     if weights is None:
         return model
-    from keeper.onnx_safety import load_model
-    from keeper.onnx_weights import write_weights
-
     return write_weights(load_model(model, what=what, weights_apart=True), weights).SerializeToString()
 
 
@@ -82,8 +85,6 @@ def checkpoint_model(directory: str, template: bytes | None, what: str,
     if os.path.exists(onnx_path):
         with open(onnx_path, "rb") as f:
             return f.read(), None
-    from keeper.torch_support import template_apart
-
     state = _state_dict(directory, what)
     if state is None:
         raise KeeperError(f"{what}: the checkpoint holds none of {CHECKPOINT_FILES}; save the model's state_dict "
@@ -95,8 +96,6 @@ def checkpoint_model(directory: str, template: bytes | None, what: str,
 def _template_of(directory: str, what: str, builder: Callable[[], tuple[Any, Any]] | None,
                  find: Callable[[dict], bytes | None] | None, state: dict | None = None) -> bytes:
     """The architecture template of the state_dict in ``directory``: found by its signature, or built."""
-    from keeper.torch_support import architecture_template, export_graph
-
     state = state if state is not None else _state_dict(directory, what)
     template = find(state) if find is not None else None
     if template is not None:
@@ -116,11 +115,6 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
 
     Returns the zoo's record of the model as a dict.
     """
-    from keeper.actors.remote import Demand, get
-    from keeper.tune_integration.templates import find_template
-    from keeper.weights import weights_bytes
-    from keeper.tune_integration.trainable import ARCHITECTURE_FILE, LINEAGE_FILE
-
     what = f"trial {name}"
     try:
         with storage_fs.open_input_file(f"{trial_fs_path}/{ARCHITECTURE_FILE}") as f:

@@ -1,4 +1,4 @@
-"""Tests of keeper.export_cache through keeper.torch_support.export_graph: a second module of one architecture
+"""Tests of keeper.torch_support.cache through keeper.torch_support.export_graph: a second module of one architecture
 reuses the first export and gets what a fresh export gives it; anything that changes the trace (an attribute, a
 buffer's value, the input's shape, the exporter) exports again; a module keeper cannot fingerprint is exported
 every time; a warm through a remembered export is exact."""
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import nets
-from keeper import export_cache
+from keeper.torch_support import cache as export_cache
 from keeper.torch_support import export_graph, module_weights, warm_start
 from keeper.zoo import Zoo
 

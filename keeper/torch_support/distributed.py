@@ -1,6 +1,6 @@
 """One warm start per Ray Train trial, however many workers it has.
 
-Inside ``train_loop_per_worker`` every worker calls :func:`~keeper.tune_integration.warm_start`. Only rank 0
+Inside ``train_loop_per_worker`` every worker calls :func:`~keeper.torch_support.warm_start`. Only rank 0
 asks the service for a parent (one choice and one hit per trial) and writes the architecture template; the
 choice reaches the other ranks over the trial's own ``torch.distributed`` process group, as JSON bytes (plain
 data: nothing is unpickled), each rank transforms the same parent with the same seed, and finally every
@@ -12,18 +12,23 @@ Invariant: outside Ray Train, or with one worker, or without an initialized proc
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import sys
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from keeper.errors import ServiceError
-from keeper.selection import Candidate, ParentChoice
+from keeper.selection import ParentChoice
 
 __all__ = ["train_context", "rank_and_size", "share_choice", "sync_module"]
 
 
 def train_context() -> Any:
     """The Ray Train context of this worker, or None outside a Ray Train worker."""
+    if "ray.train" not in sys.modules:  # a Ray Train worker has imported it; importing it here costs seconds
+        return None
     try:
         import ray.train
 
@@ -37,8 +42,6 @@ def train_context() -> Any:
 def rank_and_size() -> tuple[int, int]:
     """(this worker's rank, the number of workers sharing one warm start); (0, 1) unless under Ray Train with an
     initialized ``torch.distributed`` process group."""
-    import torch.distributed as dist
-
     ctx = train_context()
     if ctx is None or not (dist.is_available() and dist.is_initialized()):
         return 0, 1
@@ -48,14 +51,10 @@ def rank_and_size() -> tuple[int, int]:
 def share_choice(choice: ParentChoice | BaseException | None) -> ParentChoice:
     """Rank 0's ``choice``, on every rank (others pass None). When rank 0 passes the exception its ask raised,
     every rank raises a ServiceError saying so, instead of waiting on a broadcast that never comes."""
-    import torch
-    import torch.distributed as dist
-
     device = _device()
     if dist.get_rank() == 0:
-        payload = ({"error": f"{type(choice).__name__}: {choice}"} if isinstance(choice, BaseException)
-                   else dataclasses.asdict(choice))
-        data = json.dumps(payload).encode()
+        data = (json.dumps({"error": f"{type(choice).__name__}: {choice}"}) if isinstance(choice, BaseException)
+                else choice.to_json()).encode()
         size = torch.tensor([len(data)], dtype=torch.int64, device=device)
     else:
         size = torch.zeros(1, dtype=torch.int64, device=device)
@@ -70,15 +69,11 @@ def share_choice(choice: ParentChoice | BaseException | None) -> ParentChoice:
             raise choice
         raise ServiceError(f"warm_start: rank 0 of this Ray Train trial could not ask for a parent ({d['error']}); "
                            "see rank 0's log")
-    return ParentChoice(d["parent"], float(d["score"]), d["uri"], float(d["noise"]), int(d["seed"]),
-                        tuple(Candidate(**c) for c in d["candidates"]), int(d.get("probe_top", 3)))
+    return ParentChoice.from_json(bytes(buf.cpu().numpy()))
 
 
 def sync_module(module: Any) -> None:
     """Every parameter and buffer of ``module`` set to rank 0's values, in place."""
-    import torch
-    import torch.distributed as dist
-
     device = _device()
     with torch.no_grad():
         for t in list(module.parameters()) + list(module.buffers()):
@@ -90,9 +85,6 @@ def sync_module(module: Any) -> None:
 
 def _device() -> Any:
     """Where the process group's collectives run: the current CUDA device for NCCL, else the CPU."""
-    import torch
-    import torch.distributed as dist
-
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -32,6 +32,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from keeper.graph import LayerGraph
+
 __all__ = ["fingerprint", "cached_export", "clear", "MAX_ENTRIES", "stats"]
 
 #: Exports kept per process (each is the graph without weights: kilobytes to a few megabytes).
@@ -143,8 +145,6 @@ def _inputs(args: Any, depth: int = 0) -> str:
 def fingerprint(module: torch.nn.Module, args: Any, exporter: str) -> str | None:
     """The module's architecture fingerprint for ``args`` and ``exporter`` (sha256 hex), or None when an
     attribute's effect on the trace cannot be told from its value."""
-    from keeper.graph import LayerGraph
-
     h = hashlib.sha256(repr((torch.__version__, LayerGraph.FORMAT, exporter)).encode())
     try:
         h.update(_inputs(args).encode())

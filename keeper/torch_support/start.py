@@ -1,0 +1,157 @@
+"""``warm_start`` and ``register`` for torch modules: the one torch entry to keeper, in any process, a Ray Tune
+trial or a Ray Train worker.
+
+``warm_start(module, example_input, zoo)`` exports the module's architecture (its weights are read in place,
+never serialised), has the parent source choose a parent, warms through the one warm path
+(:func:`keeper.chooser.warm`; with a probe, on copies of the module), and loads the winner into the module on its
+own device. The source is the embedded zoo (:class:`keeper.Zoo`), the service (a front door handle, a
+:class:`keeper.actors.ServiceClient`, or, when ``zoo`` is None, the running service named by ``config``). The
+transfer always runs in this process, reading the parent from the zoo's store, so trials holding every CPU never
+wait for a task.
+
+In a Tune trial it also leaves the architecture template and the warm's lineage for the Tune callback
+(:mod:`keeper.torch_support.trial`); in a Ray Train trial rank 0 chooses and the other ranks follow
+(:mod:`keeper.torch_support.distributed`), so every worker ends with the same weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.actor import ActorHandle
+
+from keeper import chooser
+from keeper.actors.client import ServiceClient
+from keeper.actors.launcher import connect
+from keeper.actors.remote import Demand, get
+from keeper.chooser import ParentSource
+from keeper.errors import KeeperError
+from keeper.selection import ParentChoice
+from keeper.torch_support import distributed, trial
+from keeper.torch_support.export import Exported, export_graph, module_weights
+from keeper.torch_support.load import load_result
+from keeper.torch_support.probe import module_probe
+from keeper.torch_support.templates import architecture_template
+from keeper.warm import WarmResult
+from keeper.weights import weights_bytes
+from keeper.zoo import Zoo
+
+__all__ = ["warm_start", "register", "choose_for_module", "parent_source"]
+
+
+def parent_source(zoo: Any, config: Any = None, timeout_s: float = 300.0) -> ParentSource:
+    """The parent source ``zoo`` names: a :class:`keeper.Zoo` or a :class:`~keeper.actors.ServiceClient` as they
+    are, a front door handle wrapped in a client, None for the running service of ``config``.
+
+    Raises:
+        KeeperError: ``zoo`` is none of these. ServiceError: ``zoo`` is None and no service is running.
+    """
+    if isinstance(zoo, (Zoo, ServiceClient)):
+        return zoo
+    if isinstance(zoo, ActorHandle):
+        return ServiceClient(zoo, timeout_s)
+    if zoo is None:
+        return ServiceClient(connect(config), timeout_s)
+    raise KeeperError(f"warm_start: zoo {zoo!r} is a {type(zoo).__name__}; pass a keeper.Zoo (e.g. "
+                      "keeper.Zoo('path/to/zoo')), the service's handle (keeper.actors.start()), or nothing for the "
+                      "running service")
+
+
+def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any = None, noise: float | None = None,
+               probe: Any = None, dynamo: bool | None = None, timeout_s: float = 300.0,
+               trainable: Any = None) -> WarmResult:
+    """Warm-start ``module`` (a ``torch.nn.Module``, on any device) in place from the best parent in a zoo.
+
+    Args:
+        example_input: an input the module accepts (a tensor or a tuple of them), for tracing its architecture.
+        zoo: a :class:`keeper.Zoo`, the service's handle or a :class:`keeper.actors.ServiceClient`; None: the
+            running keeper service (in a Tune trainable, the one ``KeeperCallback`` started).
+        config: the service's config (YAML path, mapping or ServiceConfig) when ``zoo`` is None and it is not the
+            default one (the same the ``KeeperCallback`` was given).
+        noise: relative std of symmetry-breaking noise; None takes the zoo's or service's ``noise`` setting.
+        probe: optional data probe: a callable scoring a candidate module (lower is better), or ``(batches,
+            loss_fn)`` / a :class:`~keeper.torch_support.DataProbe`. The best ranked candidates (the policy's
+            ``probe_top``, default 3) and the module's own init are scored on copies of the module and the best is
+            kept, cold included; ``result.probe`` reports the losses and the cost. In a Ray Train trial every rank
+            probes alike (same data: same answer).
+        dynamo: True / False picks torch's dynamo / TorchScript ONNX exporter (None: the default).
+        timeout_s: the bound on the service's answer.
+        trainable: in a ``tune.Trainable`` class, ``self`` (found on the call stack when omitted).
+
+    Returns:
+        The WarmResult: ``parent`` is None (the module keeps its own weights) when the zoo holds nothing similar
+        enough, e.g. for the first trials of an experiment; ``reason`` says why.
+
+    Raises:
+        ServiceError: ``zoo`` is None and no keeper service is running (start one with ``KeeperCallback`` or
+            ``keeper serve``), or it did not answer within ``timeout_s``.
+
+    Example:
+        >>> result = warm_start(model, torch.randn(1, 1, 40), zoo)                           # doctest: +SKIP
+        >>> result.parent, result.score, result.preserved, result.reason                     # doctest: +SKIP
+        >>> result = warm_start(model, x, zoo, probe=((xb, yb), torch.nn.CrossEntropyLoss()))  # doctest: +SKIP
+    """
+    rank, size = distributed.rank_and_size()
+    source = parent_source(zoo, config, timeout_s)
+    if rank == 0:
+        try:
+            exported, choice = _choose(module, example_input, source, dynamo, trainable)
+        except BaseException as exc:
+            if size > 1:
+                distributed.share_choice(exc)  # raises it here too, once the other ranks know
+            raise
+    else:
+        exported, choice = export_graph(module, example_input, dynamo=dynamo), None
+    if size > 1:  # one choice, one hit and one template per Ray Train trial
+        choice = distributed.share_choice(choice)
+    score = module_probe(module, exported.keys, probe) if probe is not None else None
+    result = chooser.warm(source, exported.onnx, exported.graph, noise=noise, probe=score, choice=choice,
+                          weights=module_weights(module, exported) if exported.apart else None, count=rank == 0)
+    result = load_result(module, result, exported.keys)
+    if rank == 0:
+        trial.save_lineage(result, trainable)
+    if size > 1:
+        distributed.sync_module(module)
+    return result
+
+
+def choose_for_module(module: Any, example_input: Any, zoo: Any = None, *, config: Any = None,
+                      dynamo: bool | None = None, timeout_s: float = 300.0,
+                      trainable: Any = None) -> tuple[Exported, ParentChoice]:
+    """The first half of :func:`warm_start`: the module's architecture and the parent choice for it, with the
+    trial's architecture template saved as ``warm_start`` saves it and a hit counted for the chosen parent; the
+    module is not changed. For callers that transfer weights their own way (baselines, other operators)."""
+    source = parent_source(zoo, config, timeout_s)
+    exported, choice = _choose(module, example_input, source, dynamo, trainable)
+    if choice.parent is not None:
+        source.hit(choice.parent)
+    return exported, choice
+
+
+def _choose(module: Any, example_input: Any, source: ParentSource, dynamo: bool | None,
+            trainable: Any) -> tuple[Exported, ParentChoice]:
+    exported = export_graph(module, example_input, dynamo=dynamo)
+    choice = source.choose(exported.graph)
+    trial.save_architecture(architecture_template(exported), module.state_dict(), choice.uri, trainable)
+    return exported, choice
+
+
+def register(module: Any, example_input: Any, zoo: Any, accuracy: float, name: str | None = None, *,
+             lineage: dict | None = None, dynamo: bool | None = None, timeout_s: float = 300.0) -> Any:
+    """Register a trained ``module`` into a zoo (a :class:`keeper.Zoo`, or the service's handle): its graph and its
+    weights apart (safetensors in the store), so no weight is serialised into ONNX and any size works.
+
+    ``lineage``: ``WarmResult.lineage()`` of the warm start the module was trained from (see
+    :meth:`keeper.Zoo.register`). Returns the zoo's record (a dict through the service).
+    """
+    exported = export_graph(module, example_input, dynamo=dynamo)
+    weights = module_weights(module, exported)
+    if isinstance(zoo, Zoo):
+        return zoo.register(exported.onnx, accuracy, name, weights=weights, lineage=lineage)
+    handle = zoo.handle if isinstance(zoo, ServiceClient) else zoo
+    if not isinstance(handle, ActorHandle):
+        raise KeeperError(f"register: zoo {zoo!r} is a {type(zoo).__name__}; pass a keeper.Zoo or the service's "
+                          "handle (keeper.actors.start())")
+    ref = handle.register.remote(exported.onnx, float(accuracy), name, weights_bytes(weights), lineage)
+    return get(ref, timeout_s, Demand(f"registering model {name!r} (timeouts.register_s)", actor=handle))
+

@@ -1,0 +1,110 @@
+"""What ``warm_start`` leaves behind when it runs inside a Ray Tune trial or a Ray Train worker.
+
+In a Tune trial it writes two small files into the trial's directory on Tune's storage: the architecture template
+(:data:`ARCHITECTURE_FILE`, from which :class:`keeper.tune_integration.KeeperCallback` turns the trial's ``model.pt``
+checkpoint into a zoo model without further user code) and the lineage of the warm start (:data:`LINEAGE_FILE`,
+``WarmResult.lineage()`` as JSON, so a model trained from a warm across block structures does not become everyone's
+parent). In a Tune trial or a Ray Train worker it also stores the template in the zoo's store under the
+state_dict's signature (:mod:`keeper.torch_support.templates`), since a Ray Train worker's run directory is never
+seen by the Tune trial.
+
+Invariant: outside Tune and Ray Train nothing is written; a zoo that cannot be written (read-only) loses only
+the template's copy there, with a warning, never the warm start.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import sys
+import warnings
+from typing import Any
+
+from keeper.errors import StoreError
+from keeper.torch_support.distributed import train_context
+from keeper.torch_support.templates import save_template
+from keeper.warm import WarmResult
+
+__all__ = ["ARCHITECTURE_FILE", "LINEAGE_FILE", "in_trial", "save_architecture", "save_lineage"]
+
+#: The architecture template's file name in the trial directory.
+ARCHITECTURE_FILE = "keeper-architecture.onnx"
+#: How the trial's model was obtained (``WarmResult.lineage()`` as JSON) in the trial directory.
+LINEAGE_FILE = "keeper-lineage.json"
+
+log = logging.getLogger(__name__)
+
+
+def _storage(trainable: Any) -> Any:
+    """The trial's StorageContext: from ``trainable``, the function-trainable session, or the call stack."""
+    if trainable is not None:
+        return getattr(trainable, "_storage", None)
+    if "ray.tune" not in sys.modules:  # a Tune trial's process has imported Tune; importing it here costs seconds
+        return None
+    from ray import tune
+    from ray.tune import Trainable
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # outside a trial Tune warns that there is no storage
+            storage = tune.get_context().get_storage()
+        if storage is not None:
+            return storage
+    except Exception:  # outside a function trainable the session raises or returns nothing
+        pass
+
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            me = frame.f_locals.get("self")
+            if isinstance(me, Trainable):
+                return getattr(me, "_storage", None)
+            frame = frame.f_back
+    finally:
+        del frame
+    return None
+
+
+def in_trial(trainable: Any = None) -> bool:
+    """Whether this call runs inside a Tune trial or a Ray Train worker."""
+    return _storage(trainable) is not None or train_context() is not None
+
+
+def save_architecture(template: bytes, state: dict[str, Any], uri: str, trainable: Any = None) -> None:
+    """The trial's architecture template into its trial directory, and into the zoo at ``uri`` by signature."""
+    if not in_trial(trainable):
+        return
+    _save_trial_file(ARCHITECTURE_FILE, template, trainable)
+    try:
+        save_template(uri, template, state)
+    except StoreError as exc:  # a read-only zoo: the trial directory's copy still serves the callback
+        log.warning("keeper: the architecture template could not be stored in the zoo at %s (%s); checkpoints "
+                    "of Ray Train workers of this architecture will need a model_builder", uri, exc)
+
+
+def save_lineage(result: WarmResult, trainable: Any = None) -> None:
+    """``result.lineage()`` into the trial directory (in a Tune trial only)."""
+    _save_trial_file(LINEAGE_FILE, json.dumps(result.lineage()).encode(), trainable)
+
+
+def _save_trial_file(name: str, data: bytes, trainable: Any) -> None:
+    """``data`` as the file ``name`` in the Tune trial's directory, where the callback looks first (outside a Tune
+    trial, e.g. in a Ray Train worker, the template's copy in the zoo's store serves, and a model without lineage
+    counts as trained from its own init)."""
+    storage = _storage(trainable)
+    if storage is None:
+        return
+    directory = storage.trial_fs_path
+    path = f"{directory}/{name}"
+    fs = storage.storage_filesystem
+    fs.create_dir(directory, recursive=True)
+    tmp = f"{path}.tmp"
+    with fs.open_output_stream(tmp) as f:
+        f.write(data)
+    try:
+        fs.move(tmp, path)
+    except OSError:  # object stores without rename: the key is written once per trial anyway
+        with fs.open_output_stream(path) as f:
+            f.write(data)
+        fs.delete_file(tmp)
