@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 from typing import Any, Callable
 
 import ray
@@ -63,6 +64,8 @@ class KeeperCallback(Callback):
     Attributes:
         outcomes: per trial id, what happened to it (``"registered as NAME"``, ``"errored"``, ``"skipped: ..."``,
             ``"refused: ..."``).
+        registration_s: per registered trial id, seconds from handing its checkpoint to the registration task to
+            the zoo's record (the driver waits that long when ``wait_for_registration``).
     """
 
     def __init__(self, metric: str, mode: str = "max", *, score_fn: Callable[[float], float] | None = None,
@@ -80,6 +83,7 @@ class KeeperCallback(Callback):
         self.wait_for_registration = wait_for_registration
         self.name_prefix = name_prefix
         self.outcomes: dict[str, str] = {}
+        self.registration_s: dict[str, float] = {}
         self._registered: set[str] = set()
         self._errored: set[str] = set()
         self._pending: dict[str, Any] = {}
@@ -121,7 +125,7 @@ class KeeperCallback(Callback):
         ref = ray.remote(register_trial).options(num_cpus=0, max_retries=3).remote(
             self._service(), checkpoint, trial.storage.storage_filesystem, trial.storage.trial_fs_path, accuracy,
             name, self.model_builder, dict(trial.config), self.config.timeouts.register_s, self.config.zoo_uri)
-        self._pending[tid] = (ref, name)
+        self._pending[tid] = (ref, name, time.perf_counter())
         if self.wait_for_registration:
             self._collect(wait=True, only=tid)
 
@@ -177,7 +181,7 @@ class KeeperCallback(Callback):
 
     def _collect(self, wait: bool, only: str | None = None) -> None:
         for tid in [only] if only is not None else list(self._pending):
-            ref, name = self._pending[tid]
+            ref, name, submitted = self._pending[tid]
             if not wait and not _done(ref):
                 continue
             del self._pending[tid]
@@ -191,6 +195,7 @@ class KeeperCallback(Callback):
                 continue
             self._registered.add(tid)
             self.outcomes[tid] = f"registered as {record.get('name', name)}"
+            self.registration_s[tid] = time.perf_counter() - submitted
 
 
 def _prepare(handle: Any, builder: Callable[[dict], tuple[Any, Any]], config: dict) -> None:
