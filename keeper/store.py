@@ -1,6 +1,8 @@
 """The durable zoo store: model blobs plus a catalog, behind ``pyarrow.fs``.
 
-One code path serves a laptop directory, HDFS and object stores (S3, GCS, Azure). Layout under the base path::
+One code path serves a laptop directory, HDFS and object stores (S3, GCS, Azure); the file layer (retried calls,
+atomic writes, verified local copies) is :mod:`keeper.store_files`, and this module is the catalog on top of it.
+Layout under the base path::
 
     blobs/<sha256>.onnx           a model blob, content-addressed
     blobs/<sha256>.<extra name>   an extra blob (e.g. ``graph.npz``, ``weights.safetensors``), addressed by its
@@ -12,12 +14,11 @@ Invariants:
     * a model is listed only when its catalog entry is complete, and an entry is written only after every blob
       it names; a process killed at any point leaves each model complete or absent (orphan blobs at worst,
       which are never listed and which :meth:`ModelStore.gc` removes);
-    * every key is written atomically: temp name + rename where the filesystem renames, one PUT per key on
-      object stores (atomic per key there). HDFS does not rename onto an existing file, so there an update of a
-      catalog entry deletes the old entry just before the rename;
+    * every key is written atomically (:meth:`~keeper.store_files.StoreFiles.write`; on HDFS an update of a
+      catalog entry deletes the old entry just before the rename); extras given as local files (weights of any
+      size) are streamed in and out in chunks, never held whole;
     * blobs are verified against their sha256 on every read (a local file handed out by :meth:`ModelStore.extra_path`
       once per process, file size and mtime); nothing is ever pickled;
-    * extras given as local files (weights of any size) are streamed in and out in chunks, never held whole;
     * reopening a store restores every model from the files alone; the in-memory records are only a cache.
 
 Durability here means surviving the death of the writing process. Concurrent writers to one name are not
@@ -26,32 +27,24 @@ serialized across processes (last catalog write wins); keeper's Ray service funn
 
 from __future__ import annotations
 
-import atexit
-import hashlib
 import json
-import shutil
-import tempfile
 import logging
 import math
 import os
 import re
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Iterator, Mapping
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 
 from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError
+from keeper.store_files import StoreFiles, open_uri, sha256, size
 
-__all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR"]
+__all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR", "check_name", "sha256"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 DEFAULT_ZOO_DIR = os.path.join("~", ".keeper", "zoo")
 FORMAT_VERSION = 1
@@ -60,8 +53,6 @@ MUTABLE_FIELDS = ("accuracy", "hits", "summary")
 _NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _NAME_RULE = "1 to 128 characters of A-Z a-z 0-9 . _ -, not starting with '.'"
-# Object stores replace one key atomically but have no cheap rename; everything else gets temp + rename.
-_OBJECT_STORES = frozenset({"s3", "gcs", "abfs"})
 
 
 def check_name(name: object, what: str = "model name") -> str:
@@ -69,24 +60,6 @@ def check_name(name: object, what: str = "model name") -> str:
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise AdmissionError(f"{what} {name!r} is not allowed: use {_NAME_RULE} (e.g. 'resnet18-cifar10_v2')")
     return name
-
-
-_CHUNK = 1 << 24
-
-
-def sha256(data: bytes | bytearray | memoryview | os.PathLike) -> str:
-    """The hex sha256 of bytes, or of a local file's content (read in chunks)."""
-    if isinstance(data, os.PathLike):
-        h = hashlib.sha256()
-        with open(data, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-        return h.hexdigest()
-    return hashlib.sha256(data).hexdigest()
-
-
-def _size(data: bytes | bytearray | memoryview | os.PathLike) -> int:
-    return os.path.getsize(data) if isinstance(data, os.PathLike) else memoryview(data).nbytes
 
 
 def _finite(value: object, what: str) -> float:
@@ -108,6 +81,31 @@ def _json_dict(value: object, what: str) -> dict:
     except (TypeError, ValueError) as exc:
         raise AdmissionError(f"{what} is not JSON-serializable ({exc}); keep to str, numbers, lists, dicts") from None
 
+
+
+def _admitted(name: object, blob: object, accuracy: object, num_params: object, summary: object,
+              extras: Mapping[str, bytes | os.PathLike] | None, content_extras: tuple[str, ...]
+              ) -> tuple[float, dict, dict[str, bytes | os.PathLike]]:
+    """``(accuracy, summary, extras)`` of a model to store, checked and copied; :class:`AdmissionError` naming the
+    field otherwise (see :meth:`ModelStore.put`)."""
+    check_name(name)
+    if not isinstance(blob, (bytes, bytearray, memoryview)) or memoryview(blob).nbytes == 0:
+        raise AdmissionError(f"model {name!r}: the blob must be non-empty bytes, got {type(blob).__name__}"
+                             f"{' (empty)' if isinstance(blob, (bytes, bytearray, memoryview)) else ''}")
+    acc = _finite(accuracy, f"model {name!r}: accuracy")
+    if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params < 0:
+        raise AdmissionError(f"model {name!r}: num_params {num_params!r} must be an integer >= 0")
+    summ = _json_dict(summary, f"model {name!r}: summary")
+    extras = dict(extras or {})
+    for e, data in extras.items():
+        check_name(e, f"model {name!r}: extra name")
+        if not isinstance(data, (bytes, bytearray, memoryview, os.PathLike)):
+            raise AdmissionError(f"model {name!r}: extra {e!r} must be bytes or a file path, got "
+                                 f"{type(data).__name__}")
+    unknown = sorted(set(content_extras) - set(extras))
+    if unknown:
+        raise AdmissionError(f"model {name!r}: content extras {unknown} are not among the extras given")
+    return acc, summ, extras
 
 @dataclass(frozen=True)
 class ModelRecord:
@@ -182,139 +180,30 @@ class ModelStore:
     """
 
     def __init__(self, uri: str | None = None, *, retries: int = 3, retry_wait_s: float = 0.2):
-        raw = DEFAULT_ZOO_DIR if uri is None else os.fspath(uri)
-        if "://" not in raw:
-            fs, base, shown = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(raw)), None
-        else:
-            try:
-                fs, base = pafs.FileSystem.from_uri(raw)
-            except (pa.ArrowException, OSError, ValueError) as exc:
-                reason = _redact(str(exc))
-                raise StoreError(f"cannot open the store URI {_redact(raw)!r} ({reason}); use a local path, file://, "
-                                 "s3://bucket/prefix, gs://bucket/prefix or hdfs://host:port/path") from None
-            shown = _redact(raw)
-        self._setup(fs, base, shown, retries, retry_wait_s)
+        fs, base, shown = open_uri(DEFAULT_ZOO_DIR if uri is None else os.fspath(uri))
+        self._open(StoreFiles(fs, base, shown, retries=retries, retry_wait_s=retry_wait_s))
 
     @classmethod
     def from_filesystem(cls, fs: pafs.FileSystem, base_path: str, *, retries: int = 3,
                         retry_wait_s: float = 0.2) -> "ModelStore":
         """Open a store on an already-built filesystem (e.g. an ``S3FileSystem`` with ``endpoint_override``)."""
         self = cls.__new__(cls)
-        self._setup(fs, base_path, None, retries, retry_wait_s)
+        self._open(StoreFiles(fs, base_path, retries=retries, retry_wait_s=retry_wait_s))
         return self
 
-    def _setup(self, fs: pafs.FileSystem, base: str, shown: str | None, retries: int, retry_wait_s: float) -> None:
-        if not isinstance(retries, int) or retries < 0:
-            raise StoreError(f"retries={retries!r} is invalid; pass an integer >= 0")
-        if not isinstance(retry_wait_s, (int, float)) or not retry_wait_s >= 0:
-            raise StoreError(f"retry_wait_s={retry_wait_s!r} is invalid; pass a number of seconds >= 0")
-        self._fs = fs
-        self._base = base.rstrip("/") or "/"
-        kind = fs.type_name if fs.type_name != "subtree" else getattr(fs, "base_fs", fs).type_name
-        self._renames = kind not in _OBJECT_STORES
-        self._uri = shown or (self._base if kind == "local" else f"{kind}://{self._base.lstrip('/')}")
-        self._retries = retries
-        self._retry_wait_s = float(retry_wait_s)
+    def _open(self, files: StoreFiles) -> None:
+        self._files = files
+        self._uri = files.uri
         self._records: dict[str, ModelRecord] = {}
         self._cache_lock = threading.Lock()
         self._write_lock = threading.RLock()  # put / update / remove / gc of this instance run one at a time
-        if self._renames:  # object stores have no directories to make
-            for sub in ("blobs", "catalog", "tmp", "templates"):
-                self._call("create directory", sub, lambda p=self._path(sub): fs.create_dir(p, recursive=True))
+        files.make_dirs(("blobs", "catalog", "tmp", "templates"))
         self.reload()
 
-    # -- plumbing
     @property
     def uri(self) -> str:
         """Where the store lives (credentials in a URI are masked)."""
         return self._uri
-
-    def _path(self, key: str) -> str:
-        return f"{self._base}/{key}" if self._base != "/" else f"/{key}"
-
-    def _call(self, op: str, key: str, fn: Callable[[], T], *, missing_ok: bool = False) -> T:
-        """Run one filesystem call with bounded retries; :class:`StoreError` once they are spent.
-
-        ``FileNotFoundError`` is an answer, not a fault: never retried, re-raised as is when ``missing_ok``.
-        """
-        wait = self._retry_wait_s
-        attempts = self._retries + 1
-        for attempt in range(1, attempts + 1):
-            try:
-                return fn()
-            except FileNotFoundError as exc:
-                if missing_ok:
-                    raise
-                err, attempts = exc, attempt
-                break
-            except (OSError, pa.ArrowException) as exc:
-                err = exc
-                if attempt < attempts:
-                    log.debug("store %s: %s of %r failed (%s); retry %d/%d in %.2fs", self._uri, op, key, exc,
-                              attempt, self._retries, wait)
-                    time.sleep(wait)
-                    wait *= 2
-        raise StoreError(f"{op} of {key!r} in the zoo store at {self._uri} failed after {attempts} attempt(s): "
-                         f"{err}. Check that the store is reachable, that the bucket or directory exists and that "
-                         f"the credentials allow it; models stored before are intact") from err
-
-    def _read(self, key: str, *, missing_ok: bool = False) -> bytes:
-        def read() -> bytes:
-            with self._fs.open_input_stream(self._path(key)) as f:
-                return f.read()
-        return self._call("read", key, read, missing_ok=missing_ok)
-
-    def _write(self, key: str, data: bytes | bytearray | memoryview | os.PathLike) -> None:
-        """Replace ``key`` atomically: one PUT on object stores, temp file + rename elsewhere. ``data`` may be a
-        local file's path, streamed in chunks."""
-        def put(path: str) -> Callable[[], None]:
-            def write() -> None:
-                with self._fs.open_output_stream(path) as f:
-                    if isinstance(data, os.PathLike):
-                        with open(data, "rb") as src:
-                            while chunk := src.read(_CHUNK):
-                                f.write(chunk)
-                    else:
-                        f.write(data)
-            return write
-
-        if not self._renames:
-            self._call("write", key, put(self._path(key)))
-            return
-        tmp = f"tmp/{uuid.uuid4().hex}.{key.rsplit('/', 1)[-1]}"
-        try:
-            self._call("write", tmp, put(self._path(tmp)))
-            self._call("rename", key, lambda: self._move(self._path(tmp), self._path(key)))
-        except StoreError:
-            try:
-                self._fs.delete_file(self._path(tmp))
-            except (OSError, pa.ArrowException):
-                pass  # gc() removes leftover temp files
-            raise
-
-    def _move(self, src: str, dst: str) -> None:
-        try:
-            self._fs.move(src, dst)  # POSIX rename: atomic replace
-        except FileNotFoundError:
-            raise
-        except OSError:
-            # HDFS refuses to rename onto an existing file; the catalog entry is then briefly absent.
-            if self._fs.get_file_info(dst).type == pafs.FileType.NotFound:
-                raise
-            self._fs.delete_file(dst)
-            self._fs.move(src, dst)
-
-    def _list(self, sub: str) -> list[pafs.FileInfo]:
-        sel = pafs.FileSelector(self._path(sub), allow_not_found=True)
-        infos = self._call("list", sub + "/", lambda: self._fs.get_file_info(sel))
-        return [i for i in infos if i.type == pafs.FileType.File]
-
-    def _delete(self, key: str) -> bool:
-        try:
-            self._call("delete", key, lambda: self._fs.delete_file(self._path(key)), missing_ok=True)
-        except FileNotFoundError:
-            return False
-        return True
 
     @staticmethod
     def _keys(rec: ModelRecord) -> list[str]:
@@ -325,7 +214,7 @@ class ModelStore:
         """The record as the files say now; None when absent, or unreadable (logged)."""
         key = f"catalog/{name}.json"
         try:
-            raw = self._read(key, missing_ok=True)
+            raw = self._files.read(key, missing_ok=True)
         except FileNotFoundError:
             return None
         try:
@@ -341,7 +230,7 @@ class ModelStore:
 
     def _write_record(self, rec: ModelRecord) -> None:
         text = json.dumps(rec.to_json(), sort_keys=True, indent=1, allow_nan=False)
-        self._write(f"catalog/{rec.name}.json", text.encode())
+        self._files.write(f"catalog/{rec.name}.json", text.encode())
         with self._cache_lock:
             self._records[rec.name] = rec
 
@@ -352,7 +241,7 @@ class ModelStore:
     def reload(self) -> None:
         """Re-read every catalog entry from the files (entries that do not parse are skipped, with a warning)."""
         found: dict[str, ModelRecord] = {}
-        for info in self._list("catalog"):
+        for info in self._files.list("catalog"):
             if not info.base_name.endswith(".json"):
                 continue
             name = info.base_name[: -len(".json")]
@@ -386,23 +275,7 @@ class ModelStore:
             AdmissionError: bad name or fields, or ``name`` holds different content.
             StoreError: the store failed; the catalog is unchanged (orphan blobs may remain for :meth:`gc`).
         """
-        check_name(name)
-        if not isinstance(blob, (bytes, bytearray, memoryview)) or memoryview(blob).nbytes == 0:
-            raise AdmissionError(f"model {name!r}: the blob must be non-empty bytes, got {type(blob).__name__}"
-                                 f"{' (empty)' if isinstance(blob, (bytes, bytearray, memoryview)) else ''}")
-        acc = _finite(accuracy, f"model {name!r}: accuracy")
-        if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params < 0:
-            raise AdmissionError(f"model {name!r}: num_params {num_params!r} must be an integer >= 0")
-        summ = _json_dict(summary, f"model {name!r}: summary")
-        extras = dict(extras or {})
-        for e, data in extras.items():
-            check_name(e, f"model {name!r}: extra name")
-            if not isinstance(data, (bytes, bytearray, memoryview, os.PathLike)):
-                raise AdmissionError(f"model {name!r}: extra {e!r} must be bytes or a file path, got "
-                                     f"{type(data).__name__}")
-        unknown = sorted(set(content_extras) - set(extras))
-        if unknown:
-            raise AdmissionError(f"model {name!r}: content extras {unknown} are not among the extras given")
+        acc, summ, extras = _admitted(name, blob, accuracy, num_params, summary, extras, content_extras)
         checksum = sha256(blob)
         known = dict(known_checksums or {})
         sums = {e: known[e] if e in known else sha256(data) for e, data in extras.items()}
@@ -417,20 +290,23 @@ class ModelStore:
                 raise AdmissionError(f"model name {name!r} is taken by different content (sha256 "
                                      f"{existing.checksum[:12]}..., this one {checksum[:12]}...) in the zoo at "
                                      f"{self._uri}; pick another name or remove {name!r} first")
-            nbytes = memoryview(blob).nbytes + sum(_size(extras[e]) for e in content_extras)
+            nbytes = memoryview(blob).nbytes + sum(size(extras[e]) for e in content_extras)
             rec = ModelRecord(name=name, accuracy=acc, checksum=checksum, nbytes=nbytes,
                               num_params=num_params, summary=summ, created=time.time(), hits=0.0,
                               extras=tuple(sorted(extras)), extra_checksums=sums)
-            keys = self._keys(rec)
-            self._write(keys[0], blob)
-            for e, key in zip(rec.extras, keys[1:]):
-                self._write(key, extras[e])
-                if isinstance(extras[e], os.PathLike) and isinstance(self._fs, pafs.LocalFileSystem):
-                    # copied from a file just hashed: checked once, as extra_path would check it
-                    st = os.stat(self._path(key))
-                    _VERIFIED.add((self._path(key), st.st_size, st.st_mtime_ns, sums[e]))
-            self._write_record(rec)  # the commit point
+            self._commit(rec, blob, extras)
         return rec, True
+
+    def _commit(self, rec: ModelRecord, blob: bytes, extras: Mapping[str, bytes | os.PathLike]) -> None:
+        """Write ``rec``'s blobs, then its catalog entry: the entry is the commit point."""
+        keys = self._keys(rec)
+        self._files.write(keys[0], blob)
+        for e, key in zip(rec.extras, keys[1:]):
+            self._files.write(key, extras[e])
+            if isinstance(extras[e], os.PathLike):
+                # copied from a file just hashed: checked once, as extra_path would check it
+                self._files.trust_local(key, rec.extra_checksums[e])
+        self._write_record(rec)
 
     def record(self, name: str) -> ModelRecord:
         """The catalog record of ``name`` (cached; a miss looks at the files). :class:`ModelNotFoundError` if absent."""
@@ -448,7 +324,7 @@ class ModelStore:
 
     def _verified(self, rec: ModelRecord, key: str, checksum: str, what: str) -> bytes:
         try:
-            data = self._read(key, missing_ok=True)
+            data = self._files.read(key, missing_ok=True)
         except FileNotFoundError:
             if self._read_record(rec.name) is None:  # removed meanwhile, by another process
                 self._forget(rec.name)
@@ -487,43 +363,19 @@ class ModelStore:
             raise ModelNotFoundError(f"model {name!r} has no extra {extra!r} (it has {list(rec.extras)})")
         sum_ = rec.extra_checksums[extra]
         key = f"blobs/{sum_}.{extra}"
-        if isinstance(self._fs, pafs.LocalFileSystem):
-            path = self._path(key)
-        else:
-            path = os.path.join(_download_dir(), f"{sum_}.{extra}")
-            if not os.path.exists(path):
-                self._download(rec, key, path)
+        path = self._files.local_file(key, f"{sum_}.{extra}")
         try:
-            st = os.stat(path)
+            ok = self._files.verify_local(path, sum_)
         except FileNotFoundError:
             if self._read_record(rec.name) is None:
                 self._forget(rec.name)
                 raise ModelNotFoundError(f"model {rec.name!r} was removed from the zoo at {self._uri}") from None
             raise CorruptModelError(f"model {rec.name!r}: extra {key!r} is missing from the zoo at {self._uri}; "
                                     "remove the model and register it again") from None
-        stamp = (path, st.st_size, st.st_mtime_ns, sum_)
-        if stamp not in _VERIFIED:
-            if sha256(Path(path)) != sum_:
-                if not isinstance(self._fs, pafs.LocalFileSystem):
-                    os.remove(path)  # a damaged copy must not be served again once the store is repaired
-                raise CorruptModelError(f"model {rec.name!r}: extra {key!r} does not match its sha256 {sum_[:12]}... "
-                                        "(the stored bytes are damaged); remove the model and register it again")
-            _VERIFIED.add(stamp)
+        if not ok:
+            raise CorruptModelError(f"model {rec.name!r}: extra {key!r} does not match its sha256 {sum_[:12]}... "
+                                    "(the stored bytes are damaged); remove the model and register it again")
         return path
-
-    def _download(self, rec: ModelRecord, key: str, path: str) -> None:
-        tmp = f"{path}.{uuid.uuid4().hex}.part"
-
-        def fetch() -> None:
-            with self._fs.open_input_stream(self._path(key)) as src, open(tmp, "wb") as dst:
-                while chunk := src.read(_CHUNK):
-                    dst.write(chunk)
-        try:
-            self._call("read", key, fetch)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
 
     def records(self) -> list[ModelRecord]:
         """Every complete model, sorted by name (from the cache; :meth:`reload` re-reads the files)."""
@@ -567,7 +419,7 @@ class ModelStore:
                                          "only an existing extra can be replaced")
             sum_ = sha256(data)
             if sum_ != rec.extra_checksums[extra]:
-                self._write(f"blobs/{sum_}.{extra}", data)
+                self._files.write(f"blobs/{sum_}.{extra}", data)
                 rec = replace(rec, extra_checksums={**rec.extra_checksums, extra: sum_})
                 self._write_record(rec)  # the commit point
             with self._cache_lock:
@@ -581,14 +433,14 @@ class ModelStore:
             if rec is None:
                 self._forget(name)
                 raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self._uri}; nothing to remove")
-            self._delete(f"catalog/{name}.json")
+            self._files.delete(f"catalog/{name}.json")
             self._forget(name)
             try:
                 self.reload()  # references as the files say, so another process's models keep their blobs
                 used = {k for r in self.records() for k in self._keys(r)}
                 for key in self._keys(rec):
                     if key not in used:
-                        self._delete(key)
+                        self._files.delete(key)
             except StoreError as exc:
                 log.warning("zoo store %s: model %r is removed but some of its blobs remain (%s); gc() removes "
                             "them", self._uri, name, exc)
@@ -605,10 +457,10 @@ class ModelStore:
             cutoff_ns = (time.time() - min_age_s) * 1e9
             count = 0
             for sub in ("blobs", "tmp"):
-                for info in self._list(sub):
+                for info in self._files.list(sub):
                     key = f"{sub}/{info.base_name}"
                     young = min_age_s > 0 and info.mtime_ns is not None and info.mtime_ns > cutoff_ns
-                    if key not in used and not young and self._delete(key):
+                    if key not in used and not young and self._files.delete(key):
                         count += 1
         return count
 
@@ -619,15 +471,12 @@ class ModelStore:
         Templates are small and content-addressed: two writers of one key write the same architecture, so the
         first write stands and a race between them stores the same bytes.
         """
-        if self.get_template(key) is not None:
-            return False
-        self._write(f"templates/{check_name(key, 'template key')}.onnx", data)
-        return True
+        return self._files.write_once(f"templates/{check_name(key, 'template key')}.onnx", data)
 
     def get_template(self, key: str) -> bytes | None:
         """The template stored under ``key``, or None."""
         try:
-            return self._read(f"templates/{check_name(key, 'template key')}.onnx", missing_ok=True)
+            return self._files.read(f"templates/{check_name(key, 'template key')}.onnx", missing_ok=True)
         except FileNotFoundError:
             return None
 
@@ -647,22 +496,3 @@ class ModelStore:
     def __repr__(self) -> str:
         return f"ModelStore({self._uri!r}, models={len(self)})"
 
-
-# local files already checked against their checksum in this process: (path, size, mtime_ns, sha256)
-_VERIFIED: set[tuple[str, int, int, str]] = set()
-_DOWNLOADS: list[str] = []
-
-
-def _download_dir() -> str:
-    """This process's directory for extras copied from remote stores, removed when the process exits (a file
-    still memory-mapped then stays readable until unmapped)."""
-    if not _DOWNLOADS:
-        _DOWNLOADS.append(tempfile.mkdtemp(prefix="keeper-blobs-"))
-        atexit.register(shutil.rmtree, _DOWNLOADS[0], True)
-    return _DOWNLOADS[0]
-
-
-def _redact(uri: str) -> str:
-    """Mask credentials a URI may carry (``s3://KEY:SECRET@bucket``, ``?secret_key=...``)."""
-    uri = re.sub(r"(://)[^/@]*@", r"\1***@", uri)
-    return re.sub(r"((?:access_key|secret_key|session_token)=)[^&]*", r"\1***", uri)

@@ -134,10 +134,10 @@ def test_update_rewrites_mutable_fields(tmp_path):
 def test_replace_extra_commits_last_and_loses_nothing(tmp_path):
     store = ModelStore(tmp_path)
     rec, _ = put(store, "m", b"model", extras={"graph.npz": b"old-graph"})
-    store._fs = Flaky(store._fs, {"move"})  # the new blob cannot be stored: the record keeps the old extra
+    store._files.fs = Flaky(store._files.fs, {"move"})  # the new blob cannot be stored: the record keeps the old extra
     with pytest.raises(StoreError):
         store.replace_extra("m", "graph.npz", b"new-graph")
-    store._fs = store._fs.fs
+    store._files.fs = store._files.fs.fs
     assert ModelStore(tmp_path).get_extra("m", "graph.npz") == b"old-graph"
     new = store.replace_extra("m", "graph.npz", b"new-graph")
     assert new.extra_checksums["graph.npz"] != rec.extra_checksums["graph.npz"]
@@ -223,12 +223,12 @@ def test_gc_removes_orphans_and_temp_files(tmp_path):
 def test_faults_are_retried_then_reported(tmp_path):
     store = ModelStore(tmp_path, retries=2, retry_wait_s=0.001)
     put(store, "before", b"x")
-    store._fs = Flaky(store._fs, {"open_output_stream"}, failures=2)
+    store._files.fs = Flaky(store._files.fs, {"open_output_stream"}, failures=2)
     put(store, "retried", b"y")  # two faults, two retries
-    store._fs = Flaky(store._fs.fs, {"move"})
+    store._files.fs = Flaky(store._files.fs.fs, {"move"})
     with pytest.raises(StoreError, match=r"rename of 'blobs/.*\.onnx' in the zoo store at .* after 3 attempt"):
         put(store, "failed", b"z")
-    store._fs = store._fs.fs
+    store._files.fs = store._files.fs.fs
     assert [r.name for r in ModelStore(tmp_path).records()] == ["before", "retried"]
     assert files(tmp_path, "tmp") == set()  # the failed write cleaned its temp file
 
@@ -404,7 +404,7 @@ def test_s3_server_stopped_mid_commit(moto):
         if "/catalog/" in args[0]:
             moto.stop()
 
-    store._fs = Flaky(fs, {"open_output_stream"}, before=stop_before_catalog)
+    store._files.fs = Flaky(fs, {"open_output_stream"}, before=stop_before_catalog)
     t0 = time.monotonic()
     try:
         with pytest.raises(StoreError, match=r"write of 'catalog/three.json' in the zoo store at s3://keeper-zoo/"):
