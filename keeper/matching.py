@@ -27,6 +27,7 @@ import numpy as np
 
 from keeper.graph import LayerGraph, as_graph
 from keeper.graph.stream import Stream, residual_stream
+from keeper.graph.walk import walk
 from keeper.kinds import Merge, kind_mask, kinds_where, traits
 from keeper.matching_kernels import dp_batch, dp_pairs, dp_value
 from keeper.onnx_safety import ModelInput
@@ -110,11 +111,11 @@ class MatchArrays:
 def match_arrays(graph: LayerGraph, rules: MatchRules = DEFAULT_RULES) -> MatchArrays:
     cls = np.ascontiguousarray(rules.node_class(graph), dtype=np.int32)
     stream = residual_stream(graph)
-    succs = graph.successors()
+    preds, succs = graph.predecessor_lists(), graph.successors()
     return MatchArrays(cls, np.ascontiguousarray(graph.shape, dtype=np.int64),
                        np.ascontiguousarray(graph.vectors, dtype=np.int64), int(graph.score_total),
-                       _skip_costs(graph, stream, succs), _edge_costs(graph, stream), _context_codes(graph, cls),
-                       _feeds_codes(graph, cls, succs))
+                       _skip_costs(graph, stream, succs), _edge_costs(graph, stream, preds),
+                       _context_codes(graph, cls, preds), _feeds_codes(graph, cls, succs))
 
 
 # context codes of a layer fed by no weighted layer: straight from the graph input, or through a merge
@@ -122,36 +123,28 @@ _CONTEXT_INPUT = -1
 _CONTEXT_MERGE = -2
 
 
-def _context_codes(graph: LayerGraph, cls: np.ndarray) -> np.ndarray:
+def _context_codes(graph: LayerGraph, cls: np.ndarray, preds: list[list[int]]) -> np.ndarray:
     """What feeds each layer, as a code equal across two graphs when the feeding is alike: the class and fan-in
     (shape[1]) of the nearest weighted layer upstream (through activations, pools and reshapes), or a token for
     the graph input or a merge (residual add, concatenation, several inputs).
 
     The fan-in, not the output width or the kernel, so the code survives widening and kernel growth: a stem's
     norm is fed by a 1-channel conv in a wider child too, while a block's last norm is fed by a conv of the
-    stream's width. Two BatchNorms of equal width inherit equally from each other wherever they sit; this tells the stem's
-    from a residual block's when a child drops a block.
+    stream's width. Two BatchNorms of equal width inherit equally from each other wherever they sit; this tells
+    the stem's from a residual block's when a child drops a block.
     """
-    layer_of = np.full(graph.num_nodes, -1, dtype=np.int64)
-    layer_of[graph.layer_node] = np.arange(graph.num_layers)
+    layer_of = _layer_of(graph)
     summed = _adds_a_table(graph)
+    through = _between_layers(graph, layer_of).tolist()
     out = np.empty(graph.num_layers, dtype=np.int64)
     for li, node in enumerate(graph.layer_node.tolist()):
-        preds = graph.predecessors(node)
-        code = _CONTEXT_INPUT if len(preds) == 0 else _CONTEXT_MERGE
-        cur = int(preds[0]) if len(preds) == 1 else -1
-        while cur >= 0:
-            if layer_of[cur] >= 0:
-                src = int(layer_of[cur])
-                # >= 0: never one of the tokens; a table added to the data is a sum, as a merge
-                code = _CONTEXT_MERGE if summed[src] else int(cls[src]) * 1_000_003 + int(graph.shape[src][1])
-                break
-            up = graph.predecessors(cur)
-            if graph.kind[cur] in _MERGE_KINDS or len(up) != 1:
-                code = _CONTEXT_INPUT if len(up) == 0 else _CONTEXT_MERGE
-                break
-            cur = int(up[0])
-        out[li] = code
+        end, stopped, _ = walk(node, preds, through)
+        if stopped and layer_of[end] >= 0:
+            src = int(layer_of[end])
+            # >= 0: never one of the tokens; a table added to the data is a sum, as a merge
+            out[li] = _CONTEXT_MERGE if summed[src] else int(cls[src]) * 1_000_003 + int(graph.shape[src][1])
+        else:
+            out[li] = _CONTEXT_INPUT if not preds[end] else _CONTEXT_MERGE
     return out
 
 
@@ -165,22 +158,29 @@ def _feeds_codes(graph: LayerGraph, cls: np.ndarray, succs: list[list[int]]) -> 
     its new ones come before it. In residual blocks every block's layers feed alike, so blocks still pair up from
     the first.
     """
-    layer_of = np.full(graph.num_nodes, -1, dtype=np.int64)
-    layer_of[graph.layer_node] = np.arange(graph.num_layers)
+    layer_of = _layer_of(graph)
+    # a node that other inputs join (attention's products, a gate) ends the single path too
+    through = (_between_layers(graph, layer_of) & (np.diff(graph.pred_indptr) == 1)).tolist()
     out = np.empty(graph.num_layers, dtype=np.int64)
     for li, node in enumerate(graph.layer_node.tolist()):
-        code = _CONTEXT_INPUT if not succs[node] else _CONTEXT_MERGE
-        cur = succs[node][0] if len(succs[node]) == 1 else -1
-        while cur >= 0:
-            if layer_of[cur] >= 0:
-                code = int(cls[int(layer_of[cur])])
-                break
-            if graph.kind[cur] in _MERGE_KINDS or len(succs[cur]) != 1 or len(graph.predecessors(cur)) != 1:
-                code = _CONTEXT_INPUT if not succs[cur] else _CONTEXT_MERGE
-                break
-            cur = succs[cur][0]
-        out[li] = code
+        end, stopped, _ = walk(node, succs, through)
+        if stopped and layer_of[end] >= 0:
+            out[li] = int(cls[int(layer_of[end])])
+        else:
+            out[li] = _CONTEXT_INPUT if not succs[end] else _CONTEXT_MERGE
     return out
+
+
+def _layer_of(graph: LayerGraph) -> np.ndarray:
+    """Per node, its layer's index, or -1 for a weightless node."""
+    layer_of = np.full(graph.num_nodes, -1, dtype=np.int64)
+    layer_of[graph.layer_node] = np.arange(graph.num_layers)
+    return layer_of
+
+
+def _between_layers(graph: LayerGraph, layer_of: np.ndarray) -> np.ndarray:
+    """Per node, whether the walks to a layer's neighbours pass through it: neither a layer nor a merge."""
+    return (layer_of < 0) & ~_MERGE_MASK[graph.kind]
 
 
 def _skip_costs(graph: LayerGraph, stream: Stream | None = None,
@@ -229,9 +229,9 @@ def _inside_residual_branch(node: int, succs: list[list[int]], kind: np.ndarray,
 # branches (residual adds among them), which are nonlinearities
 _IDENTITY_ANY_SHAPE = kind_mask(lambda t: t.identity is not None and not t.identity.needs_square)
 _IDENTITY_IF_SQUARE = kind_mask(lambda t: t.identity is not None and t.identity.needs_square)
-_MERGE_KINDS = kinds_where(lambda t: t.merge is not None)
+_MERGE_MASK = kind_mask(lambda t: t.merge is not None)
 _RESIDUAL_KINDS = kinds_where(lambda t: t.merge is Merge.SUM)
-_NONLINEAR_KINDS = kinds_where(lambda t: t.nonlinear)
+_NONLINEAR_MASK = kind_mask(lambda t: t.nonlinear)
 
 # Tie-break costs the DP reads per layer (keeper.matching_kernels: second to inherited elements, and bounded there)
 _EDGE_INSIDE = 8
@@ -239,7 +239,7 @@ _EDGE_NONLINEAR = 4
 _SKIP_NOT_IDENTITY = 16  # skipping a layer that cannot be an identity outweighs gaps and dims
 
 
-def _edge_costs(graph: LayerGraph, stream: Stream | None = None) -> np.ndarray:
+def _edge_costs(graph: LayerGraph, stream: Stream, preds: list[list[int]]) -> np.ndarray:
     """How badly a run of new layers would sit next to each layer (a run starting at it, or ending just before it).
 
     Where the graph has blocks (fork-join regions of the residual stream, :mod:`keeper.graph.stream`): 0 at a
@@ -249,8 +249,7 @@ def _edge_costs(graph: LayerGraph, stream: Stream | None = None) -> np.ndarray:
     a fork, as in VGG) the local rule: 0 where the layer's input comes through a merge or from the graph input;
     ``_EDGE_NONLINEAR`` through a nonlinearity or pool only; ``_EDGE_INSIDE`` when another layer feeds it directly
     (a norm after its conv)."""
-    out = _local_edge_costs(graph)
-    stream = stream or residual_stream(graph)
+    out = _local_edge_costs(graph, preds)
     boundary = stream.boundary_before()
     out[boundary] = 0
     inside = stream.in_block & ~boundary
@@ -267,27 +266,23 @@ def _adds_a_table(graph: LayerGraph) -> np.ndarray:
                      for i, k in enumerate(graph.layer_kind.tolist())], dtype=bool)
 
 
-def _local_edge_costs(graph: LayerGraph) -> np.ndarray:
+def _local_edge_costs(graph: LayerGraph, preds: list[list[int]]) -> np.ndarray:
     """The edge cost each layer gets from the ops right before it (see :func:`_edge_costs`)."""
-    is_layer = np.zeros(graph.num_nodes, dtype=bool)
-    is_layer[graph.layer_node] = True
+    layer_of = _layer_of(graph)
     summed = np.zeros(graph.num_nodes, dtype=bool)
     summed[graph.layer_node] = _adds_a_table(graph)
+    nonlinear = _NONLINEAR_MASK[graph.kind].tolist()
+    through = _between_layers(graph, layer_of).tolist()
     out = np.zeros(graph.num_layers, dtype=np.int64)
     for li, node in enumerate(graph.layer_node.tolist()):
-        preds = graph.predecessors(node)
-        cost = 0 if len(preds) != 1 or summed[preds[0]] else _EDGE_INSIDE
-        cur = int(preds[0]) if len(preds) == 1 else -1
-        while cost and not is_layer[cur]:
-            if graph.kind[cur] in _MERGE_KINDS or len(graph.predecessors(cur)) == 0:
-                cost = 0
-            elif len(graph.predecessors(cur)) > 1:  # attention's products, gating: inside a block
-                break
-            else:
-                if graph.kind[cur] in _NONLINEAR_KINDS:
-                    cost = _EDGE_NONLINEAR
-                cur = int(graph.predecessors(cur)[0])
-        out[li] = cost
+        end, stopped, passed = walk(node, preds, through)
+        if end == node or (summed[end] and not passed):
+            continue  # fed by a merge or the input, or by a layer that adds a table: a boundary
+        # a layer, or a node of several inputs (attention's products, gating), is inside a block; a merge or the
+        # graph input is not
+        inside = layer_of[end] >= 0 if stopped else len(preds[end]) > 1
+        if inside:
+            out[li] = _EDGE_NONLINEAR if any(nonlinear[v] for v in passed) else _EDGE_INSIDE
     return out
 
 

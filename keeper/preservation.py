@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from keeper.graph import LayerGraph
+from keeper.graph.walk import walk
 from keeper.kinds import Identity, Kind, Merge, kinds_where, traits
 from keeper.matching import Alignment, MatchArrays, align
 from keeper.transforms.depth import fresh_branches
@@ -72,49 +73,29 @@ def layer_roles(g: LayerGraph, fresh: tuple[set[int], set[int]] = (set(), set())
     adds, skip = fresh
     layer_of = np.full(g.num_nodes, -1, dtype=np.int64)
     layer_of[g.layer_node] = np.arange(g.num_layers)
+    kind = g.kind.tolist()
+    preds = g.predecessor_lists()
+    up = [[u for u in p if u not in skip] for p in preds]
     succ = [[n for n in nxt if n not in skip] for nxt in g.successors()]
+    # the walks pass through weightless nodes and norms, not merges; a fresh branch joins at its add, whose skip
+    # input is the path
+    up_through = [k not in _MERGES and (at < 0 or k in _NORMS) for k, at in zip(kind, layer_of.tolist())]
+    down_through = list(up_through)
+    for a in adds:
+        up_through[a], down_through[a] = len(up[a]) == 1, True
+
+    def stop(end: int) -> int:  # where a walk stopped: a layer other than a norm, or a merge
+        return kind[end] if layer_of[end] >= 0 and kind[end] not in _NORMS else _MERGE
+
     feed = np.empty(g.num_layers, dtype=np.int64)
     into = np.empty(g.num_layers, dtype=np.int64)
     for li, node in enumerate(g.layer_node.tolist()):
-        preds = g.predecessors(node)
-        code, cur = (_INPUT if len(preds) == 0 else _MANY), (int(preds[0]) if len(preds) == 1 else -1)
-        while cur >= 0:
-            k = int(g.kind[cur])
-            up = [int(u) for u in g.predecessors(cur) if int(u) not in skip]
-            if cur in adds and len(up) == 1:  # a fresh branch joins here: its skip input is the path
-                cur = up[0]
-                continue
-            if layer_of[cur] >= 0 and k not in _NORMS:
-                code = k
-                break
-            if k in _MERGES:
-                code = _MERGE
-                break
-            if len(up) != 1:
-                code = _INPUT if len(up) == 0 else _MANY
-                break
-            cur = up[0]
-        feed[li] = code
-        code, cur = _OUTPUT, node
-        while True:
-            nxt = succ[cur]
-            if len(nxt) == 0:
-                code = _OUTPUT
-                break
-            if len(nxt) > 1:
-                code = _FORK
-                break
-            cur = nxt[0]
-            k = int(g.kind[cur])
-            if cur in adds:
-                continue
-            if layer_of[cur] >= 0 and k not in _NORMS:
-                code = k
-                break
-            if k in _MERGES:
-                code = _MERGE
-                break
-        into[li] = code
+        # a layer leaves by all its inputs, those of a fresh branch included
+        end, stopped, _ = walk(node, up, up_through, first=preds[node])
+        inputs = preds[node] if end == node else up[end]  # none or several: where the walk ended
+        feed[li] = stop(end) if stopped else (_MANY if inputs else _INPUT)
+        end, stopped, _ = walk(node, succ, down_through)
+        into[li] = stop(end) if stopped else (_FORK if succ[end] else _OUTPUT)
     return feed, into
 
 

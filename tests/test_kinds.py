@@ -63,7 +63,7 @@ def test_readers_keep_no_kind_lists_of_their_own():
         src = inspect.getsource(module)
         assert "Kind." not in src, f"{module.__name__} names kinds itself; read keeper.kinds.TRAITS instead"
     assert set(np.flatnonzero(matching._LEVELLED).tolist()) == kinds_where(lambda t: t.levelled)
-    assert matching._MERGE_KINDS == kinds_where(lambda t: t.merge is not None)
+    assert set(np.flatnonzero(matching._MERGE_MASK).tolist()) == kinds_where(lambda t: t.merge is not None)
     assert depth._RESIDUAL_KINDS == kinds_where(lambda t: t.merge is Merge.SUM)
     assert compose._PROPORTIONAL == kinds_where(lambda t: t.proportional)
 

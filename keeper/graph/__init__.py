@@ -20,7 +20,9 @@ Every array is a flat numpy array (no Python objects in them), so a LayerGraph m
 Modules: :mod:`~keeper.graph.types` (TensorRef, LayerGraph and its persistence), :mod:`~keeper.graph.reader`
 (reading a checked ModelProto), :mod:`~keeper.graph.rules` (per-op rules), :mod:`~keeper.graph.order` (canonical
 order), :mod:`~keeper.graph.unionfind`, :mod:`~keeper.graph.groups` and :mod:`~keeper.graph.packed` (channel
-groups), :mod:`~keeper.graph.extract` (the entry points). Kinds and their traits: :mod:`keeper.kinds`.
+groups), :mod:`~keeper.graph.extract` (the entry points); over a built graph, :mod:`~keeper.graph.stream` (the
+residual stream and its blocks) and :mod:`~keeper.graph.walk` (the walk to a layer's nearest neighbours). Kinds and
+their traits: :mod:`keeper.kinds`.
 """
 
 from keeper.graph.extract import as_graph, graph_from_proto, load_graph

@@ -69,8 +69,7 @@ def residual_stream(graph: LayerGraph) -> Stream:
     none = Stream(np.full(nl, -1, dtype=np.int64), np.zeros(nl, dtype=bool), np.zeros(nl, dtype=bool))
     if n == 0:
         return none
-    indptr, indices = graph.pred_indptr, graph.pred_indices
-    preds = [indices[indptr[v]:indptr[v + 1]].tolist() for v in range(n)]
+    preds = graph.predecessor_lists()
     if any(p >= v for v in range(n) for p in preds[v]):
         return none  # not in topological order: no stream rather than a wrong one
     succs = graph.successors()

@@ -137,6 +137,12 @@ class LayerGraph:
     def predecessors(self, node: int) -> np.ndarray:
         return self.pred_indices[self.pred_indptr[node]:self.pred_indptr[node + 1]]
 
+    def predecessor_lists(self) -> list[list[int]]:
+        """Per node, :meth:`predecessors` as a list of ints (built anew on each call, so a caller walking backward
+        builds them once)."""
+        indptr, indices = self.pred_indptr, self.pred_indices
+        return [indices[indptr[v]:indptr[v + 1]].tolist() for v in range(self.num_nodes)]
+
     def successors(self) -> list[list[int]]:
         """Per node, the nodes it feeds in ascending order (the predecessor lists turned around; built anew on
         each call, so a caller walking forward builds them once)."""
