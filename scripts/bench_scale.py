@@ -43,7 +43,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from keeper.actors.indexing import fit_index  # noqa: E402
-from keeper.clustering import two_stage_search  # noqa: E402
+from keeper.actors.clustering import two_stage_search  # noqa: E402
 from keeper_bench.families import FAMILIES, neighbours  # noqa: E402
 from keeper.graph import Kind  # noqa: E402
 from keeper.matching import (MatchArrays, PackedParents, level_classes, score_many, signature,  # noqa: E402

@@ -17,12 +17,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import nets
+from keeper.actors.clustering import two_stage_search
 from keeper.actors.config import DEFAULT_CONFIG_PATH, ConfigError, ServiceConfig, load_config
 from keeper.actors.indexing import fit_index
 from keeper.actors.manager import ZooManager
 from keeper.actors.matcher import Matcher
 from keeper.actors.snapshot import Shard
-from keeper.clustering import two_stage_search
 from keeper.graph import load_graph
 from keeper.matching import MatchArrays, match_arrays, score_many
 

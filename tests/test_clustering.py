@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keeper.clustering import ClusterIndex, default_k, two_stage_search
+from keeper.actors.clustering import ClusterIndex, default_k, two_stage_search
 from keeper.errors import KeeperError, ModelNotFoundError
 
 

@@ -33,13 +33,13 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from keeper import chooser
+from keeper.actors.clustering import ClusterIndex, two_stage_search
 from keeper.actors.config import ServiceConfig
 from keeper.actors.matcher import Matcher
 from keeper.actors.metrics import ServiceMetrics
 from keeper.actors.pool import MatcherPool
 from keeper.actors.remote import Demand, demand_of, get, shortfall
 from keeper.actors.snapshot import View
-from keeper.clustering import ClusterIndex, two_stage_search
 from keeper.errors import ServiceError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds

@@ -1,7 +1,7 @@
 """Building the two-stage search index of a zoo: k-medoids over ``1 - similarity``, fitted on a sample.
 
 Similarity is directed (parent -> child); the clustering distance is its symmetric form
-``d(a, b) = 1 - (s(a -> b) + s(b -> a)) / 2``. FasterPAM (``keeper.clustering.ClusterIndex.fit``) runs on at
+``d(a, b) = 1 - (s(a -> b) + s(b -> a)) / 2``. FasterPAM (:meth:`keeper.actors.clustering.ClusterIndex.fit`) runs on at
 most ``fit_sample`` models; the others join their nearest medoid (``ClusterIndex.add``), which costs ``k``
 alignments each instead of ``N``. k defaults to ``round(sqrt(N))`` as in ModelKeeper.
 
@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from keeper.actors.clustering import ClusterIndex, default_k
 from keeper.matching import MatchArrays, PackedParents, score_many
 
 __all__ = ["pair_scores", "symmetric_distance", "fit_index"]
@@ -43,7 +44,7 @@ def symmetric_distance(a: Sequence[MatchArrays], b: Sequence[MatchArrays] | None
 
 
 def fit_index(names: Sequence[str], arrays: dict[str, MatchArrays], *, k: int | None = None,
-              fit_sample: int = 1000, seed: int = 0):
+              fit_sample: int = 1000, seed: int = 0) -> ClusterIndex:
     """A ClusterIndex over ``names`` (their arrays in ``arrays``).
 
     Example:
@@ -51,8 +52,6 @@ def fit_index(names: Sequence[str], arrays: dict[str, MatchArrays], *, k: int | 
         >>> len(index.medoid_names)                                                              # doctest: +SKIP
         12
     """
-    from keeper.clustering import ClusterIndex, default_k
-
     names = sorted(names)
     if len(names) > fit_sample:
         rng = np.random.default_rng(seed)

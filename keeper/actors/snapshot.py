@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from keeper.actors.clustering import ClusterIndex
 from keeper.matching import SIGNATURE_SIZE, MatchArrays, PackedParents, signature
 
 __all__ = ["Shard", "View"]
@@ -94,8 +95,6 @@ class View:
     @property
     def clusters(self) -> int:
         """Clusters of the two-stage index (0 while the zoo is searched whole)."""
-        from keeper.clustering import ClusterIndex
-
         if not self.index:
             return 0
         return len(ClusterIndex.from_arrays(self.index).medoid_names)

@@ -19,6 +19,7 @@ Invariants of :class:`ClusterIndex`:
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Any, Callable, Mapping, Sequence
@@ -303,20 +304,8 @@ def two_stage_search(index: ClusterIndex, score: Callable[[Sequence[str]], np.nd
         >>> names[int(np.argmax(s))]
         'd'
     """
-    if not _is_int(clusters_to_probe) or clusters_to_probe < 1:
-        raise KeeperError(f"two-stage search: clusters_to_probe={clusters_to_probe!r}; expected an integer >= 1")
-    if not _is_int(brute_force_below) or brute_force_below < 0:
-        raise KeeperError(f"two-stage search: brute_force_below={brute_force_below!r}; expected an integer >= 0")
-    if not isinstance(early_stop, numbers.Real) or math.isnan(early_stop):
-        raise KeeperError(f"two-stage search: early_stop={early_stop!r}; expected a score (above 1 disables it)")
-
-    def scored(names: list[str]) -> np.ndarray:
-        out = np.asarray(score(names), dtype=np.float64).reshape(-1)
-        if out.shape[0] != len(names):
-            raise KeeperError(f"two-stage search: score returned {out.shape[0]} values for {len(names)} names; "
-                              "it must return one score per name, in order")
-        return out
-
+    _check_plan(clusters_to_probe, brute_force_below, early_stop)
+    scored = functools.partial(_scored, score)
     if len(index) == 0:
         return [], np.zeros(0, dtype=np.float64)
     if len(index) < brute_force_below:
@@ -333,14 +322,38 @@ def two_stage_search(index: ClusterIndex, score: Callable[[Sequence[str]], np.nd
     names, scores = medoids + rest, (np.concatenate([medoid_scores, scored(rest)]) if rest else medoid_scores)
     if bounds is None:
         return names, scores
+    last = _above_bounds(index, bounds, names, scores)
+    if not last:
+        return names, scores
+    return names + last, np.concatenate([scores, scored(last)])
+
+
+def _scored(score: Callable[[Sequence[str]], np.ndarray], names: list[str]) -> np.ndarray:
+    """``score(names)`` as float64, one value per name (else :class:`KeeperError`)."""
+    out = np.asarray(score(names), dtype=np.float64).reshape(-1)
+    if out.shape[0] != len(names):
+        raise KeeperError(f"two-stage search: score returned {out.shape[0]} values for {len(names)} names; "
+                          "it must return one score per name, in order")
+    return out
+
+
+def _check_plan(clusters_to_probe: object, brute_force_below: object, early_stop: object) -> None:
+    """Raise :class:`KeeperError` naming the first of :func:`two_stage_search`'s plan arguments that is off."""
+    if not _is_int(clusters_to_probe) or clusters_to_probe < 1:
+        raise KeeperError(f"two-stage search: clusters_to_probe={clusters_to_probe!r}; expected an integer >= 1")
+    if not _is_int(brute_force_below) or brute_force_below < 0:
+        raise KeeperError(f"two-stage search: brute_force_below={brute_force_below!r}; expected an integer >= 0")
+    if not isinstance(early_stop, numbers.Real) or math.isnan(early_stop):
+        raise KeeperError(f"two-stage search: early_stop={early_stop!r}; expected a score (above 1 disables it)")
+
+
+def _above_bounds(index: ClusterIndex, bounds: np.ndarray, names: list[str], scores: np.ndarray) -> list[str]:
+    """Members not in ``names`` whose bound is strictly above the best of ``scores``: no member scores above its
+    bound, so one bounded by the best found cannot beat it, and the others are all that can."""
     bounds = np.asarray(bounds, dtype=np.float64).reshape(-1)
     if bounds.shape[0] != len(index):
         raise KeeperError(f"two-stage search: {bounds.shape[0]} bounds for an index of {len(index)} members; "
                           "pass one bound per member, in the order of index.names")
     found = float(np.max(np.nan_to_num(scores, nan=-np.inf)))
     seen = set(names)
-    # strictly above: a member bounded by the best found cannot beat it
-    last = [index.names[i] for i in np.flatnonzero(bounds > found).tolist() if index.names[i] not in seen]
-    if not last:
-        return names, scores
-    return names + last, np.concatenate([scores, scored(last)])
+    return [index.names[i] for i in np.flatnonzero(bounds > found).tolist() if index.names[i] not in seen]
