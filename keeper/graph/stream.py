@@ -78,19 +78,7 @@ def residual_stream(graph: LayerGraph) -> Stream:
     reach[source] = True
     for v in range(source + 1, n):
         reach[v] = any(reach[p] for p in preds[v])
-    # immediate dominators from the source, over the nodes it reaches (topological order: preds come first)
-    idom = np.full(n, -1, dtype=np.int64)
-    depth = np.zeros(n, dtype=np.int64)
-    idom[source] = source
-    for v in range(source + 1, n):
-        if not reach[v]:
-            continue
-        d = -1
-        for p in preds[v]:
-            if reach[p]:
-                d = p if d < 0 else _intersect(idom, d, p)
-        idom[v] = d
-        depth[v] = depth[d] + 1
+    idom, depth = _dominators(preds, source, reach)
     # the output: of the reached nodes nothing follows, the one deepest in the dominator tree (a model's logits,
     # not a cache of keys that leaves from inside the first block)
     ends = [v for v in range(n) if reach[v] and not any(reach[s] for s in succs[v])]
@@ -132,6 +120,25 @@ def _main_source(preds: list[list[int]], succs: list[list[int]]) -> int:
             ahead[v] = 1 + max(int(ahead[w]) for w in succs[v])
     sources = [v for v in range(n) if not preds[v]]
     return max(sources, key=lambda v: (int(ahead[v]), -v))
+
+
+def _dominators(preds: list[list[int]], source: int, reach: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Immediate dominators from ``source`` over the nodes it reaches, and their depth in the dominator tree (-1 and
+    0 elsewhere). One pass in topological order: a node's predecessors come first."""
+    n = len(preds)
+    idom = np.full(n, -1, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int64)
+    idom[source] = source
+    for v in range(source + 1, n):
+        if not reach[v]:
+            continue
+        d = -1
+        for p in preds[v]:
+            if reach[p]:
+                d = p if d < 0 else _intersect(idom, d, p)
+        idom[v] = d
+        depth[v] = depth[d] + 1
+    return idom, depth
 
 
 def _intersect(idom: np.ndarray, a: int, b: int) -> int:
