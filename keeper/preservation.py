@@ -30,8 +30,9 @@ import numpy as np
 
 from keeper.graph import LayerGraph
 from keeper.graph.walk import walk
-from keeper.kinds import Identity, Kind, Merge, kinds_where, traits
+from keeper.kinds import Identity, Kind, kinds_where, traits
 from keeper.matching import Alignment, MatchArrays, align
+from keeper.selection import Candidate, coverage
 from keeper.transforms.depth import fresh_branches
 
 __all__ = ["Assessment", "assess", "layer_roles", "may_qualify", "assess_candidate"]
@@ -209,15 +210,13 @@ def may_qualify(bound: float, parent_total: int, child_total: int, floor: float,
 
 def assess_candidate(name: str, score: float, accuracy: float, clean: bool, floor: float,
                      child: tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]],
-                     parent: tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]) -> "Candidate":
+                     parent: tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]) -> Candidate:
     """One parent's :class:`~keeper.selection.Candidate` for a child: its exact ``score`` and coverage, and, when
     it may qualify (score at or above ``floor``, or every parent element inherited), what its alignment keeps.
 
     ``child`` / ``parent``: (graph, match arrays, :func:`layer_roles`) of each. Invariant: ``preserved`` is True
     only when the whole parent is inherited and :func:`assess` finds the alignment function-preserving.
     """
-    from keeper.selection import Candidate, coverage
-
     cg, ca, croles = child
     pg, pa, proles = parent
     whole = int(round(float(score) * ca.total)) >= pa.total  # every parent element inherited

@@ -18,12 +18,11 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Union
+from typing import Any, Mapping, Union
 
 from keeper.errors import ConfigError, KeeperError
-
-if TYPE_CHECKING:
-    from keeper.zoo import ZooConfig
+from keeper.selection import SelectionPolicy
+from keeper.zoo import ZooConfig
 
 __all__ = ["ServiceConfig", "ClusteringConfig", "Timeouts", "ConfigError", "load_config", "ACTOR_KINDS",
            "DEFAULT_CONFIG_PATH"]
@@ -119,11 +118,8 @@ class ServiceConfig:
             raise ConfigError(f"actor kind {kind!r} is unknown; expected one of {ACTOR_KINDS}")
         return {k: v for k, v in self.actors.get(kind, {}).items() if v is not None}
 
-    def zoo_config(self) -> "ZooConfig":
+    def zoo_config(self) -> ZooConfig:
         """The embedded zoo's settings (admission, eviction, selection, noise)."""
-        from keeper.selection import SelectionPolicy
-        from keeper.zoo import ZooConfig
-
         return ZooConfig(capacity_bytes=self.capacity_bytes, outlier_z=self.outlier_z,
                          outlier_min_models=self.outlier_min_models, outlier_min_gap=self.outlier_min_gap,
                          hit_half_life_s=self.hit_half_life_s,
@@ -236,8 +232,6 @@ def _check(cfg: ServiceConfig) -> None:
         raise bad("noise", "a finite relative std >= 0", cfg.noise)
     if cfg.latency_window < 1:
         raise bad("latency_window", "an integer >= 1", cfg.latency_window)
-    from keeper.selection import SelectionPolicy
-
     try:
         SelectionPolicy(**cfg.selection)
     except TypeError as exc:

@@ -33,6 +33,7 @@ from keeper.actors.snapshot import Shard, View
 from keeper.errors import ModelNotFoundError, ServiceError, StoreError
 from keeper.matching import SIGNATURE_SIZE, MatchArrays, match_arrays
 from keeper.onnx_safety import ModelInput
+from keeper.zoo import Zoo
 
 __all__ = ["ZooManager"]
 
@@ -55,8 +56,6 @@ class ZooManager:
     """
 
     def __init__(self, config: ServiceConfig | None = None, zoo: Any = None):
-        from keeper.zoo import Zoo
-
         self.config = config or ServiceConfig()
         self._lock = threading.RLock()
         self.zoo = zoo if zoo is not None else Zoo(self.config.zoo_uri, self.config.zoo_config())
