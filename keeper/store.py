@@ -83,6 +83,11 @@ def _json_dict(value: object, what: str) -> dict:
 
 
 
+def _damaged(rec: ModelRecord, key: str, checksum: str, what: str) -> CorruptModelError:
+    return CorruptModelError(f"model {rec.name!r}: {what} {key!r} does not match its sha256 {checksum[:12]}... "
+                             "(the stored bytes are damaged); remove the model and register it again")
+
+
 def _admitted(name: object, blob: object, accuracy: object, num_params: object, summary: object,
               extras: Mapping[str, bytes | os.PathLike] | None, content_extras: tuple[str, ...]
               ) -> tuple[float, dict, dict[str, bytes | os.PathLike]]:
@@ -123,19 +128,10 @@ class ModelRecord:
     extra_checksums: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {
-            "format": FORMAT_VERSION,
-            "name": self.name,
-            "accuracy": self.accuracy,
-            "checksum": self.checksum,
-            "nbytes": self.nbytes,
-            "num_params": self.num_params,
-            "summary": self.summary,
-            "created": self.created,
-            "hits": self.hits,
-            "extras": list(self.extras),
-            "extra_checksums": dict(self.extra_checksums),
-        }
+        return {"format": FORMAT_VERSION, "name": self.name, "accuracy": self.accuracy, "checksum": self.checksum,
+                "nbytes": self.nbytes, "num_params": self.num_params, "summary": self.summary,
+                "created": self.created, "hits": self.hits, "extras": list(self.extras),
+                "extra_checksums": dict(self.extra_checksums)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "ModelRecord":
@@ -234,6 +230,14 @@ class ModelStore:
         with self._cache_lock:
             self._records[rec.name] = rec
 
+    def _current(self, name: str, doing: str) -> ModelRecord:
+        """The record of ``name`` as the files say now, for a write; :class:`ModelNotFoundError` when absent."""
+        rec = self._read_record(name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
+        if rec is None:
+            self._forget(name)
+            raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self._uri}; nothing to {doing}")
+        return rec
+
     def _forget(self, name: str) -> None:
         with self._cache_lock:
             self._records.pop(name, None)
@@ -326,15 +330,18 @@ class ModelStore:
         try:
             data = self._files.read(key, missing_ok=True)
         except FileNotFoundError:
-            if self._read_record(rec.name) is None:  # removed meanwhile, by another process
-                self._forget(rec.name)
-                raise ModelNotFoundError(f"model {rec.name!r} was removed from the zoo at {self._uri}") from None
-            raise CorruptModelError(f"model {rec.name!r}: {what} {key!r} is missing from the zoo at {self._uri}; "
-                                    f"remove the model and register it again") from None
+            raise self._missing(rec, key, what) from None
         if sha256(data) != checksum:
-            raise CorruptModelError(f"model {rec.name!r}: {what} {key!r} does not match its sha256 {checksum[:12]}..."
-                                    f" (the stored bytes are damaged); remove the model and register it again")
+            raise _damaged(rec, key, checksum, what)
         return data
+
+    def _missing(self, rec: ModelRecord, key: str, what: str) -> Exception:
+        """The error for a missing blob of ``rec``: the model was removed meanwhile, or the blob is lost."""
+        if self._read_record(rec.name) is None:
+            self._forget(rec.name)
+            return ModelNotFoundError(f"model {rec.name!r} was removed from the zoo at {self._uri}")
+        return CorruptModelError(f"model {rec.name!r}: {what} {key!r} is missing from the zoo at {self._uri}; "
+                                 "remove the model and register it again")
 
     def get(self, name: str) -> bytes:
         """The model blob of ``name``, verified against its checksum (:class:`CorruptModelError` if damaged)."""
@@ -367,14 +374,9 @@ class ModelStore:
         try:
             ok = self._files.verify_local(path, sum_)
         except FileNotFoundError:
-            if self._read_record(rec.name) is None:
-                self._forget(rec.name)
-                raise ModelNotFoundError(f"model {rec.name!r} was removed from the zoo at {self._uri}") from None
-            raise CorruptModelError(f"model {rec.name!r}: extra {key!r} is missing from the zoo at {self._uri}; "
-                                    "remove the model and register it again") from None
+            raise self._missing(rec, key, "extra") from None
         if not ok:
-            raise CorruptModelError(f"model {rec.name!r}: extra {key!r} does not match its sha256 {sum_[:12]}... "
-                                    "(the stored bytes are damaged); remove the model and register it again")
+            raise _damaged(rec, key, sum_, "extra")
         return path
 
     def records(self) -> list[ModelRecord]:
@@ -395,10 +397,7 @@ class ModelStore:
         if "summary" in fields:
             new["summary"] = _json_dict(fields["summary"], f"model {name!r}: summary")
         with self._write_lock:
-            rec = self._read_record(name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
-            if rec is None:
-                self._forget(name)
-                raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self._uri}; nothing to update")
+            rec = self._current(name, "update")
             rec = replace(rec, **new)
             self._write_record(rec)
         return rec
@@ -410,10 +409,7 @@ class ModelStore:
         if not isinstance(data, (bytes, bytearray, memoryview)) or memoryview(data).nbytes == 0:
             raise AdmissionError(f"model {name!r}: extra {extra!r} must be non-empty bytes")
         with self._write_lock:
-            rec = self._read_record(name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
-            if rec is None:
-                self._forget(name)
-                raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self._uri}; nothing to replace")
+            rec = self._current(name, "replace")
             if extra not in rec.extra_checksums:
                 raise ModelNotFoundError(f"model {name!r} has no extra {extra!r} (it has {list(rec.extras)}); "
                                          "only an existing extra can be replaced")
@@ -429,10 +425,7 @@ class ModelStore:
     def remove(self, name: str) -> None:
         """Delete ``name``: its catalog entry first, then its blobs that no other record references."""
         with self._write_lock:
-            rec = self._read_record(name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
-            if rec is None:
-                self._forget(name)
-                raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self._uri}; nothing to remove")
+            rec = self._current(name, "remove")
             self._files.delete(f"catalog/{name}.json")
             self._forget(name)
             try:
