@@ -14,8 +14,8 @@ Invariants:
     * it is exactly 1.0 when ``p`` and ``c`` have the same architecture (integer arithmetic, no rounding);
     * a child that is a sub-network of its parent (fewer blocks, same widths) inherits every element it has.
 
-The DP runs in numba-compiled loops over flat arrays (:mod:`keeper.matching_kernels`); a cheap
-per-class signature bound filters parents before the exact alignment.
+The DP runs in compiled loops over flat arrays (:mod:`keeper.alignment_core`: keeper's C extension, or the
+same kernels under numba); a cheap per-class signature bound filters parents before the exact alignment.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from keeper.graph import LayerGraph, as_graph
 from keeper.graph.stream import Stream, residual_stream
 from keeper.graph.walk import walk
 from keeper.kinds import Merge, kind_mask, kinds_where, traits
-from keeper.matching_kernels import dp_batch, dp_pairs, dp_value
+from keeper.alignment_core import dp_batch, dp_pairs, dp_value
 from keeper.onnx_safety import ModelInput
 
 __all__ = [
