@@ -10,8 +10,11 @@ measurement runs in its own new Python process, timed after the imports and afte
 * ``warm``: ``keeper.torch_support.warm_start(child, x, zoo, noise=0)``, the first call of the process;
 * ``register``: ``keeper.torch_support.register(child, x, zoo, 0.9)`` of a trained-like child into a zoo of its own.
 
-Each is repeated ``--reps`` times (new processes) and the median is reported, for each front end: keeper's tracer
-(the default) and torch's ONNX exporters (``KEEPER_EXPORTER=dynamo``, the previous default, and ``torchscript``).
+Each is repeated ``--reps`` times (new processes) and the median is reported, for each front end: keeper's default
+and torch's ONNX exporters (``KEEPER_EXPORTER=dynamo`` and ``torchscript``), and for two states of the disk
+architecture cache (``KEEPER_ARCH_CACHE``): ``new``, an architecture no process traced before (an empty cache per
+measurement), and ``known``, one another process already traced (a Tune trial of an architecture an earlier trial
+ran; the cache filled by one unmeasured warm_start first).
 Target: warm and register at most max(1 s, 3x load) for models up to 100M parameters, and 3x load at 1B.
 
 Tune (``--tune``): a Tune experiment on a local 2-CPU Ray with the shipped defaults (``configs/default.yaml``):
@@ -40,7 +43,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FRONT_ENDS = ("trace", "dynamo", "torchscript")
+FRONT_ENDS = ("default", "dynamo", "torchscript")
+CACHE_STATES = ("new", "known")
 MODELS = ("mlp", "resnet", "tf5m", "tf25m", "gpt2-100m")
 LARGE = ("gpt2-1b",)
 
@@ -140,27 +144,36 @@ def _run(code: str, env_extra: dict, **values) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _env(front: str) -> dict:
-    return {"KEEPER_EXPORTER": front} if front != "trace" else {}
+def _env(front: str, cache: str) -> dict:
+    env = {"KEEPER_ARCH_CACHE": cache}
+    if front != "default":
+        env["KEEPER_EXPORTER"] = front
+    return env
 
 
-def measure_model(model: str, fronts: tuple[str, ...], reps: int, work: str) -> dict:
+def measure_model(model: str, fronts: tuple[str, ...], states: tuple[str, ...], reps: int, work: str) -> dict:
     zoo, weights = os.path.join(work, f"zoo-{model}"), os.path.join(work, f"{model}.safetensors")
-    info = _run(SETUP, {}, MODEL=model, ZOO=zoo, WEIGHTS=weights, SEED=0)
+    info = _run(SETUP, {"KEEPER_ARCH_CACHE": "off"}, MODEL=model, ZOO=zoo, WEIGHTS=weights, SEED=0)
     row = {"model": model, **info, "load": [], "warm": {}, "register": {}}
     for rep in range(reps):
         row["load"].append(_run(LOAD, {}, MODEL=model, WEIGHTS=weights, SEED=rep)["seconds"])
     for front in fronts:
-        warms, regs = [], []
-        for rep in range(reps):
-            warms.append(_run(WARM, _env(front), MODEL=model, ZOO=zoo, SEED=rep))
-            regs.append(_run(REGISTER, _env(front), MODEL=model, ZOO=os.path.join(work, f"reg-{model}-{front}"),
-                             SEED=100 + rep))
-        row["warm"][front] = warms
-        row["register"][front] = [r["seconds"] for r in regs]
-        print(f"{model:10s} {front:12s} warm {statistics.median(w['seconds'] for w in warms):7.2f} s  register "
-              f"{statistics.median(row['register'][front]):7.2f} s  load {statistics.median(row['load']):.3f} s",
-              flush=True)
+        for state in states:
+            label, known = f"{front}, {state}", os.path.join(work, f"cache-{model}-{front}")
+            if state == "known":  # one process traces the architecture; the measured ones find it on disk
+                _run(WARM, _env(front, known), MODEL=model, ZOO=zoo, SEED=99)
+            warms, regs = [], []
+            for rep in range(reps):
+                cache = known if state == "known" else os.path.join(work, f"cache-{model}-{front}-{rep}-w")
+                warms.append(_run(WARM, _env(front, cache), MODEL=model, ZOO=zoo, SEED=rep))
+                cache = known if state == "known" else os.path.join(work, f"cache-{model}-{front}-{rep}-r")
+                regs.append(_run(REGISTER, _env(front, cache), MODEL=model, SEED=100 + rep,
+                                 ZOO=os.path.join(work, f"reg-{model}-{front}-{state}")))
+            row["warm"][label] = warms
+            row["register"][label] = [r["seconds"] for r in regs]
+            print(f"{model:10s} {label:22s} warm {statistics.median(w['seconds'] for w in warms):7.2f} s  register "
+                  f"{statistics.median(row['register'][label]):7.2f} s  load {statistics.median(row['load']):.3f} s",
+                  flush=True)
     return row
 
 
@@ -169,7 +182,7 @@ def _load_avg() -> float:
 
 
 def report_rows(rows: list[dict], large: set[str]) -> list[str]:
-    lines = ["| model | params | front end | warm_start s | register s | safetensors load s | target s | warm met | "
+    lines = ["| model | params | front end, architecture | warm_start s | register s | safetensors load s | target s | warm met | "
              "register met | parent (preserved) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         load = statistics.median(r["load"])
@@ -188,6 +201,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--fronts", default=",".join(FRONT_ENDS))
+    p.add_argument("--caches", default=",".join(CACHE_STATES),
+                   help="architecture cache states to measure: new (never traced), known (traced by another process)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--large", action="store_true", help="add the ~1B GPT-2 (several GB of memory and disk)")
     p.add_argument("--tune", action="store_true", help="also run the Tune experiment")
@@ -197,11 +212,17 @@ def main() -> None:
     args = p.parse_args()
     models = [m for m in args.models.split(",") if m] + (list(LARGE) if args.large else [])
     fronts = tuple(f for f in args.fronts.split(",") if f)
+    states = tuple(s for s in args.caches.split(",") if s)
+    for name, given, known in (("--fronts", fronts, FRONT_ENDS), ("--caches", states, CACHE_STATES),
+                               ("--models", models, MODELS + LARGE)):
+        bad = [g for g in given if g not in known]
+        if bad or not given:
+            p.error(f"{name}: {', '.join(bad) or 'nothing given'}; expected some of {', '.join(known)}")
     started, loads = time.time(), [_load_avg()]
     rows = []
     with tempfile.TemporaryDirectory(prefix="keeper-overhead-") as work:
         for model in models:
-            rows.append(measure_model(model, fronts, args.reps, work))
+            rows.append(measure_model(model, fronts, states, args.reps, work))
             loads.append(_load_avg())
     tune = run_tune(args.trials, args.trial_s) if args.tune else None
     write_report(args, rows, tune, time.time() - started, loads)
@@ -252,6 +273,8 @@ def run_tune(trials: int, trial_s: float) -> dict:
     from keeper.tune_integration import KeeperCallback
 
     with tempfile.TemporaryDirectory(prefix="keeper-overhead-tune-") as work:
+        # an empty architecture cache: the first trial of each architecture traces it, later ones read it
+        os.environ["KEEPER_ARCH_CACHE"] = os.path.join(work, "arch-cache")
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
             callback = KeeperCallback(metric="accuracy", mode="max", zoo=os.path.join(work, "zoo"))
@@ -277,7 +300,8 @@ def write_report(args, rows: list[dict], tune: dict | None, seconds: float, load
              f"{min(loads):.1f}-{max(loads):.1f} (2 is this machine's two cores busy); {platform.machine()}, "
              f"{os.cpu_count()} CPUs, torch {torch.__version__}.", "",
              "Every figure is a fresh process's first call, timed after its imports and after the module is built "
-             "(see the script's docstring). Target: warm_start and register at most max(1 s, 3x the safetensors "
+             "(see the script's docstring); 'new' is an architecture no process traced before, 'known' one another "
+             "process traced (kept on disk). Target: warm_start and register at most max(1 s, 3x the safetensors "
              "load) up to 100M parameters, 3x the load at 1B.", ""]
     lines += report_rows(rows, set(LARGE))
     if tune is not None:

@@ -1,9 +1,18 @@
 """Tests of keeper.torch_support.cache through keeper.torch_support.export_graph: a second module of one architecture
 reuses the first export and gets what a fresh export gives it; anything that changes the trace (an attribute, a
 buffer's value, the input's shape, the exporter) exports again; a module keeper cannot fingerprint is exported
-every time; a warm through a remembered export is exact."""
+every time; a warm through a remembered export is exact. Exports kept on disk serve a fresh process, are checked
+against the module's tensors before use, and a broken or unwritable disk cache costs a fresh export, never an
+error."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +21,7 @@ from torch import nn
 
 import nets
 from keeper.torch_support import cache as export_cache
+from keeper.torch_support import cache_files
 from keeper.torch_support import export_graph, module_weights, warm_start
 from keeper.zoo import Zoo
 
@@ -41,16 +51,23 @@ X = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(autouse=True)
-def empty_cache():
+def empty_cache(tmp_path, monkeypatch):
+    """An empty process cache and an empty disk cache of this test."""
+    monkeypatch.setenv(cache_files.ENV, str(tmp_path / "arch-cache"))
     export_cache.clear()
     yield
     export_cache.clear()
 
 
 def _fresh(module, x, dynamo):
+    """A true export: neither cache is read."""
     export_cache.clear()
-    with nets.quiet():
-        return export_graph(module, x, dynamo=dynamo)
+    os.environ[cache_files.ENV], saved = "off", os.environ[cache_files.ENV]
+    try:
+        with nets.quiet():
+            return export_graph(module, x, dynamo=dynamo)
+    finally:
+        os.environ[cache_files.ENV] = saved
 
 
 def _export(module, x, dynamo):
@@ -149,3 +166,107 @@ def test_warm_start_through_a_remembered_export_is_exact(tmp_path):
     assert result.parent == "parent" and result.score == 1.0
     for (k, v), (_, w) in zip(parent.state_dict().items(), child.state_dict().items()):
         assert torch.equal(v, w), k
+
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = textwrap.dedent("""
+    import json, sys, torch
+    sys.path[:0] = [{tests!r}]
+    from test_torch_cache import _model, X
+    from keeper.torch_support import cache, export_graph
+    import nets
+    with nets.quiet():
+        got = export_graph(_model(int(sys.argv[1])), X, dynamo=False)
+    print(json.dumps({{"stats": cache.stats(), "onnx": got.onnx.hex(), "keys": got.keys, "apart": got.apart}}))
+""")
+
+
+def _in_fresh_process(seed: int, cache_dir: Path) -> dict:
+    env = {**os.environ, cache_files.ENV: str(cache_dir),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", CHILD.format(tests=str(ROOT / "tests")), str(seed)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_fresh_process_reads_the_export_another_process_kept(tmp_path):
+    first = _in_fresh_process(0, tmp_path / "c")
+    second = _in_fresh_process(1, tmp_path / "c")
+    assert first["stats"]["misses"] == 1 and first["stats"]["disk_hits"] == 0
+    assert second["stats"]["misses"] == 0 and second["stats"]["disk_hits"] == 1, second["stats"]
+    assert (second["onnx"], second["keys"], second["apart"]) == (first["onnx"], first["keys"], first["apart"])
+
+
+def test_a_kept_export_is_checked_against_the_module_before_use():
+    base = _model(0)
+    _export(base, X, False)
+    key = export_cache.fingerprint(base, (X,), "torchscript/0")
+    meta_path = Path(os.environ[cache_files.ENV]) / f"{key}.json"
+    meta = json.loads(meta_path.read_text())
+    assert cache_files.load(key, base) is not None
+    # an entry whose tensors are not the module's (as a fingerprint collision would give) is not used
+    meta["tensors"]["fc1.weight"][0] = [9, 9]
+    meta_path.write_text(json.dumps(meta))
+    assert cache_files.load(key, base) is None
+    export_cache.clear()
+    before = export_cache.stats()
+    got = _export(_model(1), X, False)
+    assert export_cache.stats()["misses"] == before["misses"] + 1
+    want = _fresh(_model(1), X, False)
+    assert (got.onnx, got.keys) == (want.onnx, want.keys)
+
+
+@pytest.mark.parametrize("damage", ["truncated onnx", "garbage graph", "garbage json"])
+def test_a_damaged_kept_export_is_exported_again(damage):
+    _export(_model(0), X, False)
+    key = export_cache.fingerprint(_model(0), (X,), "torchscript/0")
+    root = Path(os.environ[cache_files.ENV])
+    if damage == "truncated onnx":
+        (root / f"{key}.onnx").write_bytes((root / f"{key}.onnx").read_bytes()[:20])
+    elif damage == "garbage graph":
+        (root / f"{key}.npz").write_bytes(b"not an npz")
+    else:
+        (root / f"{key}.json").write_text("{")
+    export_cache.clear()
+    child = _model(1)
+    got = _export(child, X, False)
+    assert export_cache.stats()["disk_hits"] == 0
+    want = _fresh(child, X, False)
+    assert (got.onnx, got.keys) == (want.onnx, want.keys)
+
+
+def test_an_unwritable_cache_warns_and_exports(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(cache_files.ENV, str(blocker / "below-a-file"))
+    monkeypatch.setattr(cache_files, "_warned", False)
+    with pytest.warns(UserWarning, match="could not keep an architecture export"):
+        got = export_graph(_model(0), X, dynamo=False)  # not under nets.quiet(), which silences warnings
+    assert got.onnx == _fresh(_model(0), X, False).onnx
+
+
+def test_an_edit_to_the_model_file_changes_the_fingerprint(tmp_path):
+    source = textwrap.dedent("""
+        import torch
+        def act(x):
+            return torch.relu(x)
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 4)
+            def forward(self, x):
+                return act(self.fc(x))
+    """)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import torch, netfile; "
+            "from keeper.torch_support.cache import fingerprint; "
+            "print(fingerprint(netfile.Net(), (torch.zeros(1, 4),), 'x'))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    prints = []
+    for text in (source, source, source.replace("torch.relu(x)", "torch.tanh(x)")):
+        (tmp_path / "netfile.py").write_text(text)
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        prints.append(out.stdout.strip())
+    assert prints[0] == prints[1] and prints[1] != prints[2]

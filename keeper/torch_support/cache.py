@@ -1,4 +1,4 @@
-"""Architecture exports remembered within a process, keyed by the module's fingerprint.
+"""Architecture exports remembered within a process and on local disk, keyed by the module's fingerprint.
 
 Tracing a module to ONNX costs seconds whatever its size (torch's dynamo exporter: 2-4 s for a GPT-2-sized model),
 while loading its weights costs a fraction of that. A process that exports one architecture again (a Tune trial
@@ -8,15 +8,19 @@ export: the graph and its ONNX-to-state_dict map depend on the module's structur
 Invariants:
     * the fingerprint covers everything the trace reads besides the values of the tensors the graph leaves without
       data: per submodule its path, its class (qualified name and the bytecode of every method along its MRO up
-      to ``torch.nn.Module``) and its plain attributes (numbers, strings, flags, dtypes, functions by their
+      to ``torch.nn.Module``, and the content of the source file defining each such class) and its plain attributes (numbers, strings, flags, dtypes, functions by their
       bytecode, configs by their ``to_dict()``); every parameter's and buffer's name, shape, dtype and device
       type, and which of them share one tensor; the example input's structure, shapes, dtypes and devices; the
-      exporter; torch's version and :attr:`LayerGraph.FORMAT`. A module holding an attribute of any other type
+      exporter; the Python, torch and keeper versions and :attr:`LayerGraph.FORMAT`. A module holding an attribute of any other type
       has no fingerprint and is exported every time;
     * an entry remembers the values of the tensors its graph holds as data (buffers, and parameters no layer
       reads): it is used only when they are unchanged, otherwise the module is exported again;
-    * entries live in this process only (code cannot change under them unless it is patched at run time) and at
-      most :data:`MAX_ENTRIES` are kept, least recently used dropped first.
+    * in a process at most :data:`MAX_ENTRIES` are kept, least recently used dropped first; every export is also
+      kept on local disk (:mod:`keeper.torch_support.cache_files`), where an entry is used only after the module's
+      parameter and buffer names, shapes and dtypes are checked against it, so a new process (a Tune trial) does
+      not trace an architecture another process traced. A change to a model's source file changes the
+      fingerprint; code the model calls from other files (a helper function in another module) is not read, so
+      after editing such code set ``KEEPER_ARCH_CACHE=off`` once or remove the cache directory.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import inspect
+import sys
 import threading
 import types
 from collections import OrderedDict
@@ -32,7 +38,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+import keeper
 from keeper.graph import LayerGraph
+from keeper.torch_support import cache_files
+from keeper.torch_support.exported import Exported
 
 __all__ = ["fingerprint", "cached_export", "clear", "MAX_ENTRIES", "stats"]
 
@@ -41,8 +50,9 @@ MAX_ENTRIES = 16
 
 _lock = threading.Lock()
 _entries: "OrderedDict[str, tuple[Any, tuple[str, ...], str]]" = OrderedDict()
-_counts = {"hits": 0, "misses": 0, "uncacheable": 0, "stale": 0}
+_counts = {"hits": 0, "disk_hits": 0, "misses": 0, "uncacheable": 0, "stale": 0}
 _class_tokens: dict[type, bytes] = {}
+_file_tokens: dict[str, bytes] = {}
 
 
 class _Uncacheable(Exception):
@@ -78,7 +88,7 @@ def _class(cls: type) -> bytes:
         for klass in cls.__mro__:
             if klass is torch.nn.Module or klass is object:
                 break
-            parts.append(f"{klass.__module__}.{klass.__qualname__}".encode())
+            parts.append(f"{klass.__module__}.{klass.__qualname__}".encode() + _source_file(klass))
             for name, value in sorted(vars(klass).items()):
                 if isinstance(value, (types.FunctionType, staticmethod, classmethod)):
                     parts.append(name.encode() + b"=" + _function(value))
@@ -87,6 +97,26 @@ def _class(cls: type) -> bytes:
                                                                  (value.fget, value.fset) if f is not None))
         token = _class_tokens[cls] = b"\1".join(parts)
     return token
+
+
+def _source_file(cls: type) -> bytes:
+    """sha256 of the file defining ``cls`` (empty when it has none): an edit anywhere in a model's file changes
+    the fingerprint, the module-level helpers its methods call included."""
+    try:
+        path = inspect.getsourcefile(cls)
+    except TypeError:
+        return b""
+    if not path:
+        return b""
+    token = _file_tokens.get(path)
+    if token is None:
+        try:
+            with open(path, "rb") as f:
+                token = hashlib.sha256(f.read()).digest()
+        except OSError:
+            token = b""
+        _file_tokens[path] = token
+    return b"@" + token
 
 
 def _digest(t: torch.Tensor) -> str:
@@ -145,7 +175,8 @@ def _inputs(args: Any, depth: int = 0) -> str:
 def fingerprint(module: torch.nn.Module, args: Any, exporter: str) -> str | None:
     """The module's architecture fingerprint for ``args`` and ``exporter`` (sha256 hex), or None when an
     attribute's effect on the trace cannot be told from its value."""
-    h = hashlib.sha256(repr((torch.__version__, LayerGraph.FORMAT, exporter)).encode())
+    h = hashlib.sha256(repr((sys.version_info[:3], torch.__version__, keeper.__version__, LayerGraph.FORMAT,
+                             exporter)).encode())
     try:
         h.update(_inputs(args).encode())
         for path, m in module.named_modules(remove_duplicate=False):
@@ -197,6 +228,14 @@ def cached_export(module: torch.nn.Module, args: Any, exporter: str, export: Cal
         with _lock:
             _counts["stale"] += 1
     else:
+        found = cache_files.load(key, module)
+        if found is not None and _baked_digest(module, found[4]) == found[5]:
+            onnx, keys, apart, graph, baked, digest = found
+            result = Exported(onnx, keys, apart, graph)
+            with _lock:
+                _counts["disk_hits"] += 1
+                _remember(key, (result, baked, digest))
+            return _copy(result)
         with _lock:
             _counts["misses"] += 1
     result = export()
@@ -204,12 +243,21 @@ def cached_export(module: torch.nn.Module, args: Any, exporter: str, export: Cal
     every = [k for k, _ in module.named_parameters(remove_duplicate=False)]
     every += [k for k, _ in module.named_buffers(remove_duplicate=False)]
     baked = tuple(k for k in every if k not in apart)
+    digest = _baked_digest(module, baked)
     with _lock:
-        _entries[key] = (_copy(result), baked, _baked_digest(module, baked))
-        _entries.move_to_end(key)
-        while len(_entries) > MAX_ENTRIES:
-            _entries.popitem(last=False)
+        _remember(key, (_copy(result), baked, digest))
+    cache_files.save(key, module, result, baked, digest)
     return result
+
+
+def _remember(key: str, entry: tuple) -> None:
+    """Keep ``entry`` in this process (caller holds the lock)."""
+    _entries[key] = entry
+    _entries.move_to_end(key)
+    while len(_entries) > MAX_ENTRIES:
+        _entries.popitem(last=False)
+
+
 
 
 def _copy(result: Any) -> Any:
@@ -223,6 +271,7 @@ def clear() -> None:
 
 
 def stats() -> dict[str, int]:
-    """Counts since the process started: hits, misses, uncacheable modules, stale entries (values changed)."""
+    """Counts since the process started: hits (in memory), disk hits, misses, uncacheable modules, stale entries
+    (values changed)."""
     with _lock:
         return dict(_counts, entries=len(_entries))

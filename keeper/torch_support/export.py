@@ -23,7 +23,6 @@ import contextlib
 import io
 import os
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,29 +31,16 @@ import onnx_ir as ir
 import torch
 from onnx import numpy_helper
 
-from keeper.graph import LayerGraph, graph_from_proto
+from keeper.graph import graph_from_proto
 from keeper.onnx_safety import has_data, load_model
 from keeper.onnx_weights import apart_specs, clear_data, read_initializers, write_weights
 from keeper.torch_support.cache import cached_export
+from keeper.torch_support.exported import Exported
 from keeper.torch_support.tensors import (FLOATS, as_numpy, drop_eval_caches, float_state, key_shapes,
                                           state_arrays, tensor_view, tied_keys)
 from keeper.errors import KeeperError
 
 __all__ = ["Exported", "export", "export_graph", "module_weights"]
-
-
-@dataclass
-class Exported:
-    """ONNX bytes of a module and, per ONNX tensor key, (state_dict key, "same" | "T").
-
-    ``apart``: for a graph without weights (:func:`export_graph`), each data-less initializer -> the ONNX key
-    whose state_dict entry holds its value (empty when ``onnx`` holds the weights)."""
-
-    onnx: bytes
-    keys: dict[str, tuple[str, str]]
-    apart: dict[str, str] = field(default_factory=dict)
-    #: the LayerGraph of ``onnx`` when already extracted (by :func:`export_graph`), so a warm does not parse twice
-    graph: LayerGraph | None = field(default=None, compare=False, repr=False)
 
 
 def export(module: torch.nn.Module, example_input: Any, *, dynamo: bool | None = None, seed: int = 0) -> Exported:
