@@ -110,5 +110,6 @@ def probe_choice(ranked: Sequence[Candidate], warm: Callable[[str], WarmResult],
                          if report.losses else "no candidate qualified; the child stays cold")
     else:
         report.chosen = best.parent
-        report.reason = f"parent {best.parent!r} scored {best_loss:.4g} on the probe against the cold init's {report.cold:.4g}"
+        report.reason = (f"parent {best.parent!r} scored {best_loss:.4g} on the probe against the cold init's "
+                         f"{report.cold:.4g}")
     return best, report

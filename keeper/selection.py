@@ -298,7 +298,8 @@ def choose_parent(candidates: Iterable[Candidate], policy: SelectionPolicy = Sel
         'a'
         >>> choose_parent([Candidate("big", 1.0, 0.9, coverage=0.1), Candidate("mlp", 0.9, 0.4)]).name
         'mlp'
-        >>> choose_parent([Candidate("vgg", 1.0, 0.9, structure=0.3), Candidate("narrow", 0.25, 0.8, preserved=True)]).name
+        >>> vgg, narrow = Candidate("vgg", 1.0, 0.9, structure=0.3), Candidate("narrow", 0.25, 0.8, preserved=True)
+        >>> choose_parent([vgg, narrow]).name
         'narrow'
     """
     ranked = rank_parents(candidates, policy)

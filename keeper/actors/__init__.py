@@ -16,7 +16,8 @@ Example:
 
 Modules: :mod:`config` (settings), :mod:`launcher` (the one place Ray options are applied), :mod:`front` (Keeper),
 :mod:`client` (ServiceClient), :mod:`manager` (ZooManager), :mod:`matcher` and :mod:`pool` (scoring),
-:mod:`snapshot` (Shard, View), :mod:`indexing` (k-medoids fit), :mod:`remote` (the bounded wait),
+:mod:`snapshot` (Shard, View), :mod:`indexing` (k-medoids fit), :mod:`clustering` (the index and the exact
+two-stage search), :mod:`remote` (the bounded wait),
 :mod:`metrics`, :mod:`cli` (``keeper serve | scale | stats``).
 """
 

@@ -319,7 +319,8 @@ class Keeper:
             # the search skips (or does not align) parents below the floor; those the child may grow from
             # without losing their function need exact scores
             ok = may_qualify_all(upper_bounds(view.sigs, child), view.params, child.total, math.inf, True)
-            redo = [str(n) for n, q, w in zip(view.names, ok, view.weighted) if q and w and found.get(str(n), -1.0) < floor]
+            redo = [str(n) for n, q, w in zip(view.names, ok, view.weighted)
+                    if q and w and found.get(str(n), -1.0) < floor]
             if redo:
                 exact = self._score(child, view, state.refs, redo, time.monotonic() + self.config.timeouts.query_s,
                                     None)

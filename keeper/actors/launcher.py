@@ -36,8 +36,8 @@ from keeper.stored import warm_from_store
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["start", "shutdown", "connect", "find", "check_resources", "launch_manager", "launch_keeper", "launch_matcher",
-           "transfer_task"]
+__all__ = ["start", "shutdown", "connect", "find", "check_resources", "launch_manager", "launch_keeper",
+           "launch_matcher", "transfer_task"]
 
 _remote_classes: dict[type, Any] = {}
 

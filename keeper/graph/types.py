@@ -93,9 +93,9 @@ class LayerGraph:
     # Version of what extraction records; 2 added packed projections (attrs["packed"]), 3 resolution levels, 4
     # learned tables read by lookups (positions, relative-position biases, class tokens) and ``unread``, 5 channel
     # groups kept through slices and concatenations along positions (a roll, patch merging) and attrs["scales"] of
-    # a PARAM Mul. A stored graph of an older version is re-extracted from its model (see keeper.zoo.graph_from_blob). Bump it
-    # with any change to what extraction records (kinds, shapes, groups and their numbering, order, refs, attrs),
-    # so that stored graphs are re-extracted; docs/architecture.md ("The graph package") says when.
+    # a PARAM Mul. A stored graph of an older version is re-extracted from its model (see
+    # keeper.stored.graph_from_blob). Bump it with any change to what extraction records (kinds, shapes, groups and
+    # their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md ("Foundation") says when.
     FORMAT = 5
 
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",

@@ -8,8 +8,8 @@ export: the graph and its ONNX-to-state_dict map depend on the module's structur
 Invariants:
     * the fingerprint covers everything the trace reads besides the values of the tensors the graph leaves without
       data: per submodule its path, its class (qualified name and the bytecode of every method along its MRO up
-      to ``torch.nn.Module``, and the content of the source file defining each such class) and its plain attributes (numbers, strings, flags, dtypes, functions by their
-      bytecode, configs by their ``to_dict()``); every parameter's and buffer's name, shape, dtype and device
+      to ``torch.nn.Module``, and the content of the source file defining each such class) and its plain
+      attributes (numbers, strings, flags, dtypes, functions by their bytecode, configs by their ``to_dict()``); every parameter's and buffer's name, shape, dtype and device
       type, and which of them share one tensor; the example input's structure, shapes, dtypes and devices; the
       exporter; the Python, torch and keeper versions and :attr:`LayerGraph.FORMAT`. A module holding an attribute of any other type
       has no fingerprint and is exported every time;
