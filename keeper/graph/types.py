@@ -95,7 +95,8 @@ class LayerGraph:
     # groups kept through slices and concatenations along positions (a roll, patch merging) and attrs["scales"] of
     # a PARAM Mul. A stored graph of an older version is re-extracted from its model (see
     # keeper.stored.graph_from_blob). Bump it with any change to what extraction records (kinds, shapes, groups and
-    # their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md ("Foundation") says when.
+    # their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md
+    # ("Foundation") says when.
     FORMAT = 5
 
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",

@@ -9,10 +9,11 @@ Invariants:
     * the fingerprint covers everything the trace reads besides the values of the tensors the graph leaves without
       data: per submodule its path, its class (qualified name and the bytecode of every method along its MRO up
       to ``torch.nn.Module``, and the content of the source file defining each such class) and its plain
-      attributes (numbers, strings, flags, dtypes, functions by their bytecode, configs by their ``to_dict()``); every parameter's and buffer's name, shape, dtype and device
-      type, and which of them share one tensor; the example input's structure, shapes, dtypes and devices; the
-      exporter; the Python, torch and keeper versions and :attr:`LayerGraph.FORMAT`. A module holding an attribute of any other type
-      has no fingerprint and is exported every time;
+      attributes (numbers, strings, flags, dtypes, functions by their bytecode, configs by their ``to_dict()``);
+      every parameter's and buffer's name, shape, dtype and device type, and which of them share one tensor; the
+      example input's structure, shapes, dtypes and devices; the exporter; the Python, torch and keeper versions
+      and :attr:`LayerGraph.FORMAT`. A module holding an attribute of any other type has no fingerprint and is
+      exported every time;
     * an entry remembers the values of the tensors its graph holds as data (buffers, and parameters no layer
       reads): it is used only when they are unchanged, otherwise the module is exported again;
     * in a process at most :data:`MAX_ENTRIES` are kept, least recently used dropped first; every export is also

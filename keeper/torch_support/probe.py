@@ -73,7 +73,8 @@ class DataProbe:
         return float(np.mean(losses))
 
 
-def module_probe(module: torch.nn.Module, keys: dict[str, tuple[str, str]], probe: Any) -> Callable[[WarmResult], float]:
+def module_probe(module: torch.nn.Module, keys: dict[str, tuple[str, str]],
+                 probe: Any) -> Callable[[WarmResult], float]:
     """A probe over WarmResults from a probe over modules: each result is loaded into a fresh copy of ``module``
     (the module itself is never touched), which ``probe`` scores.
 
