@@ -270,3 +270,31 @@ def test_an_edit_to_the_model_file_changes_the_fingerprint(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         prints.append(out.stdout.strip())
     assert prints[0] == prints[1] and prints[1] != prints[2]
+
+
+def test_the_fingerprint_is_the_same_in_every_process(tmp_path):
+    """String hashing differs per process: a set constant in a forward (``x in {"a", "b"}``) or a config must not
+    make one architecture's fingerprint differ between two Tune trials."""
+    source = textwrap.dedent("""
+        import torch
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc, self.mode = torch.nn.Linear(4, 4), "relu"
+            def forward(self, x):
+                return torch.relu(self.fc(x)) if self.mode in {"relu", "rectifier", "max0"} else self.fc(x)
+    """)
+    (tmp_path / "setnet.py").write_text(source)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import torch, setnet; "
+            "from keeper.torch_support.cache import fingerprint; "
+            "from keeper_bench.hf_catalogue import build; m, args = build('gpt2', 0); "
+            "print(fingerprint(setnet.Net(), (torch.zeros(1, 4),), 'x'), fingerprint(m, args, 'x'))")
+    prints = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed,
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        prints.add(out.stdout.strip().splitlines()[-1])
+    assert len(prints) == 1, prints

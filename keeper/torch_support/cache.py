@@ -69,8 +69,18 @@ def _code(code: types.CodeType) -> bytes:
     """A code object's bytecode, names and constants, nested code included."""
     parts = [code.co_code, repr(code.co_names).encode(), repr(code.co_varnames).encode()]
     for c in code.co_consts:
-        parts.append(_code(c) if isinstance(c, types.CodeType) else repr(c).encode())
+        parts.append(_code(c) if isinstance(c, types.CodeType) else _constant(c).encode())
     return b"\0".join(parts)
+
+
+def _constant(c: object) -> str:
+    """A code constant's text, the same in every process: a frozenset (``x in {"a", "b"}``) is sorted, since its
+    repr follows string hashing, which differs per process."""
+    if isinstance(c, frozenset):
+        return "frozenset(" + ",".join(sorted(_constant(x) for x in c)) + ")"
+    if isinstance(c, tuple):
+        return "(" + ",".join(_constant(x) for x in c) + ")"
+    return repr(c)
 
 
 def _function(fn: Any) -> bytes:
