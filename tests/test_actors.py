@@ -26,6 +26,8 @@ from keeper.actors.snapshot import Shard
 from keeper.graph import load_graph
 from keeper.matching import MatchArrays, match_arrays, score_many
 
+pytestmark = pytest.mark.ray  # starts Ray on loopback; `-m "not ray"` leaves these out
+
 # ---------------------------------------------------------------------------------------------- test models
 
 

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+pytestmark = pytest.mark.ray  # starts Ray on loopback; `-m "not ray"` leaves these out
+
 pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
 

@@ -16,6 +16,8 @@ import torch
 from keeper.tune_integration import KeeperCallback, warm_start
 from keeper.zoo import Zoo
 
+pytestmark = pytest.mark.ray  # starts Ray on loopback; `-m "not ray"` leaves these out
+
 ray = pytest.importorskip("ray")
 
 

@@ -20,6 +20,8 @@ from keeper.tune_integration.checkpoint import checkpoint_onnx
 from keeper_bench.workload import evaluate, mnist1d_dataset, train
 from keeper.zoo import Zoo
 
+pytestmark = pytest.mark.ray  # starts Ray on loopback; `-m "not ray"` leaves these out
+
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
