@@ -26,6 +26,7 @@ from keeper.errors import InvalidModelError
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
 from keeper.preservation import assess
+from keeper.recipe import Recipe, recipe_for
 from keeper.onnx_safety import MAX_MODEL_BYTES, ModelInput, load_model
 from keeper.onnx_weights import apart_specs, model_weights, write_weights
 from keeper.transforms import transfer
@@ -84,6 +85,16 @@ class WarmResult:
         cold init."""
         return {"parent": self.parent, "preserved": bool(self.preserved), "structure": float(self.structure),
                 "probed": bool(self.probe and self.probe.get("chosen") is not None)}
+
+    def recipe(self, total_steps: int, ramp: float | None = None) -> Recipe:
+        """The learning-rate recipe of this warm start for a run of ``total_steps`` optimizer steps
+        (:mod:`keeper.recipe`): a factor that starts low and ramps back to the caller's schedule."""
+        return recipe_for(self.parent, self.score, self.structure, self.preserved, total_steps, ramp)
+
+    def lr_factor(self, step: int, total_steps: int) -> float:
+        """The factor to multiply into the learning rate at optimizer step ``step`` (0-based) of a run of
+        ``total_steps``: 1.0 at every step of a cold result. See :meth:`recipe`."""
+        return self.recipe(total_steps).factor(step)
 
     def to_onnx(self) -> onnx.ModelProto:
         """The child model with the warmed initializers (models under protobuf's 2 GiB; larger ones:

@@ -157,7 +157,8 @@ def with_precise_bn(model: nn.Module, data: Dataset, batches: int = 4, batch_siz
 def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128, lr: float = 3e-3,
           eval_every: int = 50, target: float | None = None, stop_at_target: bool = False, seed: int = 0,
           device: torch.device | str | None = None, precise_bn: bool = False,
-          report: Callable[[dict], None] | None = None) -> TrainHistory:
+          report: Callable[[dict], None] | None = None,
+          lr_factor: Callable[[int], float] | None = None) -> TrainHistory:
     """Train ``model`` in place with Adam (cosine decay to zero over ``steps``) and cross-entropy.
 
     Batches are drawn without replacement, epoch by epoch, from a generator seeded by ``seed`` (the global
@@ -173,6 +174,8 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
             (:func:`with_precise_bn`); training and the model's own running statistics are unaffected.
         report: called after each evaluation with ``{"step", "accuracy", "loss", "seconds"}`` (a Tune
             ``report`` fits).
+        lr_factor: step (0-based) -> factor multiplied into the schedule (a warm start's recipe,
+            ``WarmResult.recipe(steps).factor``); None keeps the schedule.
 
     Example:
         >>> history = train(model, mnist1d_dataset(), steps=1500, target=0.8)  # doctest: +SKIP
@@ -193,8 +196,9 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
     # fused: one kernel updates every parameter (the same Adam update; the per-tensor loop's Python overhead is
     # a third of a small MLP's step)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=_fused_ok(model))
+    factor = lr_factor or (lambda s: 1.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, steps) / steps)))
+        optimizer, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, steps) / steps)) * factor(s))
     loss_fn = nn.CrossEntropyLoss()
     history = TrainHistory()
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

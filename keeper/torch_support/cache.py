@@ -115,7 +115,7 @@ def _source_file(cls: type) -> bytes:
     the fingerprint, the module-level helpers its methods call included."""
     try:
         path = inspect.getsourcefile(cls)
-    except TypeError:
+    except (TypeError, OSError):  # a built-in, or a class defined where no file holds it (python -c, a REPL)
         return b""
     if not path:
         return b""

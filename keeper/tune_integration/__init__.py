@@ -4,14 +4,15 @@
   starts or finds the keeper service and registers every finished trial's checkpoint into the zoo.
 - :func:`warm_start` (``warm_start(model, example_input)`` in the trainable) is
   :func:`keeper.torch_support.warm_start`: with no zoo given it warms from the running service, and in a trial it
-  leaves the architecture template and the warm's lineage for the callback.
+  leaves the architecture template and the warm's lineage for the callback; :func:`warm_lr` applies its
+  learning-rate recipe to the trainable's optimizer.
 
 Checkpoint layouts the callback reads are listed in :mod:`keeper.tune_integration.checkpoint`.
 """
 
-from keeper.torch_support import warm_start
+from keeper.torch_support import warm_lr, warm_start
 from keeper.torch_support.trial import ARCHITECTURE_FILE
 from keeper.tune_integration.callback import KeeperCallback
 from keeper.tune_integration.checkpoint import CHECKPOINT_FILES
 
-__all__ = ["KeeperCallback", "warm_start", "CHECKPOINT_FILES", "ARCHITECTURE_FILE"]
+__all__ = ["KeeperCallback", "warm_start", "warm_lr", "CHECKPOINT_FILES", "ARCHITECTURE_FILE"]
