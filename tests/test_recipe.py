@@ -1,0 +1,75 @@
+"""The learning-rate recipe of a warm start (keeper.recipe, torch_support.warm_lr): 1.0 everywhere for a cold
+start, a low start ramping back to the caller's schedule for a warm one, the caller's scheduler untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nets
+from keeper.recipe import Recipe, recipe_for
+from keeper.torch_support import register, warm_lr, warm_start
+from keeper.warm import WarmResult
+from keeper.zoo import Zoo
+
+
+def _result(parent="p", score=1.0, structure=1.0, preserved=False) -> WarmResult:
+    return WarmResult(parent, score, {}, {}, preserved=preserved, structure=structure)
+
+
+def test_a_cold_result_leaves_the_schedule_alone():
+    cold = _result(parent=None, score=0.0, structure=0.0)
+    assert all(cold.lr_factor(s, 100) == 1.0 for s in range(0, 150))
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    ref_opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.5)
+    ref = torch.optim.lr_scheduler.StepLR(ref_opt, 3, 0.5)
+    sched = warm_lr(opt, cold, 20, torch.optim.lr_scheduler.StepLR(opt, 3, 0.5))
+    for _ in range(10):
+        assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
+        opt.step(), ref_opt.step(), sched.step(), ref.step()
+
+
+def test_a_preserved_warm_starts_low_and_ramps_back():
+    rec = _result(preserved=True).recipe(1000)
+    factors = [rec.factor(s) for s in range(1200)]
+    assert factors[0] == Recipe.PRESERVED_START
+    assert all(a <= b for a, b in zip(factors, factors[1:]))
+    assert rec.ramp_steps == 100 and all(f == 1.0 for f in factors[100:])
+    assert "preserved" in rec.why
+
+
+@pytest.mark.parametrize("score,structure,start", [(0.9, 1.0, 0.3), (0.5, 0.8, 0.6), (0.2, 0.5, 0.9)])
+def test_another_warm_starts_by_the_published_rule(score, structure, start):
+    rec = recipe_for("p", score, structure, False, 200)
+    assert rec.start == pytest.approx(start) and rec.ramp_steps == 20
+
+
+def test_the_callers_chainable_scheduler_compounds_as_without_keeper():
+    warm = _result(preserved=True)
+    opt = torch.optim.Adam(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+    sched = warm_lr(opt, warm, 100, torch.optim.lr_scheduler.ExponentialLR(opt, 0.9))
+    rec = warm.recipe(100)
+    for step in range(30):
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.9 ** step * rec.factor(step))
+        opt.step()
+        sched.step()
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, True, None])
+def test_bad_total_steps_are_refused_with_the_fix(bad):
+    with pytest.raises(ValueError, match="total_steps must be a positive integer"):
+        _result().recipe(bad)
+
+
+def test_warm_start_of_a_grown_model_gets_the_preserved_recipe(tmp_path):
+    def mlp(width):
+        torch.manual_seed(width)
+        return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
+
+    zoo, x = Zoo(str(tmp_path / "zoo")), torch.randn(2, 8)
+    with nets.quiet():
+        register(mlp(16), x, zoo, 0.9, name="narrow")
+        result = warm_start(mlp(32), x, zoo, noise=0.0)
+    assert result.parent == "narrow" and result.preserved
+    assert result.lr_factor(0, 500) == Recipe.PRESERVED_START and result.lr_factor(50, 500) == 1.0
