@@ -36,7 +36,7 @@ class Recipe:
     #: floor of the factor at step 0 for any other warm (the published system's)
     FIT_FLOOR = 0.3
     #: share of the run over which the factor rises back to 1
-    RAMP = 0.1
+    RAMP = 0.25
 
     start: float
     ramp_steps: int

@@ -35,14 +35,14 @@ def test_a_preserved_warm_starts_low_and_ramps_back():
     factors = [rec.factor(s) for s in range(1200)]
     assert factors[0] == Recipe.PRESERVED_START
     assert all(a <= b for a, b in zip(factors, factors[1:]))
-    assert rec.ramp_steps == 100 and all(f == 1.0 for f in factors[100:])
+    assert rec.ramp_steps == 250 and all(f == 1.0 for f in factors[250:])
     assert "preserved" in rec.why
 
 
 @pytest.mark.parametrize("score,structure,start", [(0.9, 1.0, 0.3), (0.5, 0.8, 0.6), (0.2, 0.5, 0.9)])
 def test_another_warm_starts_by_the_published_rule(score, structure, start):
     rec = recipe_for("p", score, structure, False, 200)
-    assert rec.start == pytest.approx(start) and rec.ramp_steps == 20
+    assert rec.start == pytest.approx(start) and rec.ramp_steps == 50
 
 
 def test_the_callers_chainable_scheduler_compounds_as_without_keeper():
@@ -72,4 +72,4 @@ def test_warm_start_of_a_grown_model_gets_the_preserved_recipe(tmp_path):
         register(mlp(16), x, zoo, 0.9, name="narrow")
         result = warm_start(mlp(32), x, zoo, noise=0.0)
     assert result.parent == "narrow" and result.preserved
-    assert result.lr_factor(0, 500) == Recipe.PRESERVED_START and result.lr_factor(50, 500) == 1.0
+    assert result.lr_factor(0, 500) == Recipe.PRESERVED_START and result.lr_factor(125, 500) == 1.0

@@ -386,3 +386,95 @@ def test_the_copy_bound_restarts_each_cold_trained_model_from_its_final_weights(
         assert untrained != c.final_accuracy  # the check below tells the two starts apart
         assert k.parent == f"cold-s0-{c.index}" and k.score == 1.0
         assert k.accuracies == [c.final_accuracy] * len(k.accuracies), (c.accuracies, k.accuracies)
+
+
+def _pbt_trainable(service: dict):
+    """A population member: an MLP of the config's width and depth, one warm_start line (which restores whatever
+    checkpoint the trial starts from, any architecture), short training rounds, a checkpoint per round that
+    records the loss it was saved at."""
+
+    def trainable(config: dict) -> None:
+        import json
+
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(256, 8, generator=g)
+        y = (x @ torch.randn(8, 3, generator=g)).argmax(1)
+        hidden = [config["width"]] * config["depth"]
+        layers, d = [], 8
+        for w in hidden:
+            layers += [torch.nn.Linear(d, w), torch.nn.ReLU()]
+            d = w
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(d, 3))
+        warm = warm_start(model, x[:2], config=service)
+
+        def loss() -> float:
+            with torch.no_grad():
+                return float(torch.nn.functional.cross_entropy(model(x), y))
+
+        source = None
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is not None:
+            with checkpoint.as_directory() as cd:
+                with open(os.path.join(cd, "meta.json")) as f:
+                    source = json.load(f)
+        start, opt = loss(), torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+        for rnd in range(config["rounds"]):
+            for _ in range(10):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            now = loss()
+            with tempfile.TemporaryDirectory() as d:
+                torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+                with open(os.path.join(d, "meta.json"), "w") as f:
+                    json.dump({"loss": now, "width": config["width"], "depth": config["depth"]}, f)
+                metrics = {"neg_loss": -now, "parent": warm.parent or "", "preserved": bool(warm.preserved),
+                           "start_loss": start, "source": json.dumps(source) if rnd == 0 and source else ""}
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+    return trainable
+
+
+def test_keeper_pbt_exploits_across_architectures(tmp_path):
+    """A population of 4 over width x depth x learning rate: weak trials clone strong ones of other architectures,
+    keeper carries the clone's function onto their own architecture (exactly where it says preserved), and no
+    trial errs."""
+    import json
+
+    from keeper.tune_integration import KeeperPBT
+
+    service = _service(tmp_path)
+
+    def validate(config):
+        if config["width"] < 4 or config["depth"] < 1:
+            raise ValueError(f"width {config['width']} / depth {config['depth']} builds no MLP")
+
+    with pytest.raises(ConfigError, match=r"hyperparam_mutations\['width'\] lists 2"):
+        KeeperPBT(metric="neg_loss", mode="max", hyperparam_mutations={"width": [2, 16]},
+                  architecture_keys=("width",), validate=validate, base_config={"depth": 1})
+    # synch: every trial reaches the perturbation point before the bottom half clones the top half, so exploits
+    # happen at iterations 2 and 4 whatever the machine's speed
+    pbt = KeeperPBT(time_attr="training_iteration", perturbation_interval=2, quantile_fraction=0.5, synch=True,
+                    hyperparam_mutations={"lr": [0.01, 0.05, 0.2]}, architecture_keys=("width", "depth"),
+                    validate=validate)
+    space = {"width": tune.grid_search([8, 16]), "depth": tune.grid_search([1, 2]), "lr": 0.05, "rounds": 1000}
+    cb = KeeperCallback(metric="neg_loss", mode="max", config=service)
+    grid = tune.Tuner(_pbt_trainable(service), param_space=space,
+                      tune_config=tune.TuneConfig(scheduler=pbt, metric="neg_loss", mode="max"),
+                      run_config=tune.RunConfig(name="pbt", storage_path=str(tmp_path / "results"),
+                                                stop={"training_iteration": 5}, callbacks=[cb], verbose=0)).fit()
+    assert not grid.errors
+    restored = []
+    for result in grid:
+        history = result.metrics_dataframe
+        for _, row in history[history["source"] != ""].iterrows():
+            source = json.loads(row["source"])
+            restored.append((source, row))
+    crossing = [(s, r) for s, r in restored
+                if (s["width"], s["depth"]) != (r["config/width"], r["config/depth"])]
+    assert crossing, f"no exploit crossed architectures: {[(s, r['parent']) for s, r in restored]}"
+    for source, row in crossing:
+        assert row["parent"].startswith("checkpoint"), row["parent"]
+        if row["preserved"]:  # the clone's function, up to the default symmetry-breaking noise
+            assert abs(row["start_loss"] - source["loss"]) <= 0.05 * source["loss"] + 1e-3, (source, row)

@@ -9,13 +9,16 @@ own device. The source is the embedded zoo (:class:`keeper.Zoo`), the service (a
 transfer always runs in this process, reading the parent from the zoo's store, so trials holding every CPU never
 wait for a task.
 
-In a Tune trial it also leaves the architecture template and the warm's lineage for the Tune callback
+A trial that starts from a checkpoint (restored, or cloned by population-based training from a trial of any
+architecture) is restored from it instead of from a zoo parent (:mod:`keeper.torch_support.restore`). In a Tune
+trial it also leaves the architecture template and the warm's lineage for the Tune callback
 (:mod:`keeper.torch_support.trial`); in a Ray Train trial rank 0 chooses and the other ranks follow
 (:mod:`keeper.torch_support.distributed`), so every worker ends with the same weights.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ray.actor import ActorHandle
@@ -25,18 +28,21 @@ from keeper.actors.client import ServiceClient
 from keeper.actors.launcher import connect
 from keeper.actors.remote import Demand, get
 from keeper.chooser import ParentSource
-from keeper.errors import KeeperError
+from keeper.errors import KeeperError, StoreError
 from keeper.selection import ParentChoice
 from keeper.torch_support import distributed, trial
 from keeper.torch_support.export import Exported, export_graph, module_weights
 from keeper.torch_support.load import load_result
 from keeper.torch_support.probe import module_probe
-from keeper.torch_support.templates import architecture_template
+from keeper.torch_support.restore import restore
+from keeper.torch_support.templates import architecture_template, find_template
 from keeper.warm import WarmResult
 from keeper.weights import weights_bytes
 from keeper.zoo import Zoo
 
 __all__ = ["warm_start", "register", "choose_for_module", "parent_source"]
+
+log = logging.getLogger(__name__)
 
 
 def parent_source(zoo: Any, config: Any = None, timeout_s: float = 300.0) -> ParentSource:
@@ -80,7 +86,9 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
 
     Returns:
         The WarmResult: ``parent`` is None (the module keeps its own weights) when the zoo holds nothing similar
-        enough, e.g. for the first trials of an experiment; ``reason`` says why.
+        enough, e.g. for the first trials of an experiment; ``reason`` says why. A trial starting from a
+        checkpoint is restored from it (``parent`` names the checkpoint; another architecture's is transformed);
+        a checkpoint that cannot be restored leaves the trial on the zoo's warm start, and ``reason`` says why.
 
     Raises:
         ServiceError: ``zoo`` is None and no keeper service is running (start one with ``KeeperCallback`` or
@@ -104,15 +112,43 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
         exported, choice = export_graph(module, example_input, dynamo=dynamo), None
     if size > 1:  # one choice, one hit and one template per Ray Train trial
         choice = distributed.share_choice(choice)
+    restored, failed = _restore_checkpoint(module, exported, choice, noise, trainable)
+    if restored is not None:
+        if rank == 0:
+            trial.save_lineage(restored, trainable)
+        if size > 1:
+            distributed.sync_module(module)
+        return restored
     score = module_probe(module, exported.keys, probe) if probe is not None else None
     result = chooser.warm(source, exported.onnx, exported.graph, noise=noise, probe=score, choice=choice,
                           weights=module_weights(module, exported) if exported.apart else None, count=rank == 0)
     result = load_result(module, result, exported.keys)
+    if failed:
+        result.reason = f"{failed}; {result.reason}"
     if rank == 0:
         trial.save_lineage(result, trainable)
     if size > 1:
         distributed.sync_module(module)
     return result
+
+
+def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, noise: float | None,
+                        trainable: Any) -> tuple[WarmResult | None, str]:
+    """The trial's checkpoint restored into ``module`` (every rank alike: same checkpoint, same seed), or
+    (None, why not) when there is none or it cannot be restored; a failure never ends the trial."""
+    found = trial.checkpoint_state(trainable)
+    if found is None:
+        return None, ""
+    state, template, what = found
+    try:
+        if template is None and choice.uri:  # a Ray Train worker's trial directory is not beside its checkpoint
+            template = find_template(choice.uri, state)
+        return restore(module, exported, state, template, what, choice.noise if noise is None else noise,
+                       choice.seed), ""
+    except (KeeperError, StoreError) as exc:
+        log.warning("keeper: %s could not be restored into the trial's model (%s); it starts from the zoo instead",
+                    what, exc)
+        return None, f"{what} could not be restored ({exc})"
 
 
 def choose_for_module(module: Any, example_input: Any, zoo: Any = None, *, config: Any = None,

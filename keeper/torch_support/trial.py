@@ -17,16 +17,18 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import posixpath
 import sys
 import warnings
 from typing import Any
 
 from keeper.errors import StoreError
 from keeper.torch_support.distributed import train_context
+from keeper.torch_support.restore import read_state_dict
 from keeper.torch_support.templates import save_template
 from keeper.warm import WarmResult
 
-__all__ = ["ARCHITECTURE_FILE", "LINEAGE_FILE", "in_trial", "save_architecture", "save_lineage"]
+__all__ = ["ARCHITECTURE_FILE", "LINEAGE_FILE", "checkpoint_state", "in_trial", "save_architecture", "save_lineage"]
 
 #: The architecture template's file name in the trial directory.
 ARCHITECTURE_FILE = "keeper-architecture.onnx"
@@ -81,6 +83,40 @@ def save_architecture(template: bytes, state: dict[str, Any], uri: str, trainabl
     except StoreError as exc:  # a read-only zoo: the trial directory's copy still serves the callback
         log.warning("keeper: the architecture template could not be stored in the zoo at %s (%s); checkpoints "
                     "of Ray Train workers of this architecture will need a model_builder", uri, exc)
+
+
+def checkpoint_state(trainable: Any = None) -> tuple[dict[str, Any], bytes | None, str] | None:
+    """The checkpoint this function trainable or Ray Train worker starts from (its own after a restore, or the
+    trial Tune's PBT cloned): ``(state_dict, the architecture template beside it or None, a label naming it)``;
+    None outside a trial, with no checkpoint, or for a checkpoint holding no state_dict (``model.onnx``: the
+    trainable restores it itself). A ``tune.Trainable`` class restores in its own ``load_checkpoint``."""
+    if trainable is not None or "ray.tune" not in sys.modules:
+        return None
+    checkpoint = None
+    try:
+        from ray import tune
+
+        checkpoint = tune.get_checkpoint()
+    except Exception:  # noqa: BLE001 - outside a function trainable Tune raises various errors
+        checkpoint = None
+    if checkpoint is None and train_context() is not None:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None
+    trial_dir = posixpath.dirname(checkpoint.path.rstrip("/"))
+    what = f"checkpoint {posixpath.basename(checkpoint.path.rstrip('/'))} of {posixpath.basename(trial_dir)}"
+    with checkpoint.as_directory() as directory:
+        state = read_state_dict(directory, what)
+    if state is None:
+        return None
+    try:  # the template warm_start left in the checkpoint's trial directory
+        with checkpoint.filesystem.open_input_file(f"{trial_dir}/{ARCHITECTURE_FILE}") as f:
+            template = f.read()
+    except (FileNotFoundError, OSError):
+        template = None
+    return state, template, what
 
 
 def save_lineage(result: WarmResult, trainable: Any = None) -> None:

@@ -7,6 +7,9 @@
   leaves the architecture template and the warm's lineage for the callback; :func:`warm_lr` applies its
   learning-rate recipe to the trainable's optimizer.
 
+- :class:`KeeperPBT`: Tune's population-based training whose exploit step may cross architectures (the
+  ``warm_start`` line restores a cloned checkpoint of any architecture onto the trial's own).
+
 Checkpoint layouts the callback reads are listed in :mod:`keeper.tune_integration.checkpoint`.
 """
 
@@ -14,5 +17,6 @@ from keeper.torch_support import warm_lr, warm_start
 from keeper.torch_support.trial import ARCHITECTURE_FILE
 from keeper.tune_integration.callback import KeeperCallback
 from keeper.tune_integration.checkpoint import CHECKPOINT_FILES
+from keeper.tune_integration.pbt import KeeperPBT
 
-__all__ = ["KeeperCallback", "warm_start", "warm_lr", "CHECKPOINT_FILES", "ARCHITECTURE_FILE"]
+__all__ = ["KeeperCallback", "KeeperPBT", "warm_start", "warm_lr", "CHECKPOINT_FILES", "ARCHITECTURE_FILE"]

@@ -17,14 +17,13 @@ import json
 import os
 from typing import Any, Callable
 
-import torch
-from safetensors.torch import load_file
 
 from keeper.actors.remote import Demand, get
 from keeper.errors import AdmissionError, KeeperError
 from keeper.onnx_safety import load_model
 from keeper.onnx_weights import write_weights
 from keeper.torch_support.export import export_graph
+from keeper.torch_support.restore import read_state_dict
 from keeper.torch_support.templates import architecture_template, find_template, template_apart
 from keeper.torch_support.trial import ARCHITECTURE_FILE, LINEAGE_FILE
 from keeper.weights import weights_bytes
@@ -32,26 +31,6 @@ from keeper.weights import weights_bytes
 __all__ = ["CHECKPOINT_FILES", "checkpoint_onnx", "checkpoint_model", "register_trial"]
 
 CHECKPOINT_FILES = ("model.onnx", "model.safetensors", "model.pt")
-
-
-def _state_dict(directory: str, what: str) -> dict[str, Any] | None:
-    st = os.path.join(directory, "model.safetensors")
-    if os.path.exists(st):
-        return load_file(st)
-    pt = os.path.join(directory, "model.pt")
-    if not os.path.exists(pt):
-        return None
-    try:
-        obj = torch.load(pt, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise KeeperError(f"{what}: model.pt could not be read as a state_dict ({type(exc).__name__}: {exc}); "
-                          "save it with torch.save(model.state_dict(), 'model.pt')") from None
-    if isinstance(obj, dict) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
-        obj = obj.get("model", obj.get("state_dict", obj))
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise KeeperError(f"{what}: model.pt holds {type(obj).__name__}, not a state_dict of tensors; save it with "
-                          "torch.save(model.state_dict(), 'model.pt')")
-    return obj
 
 
 def checkpoint_onnx(directory: str, template: bytes | None, what: str,
@@ -85,7 +64,7 @@ def checkpoint_model(directory: str, template: bytes | None, what: str,
     if os.path.exists(onnx_path):
         with open(onnx_path, "rb") as f:
             return f.read(), None
-    state = _state_dict(directory, what)
+    state = read_state_dict(directory, what)
     if state is None:
         raise KeeperError(f"{what}: the checkpoint holds none of {CHECKPOINT_FILES}; save the model's state_dict "
                           "as model.pt in the directory passed to tune.Checkpoint.from_directory")
@@ -96,7 +75,7 @@ def checkpoint_model(directory: str, template: bytes | None, what: str,
 def _template_of(directory: str, what: str, builder: Callable[[], tuple[Any, Any]] | None,
                  find: Callable[[dict], bytes | None] | None, state: dict | None = None) -> bytes:
     """The architecture template of the state_dict in ``directory``: found by its signature, or built."""
-    state = state if state is not None else _state_dict(directory, what)
+    state = state if state is not None else read_state_dict(directory, what)
     template = find(state) if find is not None else None
     if template is not None:
         return template

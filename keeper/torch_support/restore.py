@@ -1,0 +1,74 @@
+"""Restoring a module from a trial's checkpoint of any architecture: the step that lets population-based training
+exploit across architectures.
+
+When a Tune trial (or a Ray Train worker) starts from a checkpoint, ``warm_start`` restores the module from it
+instead of choosing a zoo parent: a state_dict of the module's own architecture is loaded exactly (a plain copy,
+as Tune's PBT does); one of another architecture (PBT cloned a trial whose width or depth differs) is transformed
+onto the module by keeper's operators, reading the checkpoint's architecture from the template ``warm_start``
+left beside it.
+
+Invariants: a same-architecture restore is exact (every state_dict entry loaded as saved); a checkpoint keeper
+cannot read or transform raises :class:`~keeper.errors.KeeperError` naming it, and ``warm_start`` then keeps the
+trial alive on the zoo's warm start, saying why in the result's reason; nothing is ever unpickled (``model.pt``
+is read with ``weights_only=True``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from keeper.errors import KeeperError
+from keeper.torch_support.export import Exported, module_weights
+from keeper.torch_support.load import load_result
+from keeper.torch_support.templates import state_signature, template_apart
+from keeper.warm import WarmResult, warm_from_parent
+
+__all__ = ["read_state_dict", "restore"]
+
+
+def read_state_dict(directory: str, what: str) -> dict[str, Any] | None:
+    """The state_dict a checkpoint directory holds (``model.safetensors``, else ``model.pt``: a state_dict, or a
+    dict holding one under ``"model"`` or ``"state_dict"``), or None when it holds neither."""
+    st = os.path.join(directory, "model.safetensors")
+    if os.path.exists(st):
+        return load_file(st)
+    pt = os.path.join(directory, "model.pt")
+    if not os.path.exists(pt):
+        return None
+    try:
+        obj = torch.load(pt, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a file it cannot read
+        raise KeeperError(f"{what}: model.pt could not be read as a state_dict ({type(exc).__name__}: {exc}); "
+                          "save it with torch.save(model.state_dict(), 'model.pt')") from None
+    if isinstance(obj, dict) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
+        obj = obj.get("model", obj.get("state_dict", obj))
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise KeeperError(f"{what}: model.pt holds {type(obj).__name__}, not a state_dict of tensors; save it with "
+                          "torch.save(model.state_dict(), 'model.pt')")
+    return obj
+
+
+def restore(module: torch.nn.Module, exported: Exported, state: dict[str, Any], template: bytes | None,
+            what: str, noise: float, seed: int = 0) -> WarmResult:
+    """Load checkpoint ``state`` into ``module``: exactly when it is the module's architecture, else transformed
+    onto it from the checkpoint's architecture ``template``. ``result.parent`` is ``what``."""
+    own = module.state_dict()
+    if set(state) == set(own) and all(tuple(state[k].shape) == tuple(own[k].shape) for k in own):
+        module.load_state_dict(state)
+        return WarmResult(what, 1.0, {}, {}, preserved=True, structure=1.0,
+                          reason=f"restored from {what}: the same architecture, loaded exactly")
+    if template is None:
+        raise KeeperError(f"{what}: the checkpoint's state_dict is another architecture (signature "
+                          f"{state_signature(state)[:12]}) and no architecture template was found beside it; call "
+                          "warm_start(model, example_input) in the trainable before its first checkpoint")
+    graph, weights = template_apart(template, state, what)
+    result = warm_from_parent(graph, exported.onnx, parent_weights=weights, parent_name=what,
+                              child_weights=module_weights(module, exported) if exported.apart else None,
+                              child_graph=exported.graph, noise=noise, seed=seed)
+    result.reason = (f"restored from {what}, another architecture, by keeper's transforms (similarity "
+                     f"{result.score:.2f}{', function preserved' if result.preserved else ''})")
+    return load_result(module, result, exported.keys)

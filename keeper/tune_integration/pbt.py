@@ -1,0 +1,99 @@
+"""``KeeperPBT``: Tune's population-based training across architectures.
+
+Tune's ``PopulationBasedTraining`` clones a strong trial's checkpoint into a weak trial and perturbs its
+hyperparameters; it assumes one architecture, and a trial whose width or depth differs fails to load the clone's
+``state_dict``. With keeper the trainable's one ``warm_start(model, example_input)`` line restores whatever
+checkpoint the trial starts from (:mod:`keeper.torch_support.restore`): the trial's own architecture exactly, any
+other by keeper's function-preserving transforms. ``KeeperPBT`` adds what the scheduler must know about
+architectures:
+
+* ``architecture_keys``: the config keys that define the model (``width``, ``depth``...). With
+  ``keep_architecture=True`` (the default) an exploiting trial keeps its own values of them and inherits only the
+  clone's function, so the population keeps its architectures; with False it takes the clone's, as Tune's PBT
+  does; either way a key in ``hyperparam_mutations`` may mutate.
+* ``validate(config)``: raises (any exception, its message naming what is wrong) for a config whose architecture
+  cannot be built. The values listed in ``hyperparam_mutations`` for architecture keys are checked at
+  construction, each in ``base_config`` when given; every explored config is checked before its trial runs, redrawn
+  up to :attr:`KeeperPBT.MAX_REDRAWS` times, and otherwise the trial's own architecture is kept (logged).
+
+Everything else is Tune's PBT (same arguments, same behaviour); a same-architecture exploit stays a plain copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Callable
+
+from ray.tune.schedulers import PopulationBasedTraining
+
+from keeper.errors import ConfigError
+
+__all__ = ["KeeperPBT"]
+
+log = logging.getLogger(__name__)
+
+
+class KeeperPBT(PopulationBasedTraining):
+    """Population-based training whose exploit step may cross architectures (see the module docstring).
+
+    Example:
+        >>> pbt = KeeperPBT(metric="accuracy", mode="max", perturbation_interval=2,          # doctest: +SKIP
+        ...                 hyperparam_mutations={"lr": tune.loguniform(1e-4, 1e-1), "width": [16, 32, 64]},
+        ...                 architecture_keys=("width", "depth"))
+        >>> tune.Tuner(trainable, tune_config=tune.TuneConfig(scheduler=pbt, num_samples=4))  # doctest: +SKIP
+    """
+
+    #: explored configs tried before an exploiting trial keeps its own architecture
+    MAX_REDRAWS = 10
+
+    def __init__(self, *args: Any, architecture_keys: tuple[str, ...] | list[str] = (),
+                 keep_architecture: bool = True, validate: Callable[[dict], Any] | None = None,
+                 base_config: dict | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if isinstance(architecture_keys, str):
+            architecture_keys = (architecture_keys,)
+        self.architecture_keys = tuple(architecture_keys)
+        self.keep_architecture = bool(keep_architecture)
+        self.validate = validate
+        self._check_listed(kwargs.get("hyperparam_mutations") or {}, base_config or {})
+
+    def _check_listed(self, mutations: dict, base: dict) -> None:
+        """Every listed value of an architecture key must pass ``validate`` (in ``base``)."""
+        if self.validate is None:
+            return
+        for key in self.architecture_keys:
+            values = mutations.get(key)
+            if not isinstance(values, (list, tuple)):
+                continue
+            for value in values:
+                why = self._invalid(dict(base, **{key: value}))
+                if why is not None:
+                    raise ConfigError(f"KeeperPBT: hyperparam_mutations[{key!r}] lists {value!r}, whose architecture "
+                                      f"is invalid ({why}); remove the value or fix validate")
+
+    def _invalid(self, config: dict) -> str | None:
+        try:
+            self.validate(config)
+        except Exception as exc:  # noqa: BLE001 - validate is the user's: any exception means invalid
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict, dict]:
+        why = None
+        for _ in range(self.MAX_REDRAWS):
+            config, operations = super()._get_new_config(trial, trial_to_clone)
+            if self.keep_architecture:
+                for key in self.architecture_keys:
+                    if key in trial.config and key not in operations:
+                        config[key] = copy.deepcopy(trial.config[key])
+            why = self._invalid(config) if self.validate is not None else None
+            if why is None:
+                return config, operations
+        log.warning("KeeperPBT: %d explored configs of trial %s had invalid architectures (last: %s); it keeps its "
+                    "own architecture", self.MAX_REDRAWS, trial, why)
+        for key in self.architecture_keys:
+            if key in trial.config:
+                config[key] = copy.deepcopy(trial.config[key])
+            operations.pop(key, None)
+        return config, operations
