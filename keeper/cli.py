@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -40,10 +41,24 @@ accuracies.json maps a file name or stem to its accuracy: {"resnet-a.onnx": 0.91
 """
 
 
-def _zoo(args):
+def _zoo_uri(args) -> str | None:
+    """The zoo the command names: --zoo, else $KEEPER_ZOO, else None (the default, ~/.keeper/zoo)."""
+    if args.zoo is not None:
+        if not args.zoo.strip():
+            raise KeeperError("--zoo is empty; give a directory or a URI such as s3://bucket/zoo")
+        return args.zoo
+    env = os.environ.get("KEEPER_ZOO")
+    if env is not None and not env.strip():
+        raise KeeperError("KEEPER_ZOO is set but empty; set it to a directory or a URI such as s3://bucket/zoo, "
+                          "or unset it to use ~/.keeper/zoo")
+    return env
+
+
+def _zoo(args, mode: str):
+    """The zoo, opened to ``mode``: "write" creates it when missing; "read" refuses a missing one."""
     from keeper.zoo import Zoo
 
-    return Zoo(args.zoo or os.environ.get("KEEPER_ZOO"))
+    return Zoo(_zoo_uri(args), mode=mode)
 
 
 def _accuracy_file(path: str) -> dict:
@@ -61,7 +76,7 @@ def _accuracy_file(path: str) -> dict:
 def _cmd_register(args) -> int:
     from tqdm import tqdm
 
-    zoo = _zoo(args)
+    zoo = _zoo(args, "write")
     path = Path(args.model)
     if path.is_dir():
         files = sorted(path.glob("*.onnx"))
@@ -103,7 +118,7 @@ def _weights_file(path: str | None) -> Path | None:
 def _cmd_warm(args) -> int:
     import onnx
 
-    zoo = _zoo(args)
+    zoo = _zoo(args, "read")  # a read-only zoo warms too: its usage counts are best-effort
     as_safetensors = args.output.endswith(".safetensors")
     result = zoo.warm(Path(args.model), noise=args.noise, weights=_weights_file(args.weights),
                       out=args.output if as_safetensors else None)
@@ -137,7 +152,7 @@ def _cmd_warm(args) -> int:
 
 
 def _cmd_zoo(args) -> int:
-    zoo = _zoo(args)
+    zoo = _zoo(args, "write" if args.zoo_cmd in ("rm", "gc") else "read")
     if args.zoo_cmd == "ls":
         recs = list(zoo)
         if args.json:
@@ -217,8 +232,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class _StderrWarnings(logging.Handler):
+    """keeper's warnings as ``keeper: warning: ...`` lines on the stderr of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"keeper: warning: {record.getMessage()}", file=sys.stderr)
+
+
+def _warnings_to_stderr() -> None:
+    logger = logging.getLogger("keeper")
+    if not any(isinstance(h, _StderrWarnings) for h in logger.handlers):
+        logger.addHandler(_StderrWarnings(logging.WARNING))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _warnings_to_stderr()
     try:
         return int(args.fn(args) or 0)
     except KeeperError as exc:

@@ -92,6 +92,10 @@ def check_accuracy(accuracy: float, name: str) -> float:
 class Zoo:
     """A durable zoo of trained models, usable without Ray.
 
+    ``mode="write"`` (the default) creates the zoo when missing; ``mode="read"`` requires it
+    (:class:`~keeper.errors.ZooNotFoundError`) and writes nothing but best-effort usage counts, so a zoo on a
+    read-only volume or bucket lists and warms.
+
     Example:
         >>> zoo = keeper.Zoo("/tmp/zoo")                          # doctest: +SKIP
         >>> zoo.register(trained_onnx, accuracy=0.91, name="r18")  # doctest: +SKIP
@@ -99,9 +103,11 @@ class Zoo:
         >>> result.parent, result.score                           # doctest: +SKIP
     """
 
-    def __init__(self, uri: str | ModelStore | None = None, config: ZooConfig | None = None):
-        self.store = uri if isinstance(uri, ModelStore) else ModelStore(uri)
+    def __init__(self, uri: str | ModelStore | None = None, config: ZooConfig | None = None, *,
+                 mode: str = "write"):
+        self.store = uri if isinstance(uri, ModelStore) else ModelStore(uri, mode=mode)
         self.config = config or ZooConfig()
+        self._hits_failed = False  # usage counts are best-effort: one warning, then quiet
         self._graphs: dict[str, LayerGraph] = {}
         self._arrays: dict[str, MatchArrays] = {}
         self._sigs: dict[str, np.ndarray] = {}
@@ -409,9 +415,15 @@ class Zoo:
         return dataclasses.replace(result, **report) if report else result
 
     def hit(self, name: str) -> None:
-        """Count one use of ``name`` as a parent (decayed value for eviction)."""
+        """Count one use of ``name`` as a parent (decayed value for eviction). Best-effort: a zoo this process may
+        not write to (a read-only volume or bucket) warns once and counts nothing; nothing else changes."""
         rec = self.store.record(name)
         now = time.time()
         summary = dict(rec.summary)
         summary["hit_time"] = now
-        self.store.update(name, hits=self.value(rec, now) - rec.accuracy + 1.0, summary=summary)
+        try:
+            self.store.update(name, hits=self.value(rec, now) - rec.accuracy + 1.0, summary=summary)
+        except StoreError as exc:
+            if not self._hits_failed:
+                log.warning("usage counts of the zoo at %s are not updated (%s)", self.uri, exc)
+            self._hits_failed = True

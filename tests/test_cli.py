@@ -3,8 +3,12 @@ warm, zoo ls / info / rm, help, exit codes and messages, and the $KEEPER_ZOO def
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +184,7 @@ def test_warm_verbose_prints_provenance(tmp_path, zoo_dir, capsys):
 def test_warm_without_a_parent_keeps_the_models_weights(tmp_path, zoo_dir, capsys):
     child_bytes = mlp_onnx([40, 10], 2)
     child, out_path = write(tmp_path / "child.onnx", child_bytes), tmp_path / "w.onnx"
+    Zoo(zoo_dir)  # an empty zoo
     code, out, _ = keeper(capsys, "warm", child, "-o", str(out_path), "--zoo", zoo_dir)
     assert code == 0 and "no parent: " in out and "holds no model" in out  # an empty zoo says so
     got = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out_path)).graph.initializer}
@@ -268,8 +273,35 @@ def test_keeper_zoo_environment_variable_is_the_default(tmp_path, monkeypatch, c
     assert code == 0 and out.startswith(f"1 models in {env_zoo}") and "from-env" in out
     # --zoo wins over the environment
     other = str(tmp_path / "other")
+    Zoo(other)
     code, out, _ = keeper(capsys, "zoo", "ls", "--zoo", other)
     assert code == 0 and out.startswith(f"0 models in {other}")
+
+
+@pytest.mark.parametrize("argv", [["zoo", "ls"], ["zoo", "ls", "--json"], ["zoo", "info", "m"],
+                                  ["warm", "CHILD", "-o", "OUT"]], ids=["ls", "ls-json", "info", "warm"])
+def test_reading_commands_refuse_a_missing_zoo_and_create_nothing(tmp_path, capsys, argv):
+    typo = tmp_path / "typo-zooo"
+    child = write(tmp_path / "child.onnx", mlp_onnx([24, 10], 1))
+    argv = [{"CHILD": child, "OUT": str(tmp_path / "w.onnx")}.get(a, a) for a in argv]
+    code, out, err = keeper(capsys, *argv, "--zoo", str(typo))
+    assert code == 1 and out == ""
+    assert err == f"keeper: error: no zoo at {typo}; `keeper register` creates one (in Python: open it with " \
+                  "mode='write')\n"
+    assert not typo.exists() and not (tmp_path / "w.onnx").exists()
+
+
+def test_an_empty_keeper_zoo_is_an_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KEEPER_ZOO", "")
+    path = write(tmp_path / "trained.onnx", mlp_onnx([24, 10], 1))
+    for argv in (["zoo", "ls"], ["register", path, "--accuracy", "0.9"]):
+        code, _, err = keeper(capsys, *argv)
+        assert code == 1 and "KEEPER_ZOO is set but empty" in err
+    code, _, err = keeper(capsys, "zoo", "ls", "--zoo", "")
+    assert code == 1 and "--zoo is empty" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "trained.onnx"] or \
+        sorted(p.name for p in tmp_path.iterdir()) == ["trained.onnx"], "no zoo made in the current directory"
 
 
 # ---------------------------------------------------------------------------------------------- weights apart
@@ -320,6 +352,7 @@ def test_register_a_directory_takes_each_graphs_safetensors_beside_it(tmp_path, 
     zoo = Zoo(zoo_dir)
     assert zoo.names() == ["apart", "inline"] and "weights.safetensors" in zoo.record("apart").extras
     # a child graph without weights and without a parent: written with its tensors as zeros, each listed
+    Zoo(str(tmp_path / "empty-zoo"))
     code, out, _ = keeper(capsys, "warm", str(runs / "orphan.onnx"), "-o", str(tmp_path / "o.safetensors"),
                           "--zoo", str(tmp_path / "empty-zoo"))
     assert code == 0 and "no parent" in out and "are zeros in" in out
@@ -348,3 +381,57 @@ def test_warm_names_the_tensors_it_could_not_read(tmp_path, zoo_dir, capsys):
     assert code == 0
     assert "parent gated  similarity 0.9444" in out  # 102 of the 108 learned elements: not the gate's 6
     assert "1 learned tensors are read by ops keeper has no rule for and keep the model's own values: gate" in out
+
+
+# ---------------------------------------------------------------------------------------------- read-only zoos
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """``path`` made read-only for real: chmod for a user, a read-only bind mount for root (whom chmod does not
+    stop); skipped where neither restricts."""
+    if os.geteuid() != 0:
+        dirs = [path, *(p for p in path.rglob("*") if p.is_dir())]
+        for d in dirs:
+            d.chmod(0o555)
+        try:
+            yield
+        finally:
+            for d in dirs:
+                d.chmod(0o755)
+        return
+    if shutil.which("mount") is None or subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)],
+                                                       capture_output=True, check=False).returncode != 0:
+        pytest.skip("running as root without a read-only bind mount: chmod would not restrict")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_read_only_zoo_lists_shows_and_warms(tmp_path, zoo_dir, capsys):
+    registered(zoo_dir, write(tmp_path / "parent.onnx", mlp_onnx([24, 10], 1)), "mlp-a")
+    child = write(tmp_path / "child.onnx", mlp_onnx([40, 10], 2))
+    capsys.readouterr()
+    before = tree(Path(zoo_dir))
+    with read_only(Path(zoo_dir)):
+        with pytest.raises(OSError):
+            (Path(zoo_dir) / "probe").write_bytes(b"")  # the zoo is read-only for this process
+        code, out, err = keeper(capsys, "zoo", "ls", "--zoo", zoo_dir)
+        assert code == 0 and out.startswith("1 models in ") and "mlp-a" in out and err == ""
+        code, out, err = keeper(capsys, "zoo", "info", "mlp-a", "--zoo", zoo_dir)
+        assert code == 0 and json.loads(out)["name"] == "mlp-a" and err == ""
+        for _ in range(2):
+            code, out, err = keeper(capsys, "warm", child, "-o", str(tmp_path / "w.onnx"), "--noise", "0",
+                                    "--zoo", zoo_dir)
+            assert code == 0 and "parent mlp-a" in out and (tmp_path / "w.onnx").is_file()
+            # one warning per command, naming the zoo; no retries (an instant answer), no error
+            assert err.count("keeper: warning: ") == 1 and "usage counts" in err and zoo_dir in err, err
+            assert "attempt" not in err
+        code, _, err = keeper(capsys, "zoo", "rm", "mlp-a", "--zoo", zoo_dir)
+        assert code == 1 and "'mlp-a'" in err and "read-only" in err and "attempt" not in err
+    assert tree(Path(zoo_dir)) == before, "nothing in a read-only zoo changes"

@@ -16,6 +16,7 @@ import pytest
 
 from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError
 from keeper.store import ModelRecord, ModelStore
+from keeper.store_files import _HOST, STALE_TEMP_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -213,11 +214,24 @@ def test_gc_removes_orphans_and_temp_files(tmp_path):
     store = ModelStore(tmp_path)
     rec, _ = put(store, "m", b"kept", extras={"graph.npz": b"g"})
     (tmp_path / "blobs" / ("f" * 64 + ".onnx")).write_bytes(b"orphan")
-    (tmp_path / "tmp" / "dead.m.json").write_bytes(b"{")
-    assert store.gc(min_age_s=3600) == 0  # fresh files may belong to a put in flight
+    live = f"{_HOST}-{os.getpid()}-{'a' * 32}.m.json"  # a writer of this host that runs: this process
+    dead = f"{_HOST}-{dead_pid()}-{'b' * 32}.m.json"
+    for name in (live, dead, "legacy.m.json"):
+        (tmp_path / "tmp" / name).write_bytes(b"{")
+    assert store.gc(min_age_s=3600) == 1  # fresh blobs may belong to a put in flight; a dead writer's file goes
+    assert files(tmp_path, "tmp") == {live, "legacy.m.json"}
+    old = time.time() - STALE_TEMP_S - 60
+    os.utime(tmp_path / "tmp" / "legacy.m.json", (old, old))  # a writer this host cannot check: gone when stale
     assert store.gc() == 2
     assert files(tmp_path, "blobs") == {f"{rec.checksum}.onnx", f"{rec.extra_checksums['graph.npz']}.graph.npz"}
-    assert files(tmp_path, "tmp") == set() and store.get("m") == b"kept"
+    assert files(tmp_path, "tmp") == {live} and store.get("m") == b"kept"
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
 
 
 def test_faults_are_retried_then_reported(tmp_path):
