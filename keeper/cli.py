@@ -92,8 +92,11 @@ def _cmd_register(args) -> int:
                 continue
             try:
                 sibling = f.with_suffix(".safetensors")  # a graph's weights kept apart, next to it
-                rec = zoo.register(f, acc, name=f.stem, weights=sibling if sibling.is_file() else None)
-                tqdm.write(f"registered {rec.name} (accuracy {rec.accuracy:.4f}, {rec.num_params} params)") if not args.quiet else None
+                before = {r.name: r for r in zoo}
+                rec = zoo.register(f, acc, name=f.stem, weights=sibling if sibling.is_file() else None,
+                                   alias=args.alias, update_accuracy=args.update_accuracy)
+                if not args.quiet:
+                    tqdm.write(_outcome(rec, before))
             except KeeperError as exc:
                 print(f"refused {f.name}: {exc}", file=sys.stderr)
                 failed += 1
@@ -101,10 +104,26 @@ def _cmd_register(args) -> int:
         return 1 if failed else 0
     if args.accuracy is None:
         raise KeeperError("register: --accuracy is required for a single model (a fraction in [0, 1])")
-    rec = zoo.register(path, args.accuracy, name=args.name, weights=_weights_file(args.weights))
-    print(f"registered {rec.name} (accuracy {rec.accuracy:.4f}, {rec.num_params} params, {rec.nbytes} bytes) "
-          f"into {zoo.uri}")
+    before = {r.name: r for r in zoo}
+    rec = zoo.register(path, args.accuracy, name=args.name, weights=_weights_file(args.weights), alias=args.alias,
+                       update_accuracy=args.update_accuracy)
+    print(_outcome(rec, before, zoo.uri))
     return 0
+
+
+def _outcome(rec, before: dict, uri: str | None = None) -> str:
+    """What a registration did, given the zoo's records before it: registered, aliased, updated or nothing."""
+    where = f" in {uri}" if uri else ""
+    old = before.get(rec.name)
+    if old is not None and old.accuracy != rec.accuracy:
+        return f"updated {rec.name}: accuracy {old.accuracy:.4f} -> {rec.accuracy:.4f}{where}"
+    if old is not None:
+        return f"already registered as {rec.name} (accuracy {rec.accuracy:.4f}){where}; nothing changed"
+    twin = next((r.name for r in before.values() if r.checksum == rec.checksum
+                 and r.extra_checksums.get("weights.safetensors") == rec.extra_checksums.get("weights.safetensors")),
+                None)
+    what = f"registered {rec.name} (accuracy {rec.accuracy:.4f}, {rec.num_params} params, {rec.nbytes} bytes)"
+    return (f"{what}, an alias of {twin} (stored once)" if twin else what) + (f" into {uri}" if uri else "")
 
 
 def _weights_file(path: str | None) -> Path | None:
@@ -197,6 +216,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--accuracy", type=float, help="final accuracy as a fraction in [0, 1]")
     r.add_argument("--accuracy-file", help="directory mode: JSON mapping file name (or stem) to accuracy")
     r.add_argument("--name", help="name in the zoo (default: file stem for directories, content hash otherwise)")
+    r.add_argument("--alias", action="store_true",
+                   help="list content that is already stored under NAME too (without it that is refused)")
+    r.add_argument("--update-accuracy", action="store_true",
+                   help="record a new accuracy for content already stored under its name (without it that is "
+                        "refused)")
     r.add_argument("--zoo", help=_ZOO_HELP)
     r.add_argument("-q", "--quiet", action="store_true")
     r.set_defaults(fn=_cmd_register)

@@ -2,7 +2,8 @@
 
 Invariants:
     * a refused registration (bad name, bad or outlying accuracy, unreadable model, too large) stores nothing;
-    * registering identical content again returns the stored record and stores nothing twice;
+    * registering identical content again under its name and accuracy returns the stored record and stores
+      nothing; under another name or accuracy it is refused, or aliased / updated when the caller asks so;
     * after every successful registration the zoo's blobs fit the byte budget; eviction removes the models of
       least value per byte (value = accuracy plus decayed parent hits), losers of near-duplicate pairs first;
     * reopening the same URI restores every model (graphs come back from their stored arrays, not re-parsed;
@@ -169,7 +170,8 @@ class Zoo:
 
     # -- register / remove
     def register(self, model: ModelInput, accuracy: float, name: str | None = None, *,
-                 weights: WeightsInput | None = None, lineage: Mapping[str, Any] | None = None) -> ModelRecord:
+                 weights: WeightsInput | None = None, lineage: Mapping[str, Any] | None = None,
+                 alias: bool = False, update_accuracy: bool = False) -> ModelRecord:
         """Admit a trained model with its accuracy in [0, 1]: ONNX with weights inside, or its graph (ONNX whose
         initializers hold no data, e.g. from :func:`keeper.torch_support.export_graph`) with ``weights`` apart as
         safetensors keyed by initializer name (bytes, a path, or a mapping of arrays), for models of any size.
@@ -181,9 +183,15 @@ class Zoo:
         then ranks it below every clean candidate, so a model trained from a bad warm start does not become
         everyone's parent. Without ``lineage`` a model counts as clean (trained from its own init).
 
+        Content already stored (the same model and weights) is never registered silently under other terms: again
+        under its name (or without a name) with its accuracy, the stored record is returned and nothing changes;
+        with another accuracy it is refused unless ``update_accuracy`` (then the stored accuracy is replaced);
+        under another name it is refused unless ``alias`` (then a second record names the same blobs).
+
         Raises:
-            AdmissionError: bad name or accuracy, an accuracy outlier, a name taken by other content, or a model
-                larger than the whole capacity. Nothing is stored then.
+            AdmissionError: bad name or accuracy, an accuracy outlier, a name taken by other content, content
+                already stored under other terms (see above), or a model larger than the whole capacity. Nothing
+                is stored then.
             InvalidModelError: the model is not a safe, readable ONNX model.
             InvalidWeightsError: ``weights`` is unreadable, or lacks or mis-shapes a tensor the graph leaves
                 without data (the message names it). Nothing is stored then.
@@ -203,7 +211,8 @@ class Zoo:
         origin = self._lineage(lineage, what)
         with tempfile.TemporaryDirectory(prefix="keeper-register-") as tmp:
             wpath = _normalized_weights(weights, specs, f"{what} weights", tmp) if specs else None
-            return self._register(proto, wpath, accuracy, name, origin)
+            return self._register(proto, wpath, accuracy, name, origin, alias=alias,
+                                  update_accuracy=update_accuracy)
 
     def _lineage(self, lineage: Mapping[str, Any] | None, what: str) -> dict[str, Any] | None:
         """The stored lineage: the given one plus ``clean`` (no warm across block structures on the way here)."""
@@ -229,7 +238,8 @@ class Zoo:
                 "structure": float(structure), "probed": bool(lineage.get("probed", False)), "clean": clean}
 
     def _register(self, proto, wpath: Path | None, accuracy: float, name: str | None,
-                  lineage: dict[str, Any] | None = None) -> ModelRecord:
+                  lineage: dict[str, Any] | None = None, *, alias: bool = False,
+                  update_accuracy: bool = False) -> ModelRecord:
         blob = proto.SerializeToString()
         graph = graph_from_proto(proto)
         wsum = None if wpath is None else sha256(wpath)
@@ -238,12 +248,20 @@ class Zoo:
         ident = checksum if wsum is None else hashlib.sha256(f"{checksum}:{wsum}".encode()).hexdigest()
         # check an explicit name first: "" must not fall back to the hash name, and a bad name must not be
         # answered with the stored record of identical content
+        named = name is not None
         name = f"model-{ident[:12]}" if name is None else check_name(name)
         acc = check_accuracy(accuracy, name)
-        for rec in self.store.records():
-            # identical content: idempotent, whatever name it came with
-            if rec.checksum == checksum and rec.extra_checksums.get(WEIGHTS_EXTRA) == wsum:
-                return rec
+        same = [r for r in self.store.records()
+                if r.checksum == checksum and r.extra_checksums.get(WEIGHTS_EXTRA) == wsum]
+        if same:
+            stored = next((r for r in same if r.name == name), None if named else same[0])
+            if stored is not None:
+                return self._again(stored, acc, update_accuracy)
+            if not alias and name not in self.store:  # a name taken by other content: the store refuses it
+                raise AdmissionError(
+                    f"model {name!r}: this content is already stored as {same[0].name!r} (accuracy "
+                    f"{same[0].accuracy:.4f}) in the zoo at {self.uri}; use that name, or register with --alias "
+                    f"(Python: alias=True) to list it under {name!r} too")
         self._check_outlier(acc, name)
         cap = self.config.capacity_bytes
         size = len(blob) + (0 if wpath is None else os.path.getsize(wpath))
@@ -262,6 +280,17 @@ class Zoo:
             self._cache(name, graph)
             self._evict(protect=name)
         return rec
+
+    def _again(self, stored: ModelRecord, acc: float, update_accuracy: bool) -> ModelRecord:
+        """Stored content registered again under its own name: the stored record when the accuracy agrees, the
+        record with the new accuracy when ``update_accuracy``, refused otherwise."""
+        if acc == stored.accuracy:
+            return stored
+        if not update_accuracy:
+            raise AdmissionError(f"model {stored.name!r}: this content is already stored with accuracy "
+                                 f"{stored.accuracy:.4f}, not {acc:.4f}; register with --update-accuracy "
+                                 "(Python: update_accuracy=True) to record the new accuracy")
+        return self.store.update(stored.name, accuracy=acc)
 
     def _check_outlier(self, acc: float, name: str) -> None:
         z = self.config.outlier_z

@@ -435,3 +435,37 @@ def test_a_read_only_zoo_lists_shows_and_warms(tmp_path, zoo_dir, capsys):
         code, _, err = keeper(capsys, "zoo", "rm", "mlp-a", "--zoo", zoo_dir)
         assert code == 1 and "'mlp-a'" in err and "read-only" in err and "attempt" not in err
     assert tree(Path(zoo_dir)) == before, "nothing in a read-only zoo changes"
+
+
+# ---------------------------------------------------------------------------------------------- honest registration
+
+
+def test_stored_content_under_another_name_or_accuracy_is_refused_unless_asked(tmp_path, zoo_dir, capsys):
+    path = write(tmp_path / "p6s.onnx", mlp_onnx([24, 10], 1))
+    other = write(tmp_path / "other.onnx", mlp_onnx([24, 10], 2))
+    registered(zoo_dir, path, "p6s", 0.8)
+    registered(zoo_dir, other, "taken", 0.8)
+    before = tree(Path(zoo_dir))
+    capsys.readouterr()
+    code, out, _ = keeper(capsys, "register", path, "--accuracy", "0.8", "--name", "p6s", "--zoo", zoo_dir)
+    assert code == 0 and out.startswith("already registered as p6s (accuracy 0.8000)") and "nothing changed" in out
+    code, out, err = keeper(capsys, "register", path, "--accuracy", "0.9", "--name", "new-name", "--zoo", zoo_dir)
+    assert code == 1 and out == "" and "already stored as 'p6s'" in err and "--alias" in err
+    code, out, err = keeper(capsys, "register", path, "--accuracy", "0.9", "--zoo", zoo_dir)  # no name
+    assert code == 1 and "'p6s'" in err and "0.8000, not 0.9000" in err and "--update-accuracy" in err
+    code, out, err = keeper(capsys, "register", path, "--accuracy", "0.8", "--name", "taken", "--zoo", zoo_dir)
+    assert code == 1 and "'taken' is taken by different content" in err, "the name check is not bypassed"
+    code, out, err = keeper(capsys, "register", str(tmp_path), "--accuracy", "0.95", "--zoo", zoo_dir)
+    assert code == 1 and "refused other.onnx" in err and "refused p6s.onnx" in err  # a directory says the same
+    assert tree(Path(zoo_dir)) == before, "nothing refused changes the zoo"
+    # asked for by flag: an alias under the new name (the blobs stored once), a new accuracy under the old name
+    code, out, _ = keeper(capsys, "register", path, "--accuracy", "0.9", "--name", "new-name", "--alias",
+                          "--zoo", zoo_dir)
+    assert code == 0 and "registered new-name (accuracy 0.9000" in out and "an alias of p6s" in out
+    code, out, _ = keeper(capsys, "register", path, "--accuracy", "0.85", "--name", "p6s", "--update-accuracy",
+                          "--zoo", zoo_dir)
+    assert code == 0 and out.startswith("updated p6s: accuracy 0.8000 -> 0.8500")
+    zoo = Zoo(zoo_dir)
+    assert {r.name: r.accuracy for r in zoo} == {"new-name": 0.9, "p6s": 0.85, "taken": 0.8}
+    assert zoo.record("new-name").checksum == zoo.record("p6s").checksum
+    assert {k for k in tree(Path(zoo_dir)) if k.startswith("blobs")} == {k for k in before if k.startswith("blobs")}

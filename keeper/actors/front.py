@@ -192,7 +192,8 @@ class Keeper:
         """Admit a trained model through the ZooManager; returns its catalog record as a dict.
 
         ``weights``: safetensors bytes when ``model`` is its graph without weights (models of any size). Identical
-        content is stored once, whatever name it comes with, so retries are safe. ``lineage``: how the model was
+        content is stored once: again under its name and accuracy it is the stored record, so retries are safe;
+        under another name or accuracy it is refused (:meth:`keeper.zoo.Zoo.register`). ``lineage``: how the model was
         obtained (``WarmResult.lineage()``), as for :meth:`keeper.zoo.Zoo.register`.
         """
         rec = self._manager_call("register", self.config.timeouts.register_s,

@@ -5,8 +5,8 @@ immutable Shards and Views.
 Invariants:
     * every change to the zoo goes through this class, under one lock; reads (``view``, ``shard``) never wait
       long for a write: while a write holds the lock they answer with the last published view;
-    * ``register`` is idempotent by content (the Zoo returns the stored record for identical bytes), so a call
-      that Ray retries after a restart never stores twice;
+    * ``register`` is idempotent (the Zoo returns the stored record for identical bytes under their name and
+      accuracy), so a call that Ray retries after a restart never stores twice;
     * a new instance over the same URI (a restart) serves every stored model: the Zoo reloads the catalog and
       graphs from the store, and the index is fitted again in the background (queries search the zoo whole
       meanwhile);
