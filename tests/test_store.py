@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError
+from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError, ZooNotFoundError
 from keeper.store import ModelRecord, ModelStore
 from keeper.store_files import _HOST, STALE_TEMP_S
 
@@ -40,8 +41,9 @@ def files(root: Path, sub: str) -> set[str]:
 class Flaky:
     """A filesystem proxy whose named methods fail ``failures`` times (then behave), or call ``before``."""
 
-    def __init__(self, fs, methods, failures=10**9, before=None):
+    def __init__(self, fs, methods, failures=10**9, before=None, error=None):
         self.fs, self.methods, self.failures, self.before = fs, set(methods), failures, before
+        self.error = error
         self.calls = 0
 
     def __getattr__(self, attr):
@@ -55,7 +57,7 @@ class Flaky:
                 self.before(attr, a)
             elif self.failures > 0:
                 self.failures -= 1
-                raise OSError(f"injected fault in {attr}")
+                raise self.error or OSError(f"injected fault in {attr}")
             return real(*a, **k)
         return call
 
@@ -247,6 +249,35 @@ def test_faults_are_retried_then_reported(tmp_path):
     assert files(tmp_path, "tmp") == set()  # the failed write cleaned its temp file
 
 
+@pytest.mark.parametrize("code,fix", [(errno.EROFS, "read-only filesystem"), (errno.EACCES, "Permission denied"),
+                                      (errno.ENOTDIR, "is a file, not a directory"), (errno.ENOSPC, "disk is full")])
+def test_permanent_faults_fail_at_once_naming_the_model_and_the_zoo(tmp_path, code, fix):
+    store = ModelStore(tmp_path, retries=3, retry_wait_s=1.0)
+    put(store, "before", b"x")
+    store._files.fs = flaky = Flaky(store._files.fs, {"open_output_stream"}, error=OSError(code, os.strerror(code)))
+    t0 = time.monotonic()
+    with pytest.raises(StoreError) as info:
+        put(store, "m", b"y")
+    msg = str(info.value)
+    assert flaky.calls == 1 and time.monotonic() - t0 < 0.5, "a permanent fault is not retried"
+    assert msg.startswith("could not register model 'm': write of 'blobs/") and str(tmp_path) in msg and fix in msg
+    assert "'tmp/" not in msg and "attempt" not in msg, "the message names the model's key, not a temp file"
+    with pytest.raises(StoreError, match=r"could not update model 'before': .*" + fix):
+        store.update("before", hits=1.0)
+    store._files.fs = flaky.fs
+    assert [r.name for r in ModelStore(tmp_path).records()] == ["before"] and files(tmp_path, "tmp") == set()
+
+
+def test_a_zoo_path_under_a_file_fails_at_once(tmp_path):
+    (tmp_path / "file").write_bytes(b"not a directory")
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match=r"create directory .* failed: .*Not a directory.*is a file, not a dir"):
+        ModelStore(tmp_path / "file" / "zoo", retry_wait_s=1.0)
+    assert time.monotonic() - t0 < 0.5
+    with pytest.raises(ZooNotFoundError, match=r"no zoo at .*/file/zoo; `keeper register` creates one"):
+        ModelStore(tmp_path / "file" / "zoo", mode="read")
+
+
 def test_bad_uri_and_options(tmp_path):
     with pytest.raises(StoreError, match=r"cannot open the store URI 'nope://\*\*\*@x'") as info:
         ModelStore("nope://user:pw@x")
@@ -394,6 +425,18 @@ def test_s3_uri_form(moto):
     rec, created = put(store, "m", b"via-uri")
     assert created and store.uri == uri
     assert ModelStore(uri).get("m") == b"via-uri" and ModelStore(uri).records() == [rec]
+
+
+def test_s3_missing_bucket_fails_at_once(moto):
+    uri = f"s3://no-such-bucket/zoo?endpoint_override=127.0.0.1:{moto.port}&scheme=http&region=us-east-1" \
+          "&allow_delayed_open=true"
+    with pytest.raises(ZooNotFoundError, match=r"no zoo at s3://no-such-bucket/zoo\?"):
+        ModelStore(uri, mode="read")
+    store = ModelStore(uri, retries=3, retry_wait_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match=r"could not register model 'm': write of 'blobs/.*bucket does not exist"):
+        put(store, "m", b"blob")
+    assert time.monotonic() - t0 < 2, "a missing bucket is not retried"
 
 
 def test_s3_dead_endpoint_fails_fast(moto):
