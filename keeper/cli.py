@@ -171,7 +171,18 @@ def _cmd_warm(args) -> int:
 
 
 def _cmd_zoo(args) -> int:
-    zoo = _zoo(args, "write" if args.zoo_cmd in ("rm", "gc") else "read")
+    from keeper.errors import ModelNotFoundError
+    from keeper.store import ModelStore
+
+    # the catalog alone: listing or cleaning a zoo reads no model graph
+    zoo = ModelStore(_zoo_uri(args), mode="write" if args.zoo_cmd in ("rm", "gc") else "read")
+    try:
+        return _zoo_action(args, zoo)
+    except ModelNotFoundError:
+        raise KeeperError(f"no model {args.name!r} in the zoo at {zoo.uri}; `keeper zoo ls` lists them") from None
+
+
+def _zoo_action(args, zoo) -> int:
     if args.zoo_cmd == "ls":
         recs = list(zoo)
         if args.json:
@@ -186,7 +197,21 @@ def _cmd_zoo(args) -> int:
     elif args.zoo_cmd == "rm":
         zoo.remove(args.name)
         print(f"removed {args.name}")
+    elif args.zoo_cmd == "gc":
+        count = zoo.gc(min_age_s=args.min_age)
+        print(f"removed {count} leftover file(s) from {zoo.uri}")
     return 0
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds >= 0")
+    return value
 
 
 def _plugin_commands(sub: Any) -> None:
@@ -239,7 +264,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--zoo", help=_ZOO_HELP)
     w.set_defaults(fn=_cmd_warm)
 
-    z = sub.add_parser("zoo", help="list, inspect or remove zoo models")
+    z = sub.add_parser("zoo", help="list, inspect or remove zoo models; remove crash leftovers")
     zs = z.add_subparsers(dest="zoo_cmd", required=True, metavar="ACTION")
     ls = zs.add_parser("ls", help="list models")
     ls.add_argument("--json", action="store_true")
@@ -247,7 +272,14 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("name")
     rm = zs.add_parser("rm", help="remove a model")
     rm.add_argument("name")
-    for q in (ls, info, rm):
+    gc = zs.add_parser("gc", help="remove what killed writers left: temp files and blobs no model references",
+                       description="Remove the temp files of writers that are gone (never a running writer's) and "
+                                   "the blobs no model references, once older than --min-age.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    gc.add_argument("--min-age", type=_seconds, default=3600.0, metavar="SECONDS",
+                    help="spare unreferenced blobs younger than this: a registration in another process may still "
+                         "be writing them")
+    for q in (ls, info, rm, gc):
         q.add_argument("--zoo", help=_ZOO_HELP)
     z.set_defaults(fn=_cmd_zoo)
 
