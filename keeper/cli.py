@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a keeper error (the message says what and how to fix it
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -76,13 +77,13 @@ def _accuracy_file(path: str) -> dict:
 def _cmd_register(args) -> int:
     from tqdm import tqdm
 
-    zoo = _zoo(args, "write")
     path = Path(args.model)
-    if path.is_dir():
+    if path.is_dir():  # every argument checked before the zoo is opened (and perhaps created)
         files = sorted(path.glob("*.onnx"))
         if not files:
             raise KeeperError(f"register: no *.onnx files in directory {str(path)!r}")
         accs = _accuracy_file(args.accuracy_file) if args.accuracy_file else {}
+        zoo = _zoo(args, "write")
         failed = 0
         for f in tqdm(files, desc="registering", unit="model", disable=args.quiet):
             acc = accs.get(f.name, accs.get(f.stem, args.accuracy))
@@ -102,10 +103,16 @@ def _cmd_register(args) -> int:
                 failed += 1
         print(f"{len(files) - failed} of {len(files)} registered into {zoo.uri}")
         return 1 if failed else 0
+    _model_file(args.model, "register")
     if args.accuracy is None:
         raise KeeperError("register: --accuracy is required for a single model (a fraction in [0, 1])")
+    if not 0.0 <= args.accuracy <= 1.0:
+        raise KeeperError(f"register: --accuracy {args.accuracy!r} is outside [0, 1]; give a fraction (e.g. 0.93, "
+                          "not 93 or nan)")
+    weights = _weights_file(args.weights)
+    zoo = _zoo(args, "write")
     before = {r.name: r for r in zoo}
-    rec = zoo.register(path, args.accuracy, name=args.name, weights=_weights_file(args.weights), alias=args.alias,
+    rec = zoo.register(path, args.accuracy, name=args.name, weights=weights, alias=args.alias,
                        update_accuracy=args.update_accuracy)
     print(_outcome(rec, before, zoo.uri))
     return 0
@@ -130,17 +137,37 @@ def _weights_file(path: str | None) -> Path | None:
     if path is None:
         return None
     if not Path(path).is_file():
-        raise KeeperError(f"--weights {path!r}: no such file; pass the model's weights as a .safetensors file")
+        raise KeeperError(f"--weights {path!r}: no such file; give the model's weights as a .safetensors file")
     return Path(path)
+
+
+def _model_file(path: str, command: str) -> Path:
+    if not Path(path).is_file():
+        raise KeeperError(f"{command}: no file {path!r}; give the path of an .onnx file")
+    return Path(path)
+
+
+def _output_file(path: str) -> str:
+    """``-o``'s path, checked before any work: a writable directory, and an .onnx or .safetensors name."""
+    parent = Path(path).parent
+    if not path.endswith((".onnx", ".safetensors")):
+        raise KeeperError(f"warm: -o {path!r} must end in .onnx (the model with weights) or .safetensors (the "
+                          "weights alone)")
+    if not parent.is_dir():
+        raise KeeperError(f"warm: -o {path!r}: directory {str(parent)!r} does not exist; create it or write "
+                          "elsewhere")
+    if not os.access(parent, os.W_OK) or Path(path).is_dir():
+        raise KeeperError(f"warm: -o {path!r} cannot be written here; write elsewhere")
+    return path
 
 
 def _cmd_warm(args) -> int:
     import onnx
 
+    model, weights, output = _model_file(args.model, "warm"), _weights_file(args.weights), _output_file(args.output)
     zoo = _zoo(args, "read")  # a read-only zoo warms too: its usage counts are best-effort
-    as_safetensors = args.output.endswith(".safetensors")
-    result = zoo.warm(Path(args.model), noise=args.noise, weights=_weights_file(args.weights),
-                      out=args.output if as_safetensors else None)
+    as_safetensors = output.endswith(".safetensors")
+    result = zoo.warm(model, noise=args.noise, weights=weights, out=output if as_safetensors else None)
     if result.parent is None:
         print(f"no parent: {result.reason}")
     else:
@@ -203,6 +230,31 @@ def _zoo_action(args, zoo) -> int:
     return 0
 
 
+def _at_least(low: int, what: str):
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} {what}: give at least {low}")
+        return value
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+def _noise(text: str) -> float:
+    """An argparse type: a finite relative std >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0 (0 keeps the parent's function)")
+    return value
+
+
 def _seconds(text: str) -> float:
     """An argparse type: a finite number of seconds >= 0."""
     try:
@@ -226,15 +278,29 @@ def _plugin_commands(sub: Any) -> None:
         add(sub)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; every option's default shown, unless it has none (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS) and "default" not in text
+        return f"{text} (default: %(default)s)" if shown and action.option_strings else text
+
+
 def _parser() -> argparse.ArgumentParser:
+    from keeper import __version__
+    from keeper.warm import DEFAULT_NOISE
+
     p = argparse.ArgumentParser(prog="keeper", description="Warm-start training from a zoo of trained models.",
-                                epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=_EPILOG, formatter_class=HelpFormatter)
+    p.add_argument("--version", action="version", version=f"keeper {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub.add_parser = functools.partial(sub.add_parser, formatter_class=HelpFormatter)  # every command's help alike
 
     r = sub.add_parser("register", help="add trained ONNX model(s) with their accuracy to the zoo",
                        description="Add a trained model (ONNX with weights, or its graph with --weights) to the zoo.\n"
                                    "Identical content is stored once; accuracy outliers and bad names are refused.",
-                       epilog=_REGISTER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_REGISTER_EPILOG)
     r.add_argument("model", help="an .onnx file, or a directory of them")
     r.add_argument("--weights", help="the model's weights as .safetensors, when MODEL is its graph without them "
                                      "(any size; in a directory, NAME.safetensors beside NAME.onnx is used)")
@@ -247,7 +313,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="record a new accuracy for content already stored under its name (without it that is "
                         "refused)")
     r.add_argument("--zoo", help=_ZOO_HELP)
-    r.add_argument("-q", "--quiet", action="store_true")
+    r.add_argument("-q", "--quiet", action="store_true", help="directory mode: no progress bar or per-model lines")
     r.set_defaults(fn=_cmd_register)
 
     w = sub.add_parser("warm", help="write a warm-started copy of a model, weights taken from the best zoo parent",
@@ -258,24 +324,25 @@ def _parser() -> argparse.ArgumentParser:
                    help="where to write the warmed model: .onnx (ONNX with weights, under 2 GiB), or .safetensors "
                         "(the warmed weights alone, written tensor by tensor: any size)")
     w.add_argument("--weights", help="MODEL's initial weights as .safetensors, when MODEL is its graph without them")
-    w.add_argument("--noise", type=float, default=None,
-                   help="relative std of symmetry-breaking noise (0 keeps the parent's function exactly)")
+    w.add_argument("--noise", type=_noise, default=None,
+                   help="relative std of symmetry-breaking noise (0 keeps the parent's function exactly; default: "
+                        f"{DEFAULT_NOISE}, the zoo's setting)")
     w.add_argument("-v", "--verbose", action="store_true", help="print the provenance of every tensor")
     w.add_argument("--zoo", help=_ZOO_HELP)
     w.set_defaults(fn=_cmd_warm)
 
     z = sub.add_parser("zoo", help="list, inspect or remove zoo models; remove crash leftovers")
     zs = z.add_subparsers(dest="zoo_cmd", required=True, metavar="ACTION")
+    zs.add_parser = functools.partial(zs.add_parser, formatter_class=HelpFormatter)
     ls = zs.add_parser("ls", help="list models")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print the catalog records as a JSON list")
     info = zs.add_parser("info", help="show one model's catalog record")
-    info.add_argument("name")
+    info.add_argument("name", help="the model's name in the zoo (as `keeper zoo ls` lists it)")
     rm = zs.add_parser("rm", help="remove a model")
-    rm.add_argument("name")
+    rm.add_argument("name", help="the model's name in the zoo (as `keeper zoo ls` lists it)")
     gc = zs.add_parser("gc", help="remove what killed writers left: temp files and blobs no model references",
                        description="Remove the temp files of writers that are gone (never a running writer's) and "
-                                   "the blobs no model references, once older than --min-age.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   "the blobs no model references, once older than --min-age.")
     gc.add_argument("--min-age", type=_seconds, default=3600.0, metavar="SECONDS",
                     help="spare unreferenced blobs younger than this: a registration in another process may still "
                          "be writing them")
@@ -306,6 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _warnings_to_stderr()
     try:
         return int(args.fn(args) or 0)
+    except BrokenPipeError:  # the reader left (`keeper zoo ls --json | head -1`): end quietly, as a pipe expects
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
     except KeeperError as exc:
         print(f"keeper: error: {exc}", file=sys.stderr)
         return 1

@@ -3,12 +3,15 @@ warm, zoo ls / info / rm, help, exit codes and messages, and the $KEEPER_ZOO def
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -469,3 +472,84 @@ def test_stored_content_under_another_name_or_accuracy_is_refused_unless_asked(t
     assert {r.name: r.accuracy for r in zoo} == {"new-name": 0.9, "p6s": 0.85, "taken": 0.8}
     assert zoo.record("new-name").checksum == zoo.record("p6s").checksum
     assert {k for k in tree(Path(zoo_dir)) if k.startswith("blobs")} == {k for k in before if k.startswith("blobs")}
+
+
+# ---------------------------------------------------------------------------------------------- arguments first
+
+
+def test_warm_checks_its_output_path_before_warming(two_models, tmp_path, capsys):
+    child = write(tmp_path / "child.onnx", mlp_onnx([40, 10], 2))
+    capsys.readouterr()
+    for output, message in ((tmp_path / "nodir" / "w.onnx", "directory"), (tmp_path / "w.txt", "must end in .onnx")):
+        code, out, err = keeper(capsys, "warm", child, "-o", str(output), "--zoo", two_models)
+        assert code == 1 and out == "" and message in err and err.startswith("keeper: error: warm: -o ")
+    code, out, err = keeper(capsys, "warm", str(tmp_path / "nope.onnx"), "-o", str(tmp_path / "w.onnx"),
+                            "--zoo", two_models)
+    assert code == 1 and "warm: no file" in err and "ModelProto" not in err  # CLI words, not the Python API's
+    assert all(r.hits == 0 for r in Zoo(two_models)), "no warm ran, no hit was counted"
+    with pytest.raises(SystemExit) as exc:
+        main(["warm", child, "-o", str(tmp_path / "w.onnx"), "--noise", "-1", "--zoo", two_models])
+    assert exc.value.code == 2 and "finite number >= 0" in capsys.readouterr().err
+
+
+def test_register_checks_its_arguments_before_making_a_zoo(tmp_path, zoo_dir, capsys):
+    path = write(tmp_path / "m.onnx", mlp_onnx([24, 10], 1))
+    for argv, message in (([str(tmp_path / "nope.onnx"), "--accuracy", "0.9"], "register: no file"),
+                          ([path, "--accuracy", "91"], "outside [0, 1]"),
+                          ([path, "--accuracy", "0.9", "--weights", str(tmp_path / "w.safetensors")], "--weights")):
+        code, _, err = keeper(capsys, "register", *argv, "--zoo", zoo_dir)
+        assert code == 1 and message in err
+    assert not Path(zoo_dir).exists(), "a refused registration makes no zoo"
+
+
+@pytest.mark.parametrize("argv,message", [(["--archs", "0"], "--archs 0 is too small"),
+                                          (["--steps", "-5"], "--steps -5 is too small"),
+                                          (["--cpus", "0"], "--cpus 0 is too small")])
+def test_demo_checks_its_arguments_at_once(tmp_path, capsys, argv, message):
+    pytest.importorskip("keeper_bench")
+    t0 = time.monotonic()
+    code, _, err = keeper(capsys, "demo", *argv, "--out", str(tmp_path / "demo"))
+    assert code == 1 and message in err and time.monotonic() - t0 < 1.0
+    assert not (tmp_path / "demo").exists()
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    from keeper.store import ModelStore
+
+    store = ModelStore(str(tmp_path / "zoo"))
+    for i in range(300):  # more than a pipe holds, so the writer meets the closed end
+        store.put(f"m{i:03d}", f"blob-{i}".encode(), accuracy=0.5, num_params=i, summary={"pad": "x" * 400})
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    for flags in ("--json", ""):
+        proc = subprocess.run(f"{sys.executable} -m keeper.cli zoo ls {flags} --zoo {tmp_path / 'zoo'} | head -1",
+                              shell=True, capture_output=True, text=True, env=env, check=False)
+        assert proc.stdout.strip() in ("[", "300 models in " + str(tmp_path / "zoo"))
+        assert proc.stderr == "", proc.stderr
+
+
+def test_version_and_every_option_has_help(capsys):
+    from keeper import __version__
+    from keeper.cli import _parser
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out == f"keeper {__version__}\n"
+
+    def parsers(p, path):
+        yield path, p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    yield from parsers(sub, f"{path} {name}")
+
+    seen = set()
+    for path, p in parsers(_parser(), "keeper"):
+        seen.add(path)
+        text = p.format_help()
+        for a in p._actions:
+            if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction, argparse._VersionAction)):
+                continue
+            assert a.help, f"{path} {a.option_strings or a.dest} has no help text"
+            if a.option_strings and a.nargs != 0 and a.default not in (None, False):  # flags have no default
+                assert f"default: {a.default}" in " ".join(text.split()), f"{path} {a.option_strings}: no default"
+    assert {"keeper warm", "keeper zoo ls", "keeper zoo gc", "keeper serve"} <= seen

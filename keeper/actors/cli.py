@@ -85,6 +85,29 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(low: int):
+    """An argparse type: a whole number >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is too small; give at least {low}")
+        return value
+    return parse
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds > 0")
+    return value
+
+
 def _common(p: argparse.ArgumentParser, address: str | None) -> None:
     p.add_argument("--config", help="service YAML (default: built-in defaults, the same as configs/default.yaml)")
     p.add_argument("--address", default=address,
@@ -102,14 +125,16 @@ def add_commands(subparsers: Any) -> None:
                                           "the service answers.")
     _common(s, None)
     s.add_argument("--zoo", help="zoo location (directory or pyarrow.fs URI); overrides the config")
-    s.add_argument("--matchers", type=int, help="matcher count; overrides the config")
-    s.add_argument("--block", dest="block", action="store_true", default=None, help="stay in the foreground")
-    s.add_argument("--detach", dest="block", action="store_false", help="return once the service answers")
-    s.add_argument("--interval", type=float, default=30.0, help="seconds between stats lines while blocking")
+    s.add_argument("--matchers", type=_count(0), help="matcher count; overrides the config")
+    s.add_argument("--block", dest="block", action="store_true", default=None,
+                   help="stay in the foreground (default without --address)")
+    s.add_argument("--detach", dest="block", action="store_false",
+                   help="return once the service answers (default with --address)")
+    s.add_argument("--interval", type=_interval, default=30.0, help="seconds between stats lines while blocking")
     s.set_defaults(fn=_cmd_serve)
 
     sc = subparsers.add_parser("scale", help="grow or shrink the running service's matcher pool")
-    sc.add_argument("n", type=int, help="matchers to keep")
+    sc.add_argument("n", type=_count(0), help="matchers to keep (0: the front door scores alone)")
     _common(sc, "auto")
     sc.set_defaults(fn=_cmd_scale)
 
