@@ -267,9 +267,9 @@ class ModelStore:
         with self._cache_lock:
             self._records.pop(name, None)
 
-    def reload(self) -> None:
-        """Re-read every catalog entry from the files (entries that do not parse are skipped, with a warning)."""
-        found: dict[str, ModelRecord] = {}
+    def listed(self) -> set[str]:
+        """The names the catalog lists now, from one listing (no entry is read; cheap enough to poll)."""
+        names = set()
         for info in self._files.list("catalog"):
             if not info.base_name.endswith(".json"):
                 continue
@@ -277,6 +277,13 @@ class ModelStore:
             if not _NAME_RE.fullmatch(name):
                 log.warning("zoo store %s: skipping catalog file %s (not a valid model name)", self._uri, info.path)
                 continue
+            names.add(name)
+        return names
+
+    def reload(self) -> None:
+        """Re-read every catalog entry from the files (entries that do not parse are skipped, with a warning)."""
+        found: dict[str, ModelRecord] = {}
+        for name in sorted(self.listed()):
             rec = self._read_record(name)
             if rec is not None:
                 found[name] = rec

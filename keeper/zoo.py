@@ -121,13 +121,38 @@ class Zoo:
         self.store.reload()
         self._graphs.clear(), self._arrays.clear(), self._sigs.clear()
         for rec in self.store.records():
-            blob = self.store.get_extra(rec.name, GRAPH_EXTRA)
-            if graph_format(blob) < LayerGraph.FORMAT:
-                graph = load_graph(self.store.get(rec.name))
-                self._write_back(rec.name, graph)
-            else:
-                graph = graph_from_blob(blob)
-            self._cache(rec.name, graph)
+            self._load(rec)
+
+    def refresh(self) -> tuple[list[str], list[str]]:
+        """Take in what other processes changed in the store: re-read the catalog, load the graphs of the models
+        new to this process and forget the removed ones (graphs already held are not read again). Returns
+        ``(added, removed)``."""
+        self.store.reload()
+        names = {r.name for r in self.store.records()}
+        removed = sorted(set(self._graphs) - names)
+        for name in removed:
+            self._forget(name)
+        added = []
+        for name in sorted(names - set(self._graphs)):
+            try:
+                self._load(self.store.record(name))
+            except ModelNotFoundError:  # removed again meanwhile
+                continue
+            added.append(name)
+        return added, removed
+
+    def _load(self, rec: ModelRecord) -> None:
+        blob = self.store.get_extra(rec.name, GRAPH_EXTRA)
+        if graph_format(blob) < LayerGraph.FORMAT:
+            graph = load_graph(self.store.get(rec.name))
+            self._write_back(rec.name, graph)
+        else:
+            graph = graph_from_blob(blob)
+        self._cache(rec.name, graph)
+
+    def _forget(self, name: str) -> None:
+        for d in (self._graphs, self._arrays, self._sigs, self._roles):
+            d.pop(name, None)
 
     def _write_back(self, name: str, graph: LayerGraph) -> None:
         """Store a graph extracted again by this version, so later loads read it instead of parsing the model.
@@ -310,8 +335,7 @@ class Zoo:
         if name not in self.store:
             raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self.uri}; `keeper zoo ls` lists them")
         self.store.remove(name)
-        for d in (self._graphs, self._arrays, self._sigs, self._roles):
-            d.pop(name, None)
+        self._forget(name)
 
     def value(self, rec: ModelRecord, now: float | None = None) -> float:
         """Eviction value: accuracy plus parent hits decayed with the configured half-life."""

@@ -207,6 +207,15 @@ class Keeper:
     def remove(self, name: str) -> None:
         self._manager_call("remove", self.config.timeouts.register_s, name)
 
+    def reload(self) -> dict[str, Any]:
+        """Re-read the whole zoo from the store now: models other processes registered, removed or updated (the
+        manager's catalog poll takes in additions and removals within ``CATALOG_POLL_S`` seconds anyway).
+        Returns ``{"models": N}``."""
+        n = self._manager_call("reload", self.config.timeouts.register_s)
+        self._view_backoff_until = 0.0
+        self._refresh(force=True)
+        return {"models": n}
+
     def scale(self, matchers: int) -> dict[str, Any]:
         """Grow or shrink the matcher pool live; batches in flight finish (or are redone elsewhere)."""
         self.pool.resize(matchers)
