@@ -553,3 +553,4 @@ def test_version_and_every_option_has_help(capsys):
             if a.option_strings and a.nargs != 0 and a.default not in (None, False):  # flags have no default
                 assert f"default: {a.default}" in " ".join(text.split()), f"{path} {a.option_strings}: no default"
     assert {"keeper warm", "keeper zoo ls", "keeper zoo gc", "keeper serve"} <= seen
+

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -501,3 +502,15 @@ def test_templates_are_written_once_and_survive_gc(tmp_path):
     assert ModelStore(str(tmp_path / "zoo")).get_template("abc123") == b"first"
     with pytest.raises(AdmissionError):
         store.put_template("../escape", b"x")
+
+
+def test_the_suite_runs_in_a_home_of_its_own():
+    import conftest
+
+    home = os.path.expanduser("~")
+    assert home == conftest.TEST_HOME != conftest.REAL_HOME and home.startswith(tempfile.gettempdir())
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("KEEPER_ZOO", None)
+    out = subprocess.run([sys.executable, "-c", "from keeper.store import ModelStore; print(ModelStore().uri)"],
+                         capture_output=True, text=True, env=env, check=True).stdout.strip()
+    assert out == os.path.join(conftest.TEST_HOME, ".keeper", "zoo"), "the default zoo is the session's, not yours"
