@@ -13,6 +13,7 @@ __all__ = [
     "StoreError",
     "ProbeError",
     "CorruptModelError",
+    "ZooNotFoundError",
     "ModelNotFoundError",
     "TransformError",
     "ServiceError",
@@ -44,6 +45,10 @@ class StoreError(KeeperError):
 
 class CorruptModelError(StoreError):
     """A stored blob does not match its recorded checksum."""
+
+
+class ZooNotFoundError(StoreError):
+    """A zoo opened for reading is not there (nothing is created by reading)."""
 
 
 class ModelNotFoundError(KeeperError, KeyError):
