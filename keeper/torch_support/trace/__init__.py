@@ -22,6 +22,9 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import onnx
 import torch
 from onnx import numpy_helper
@@ -53,7 +56,7 @@ def trace_graph(module: torch.nn.Module, args: tuple) -> tuple[bytes, dict[str, 
     was_training = {m: m.training for m in module.modules()}
     try:
         module.eval()
-        with torch.no_grad(), rec:
+        with torch.no_grad(), _as_under_export(), rec:
             out = module(*args)
     finally:
         for m, training in was_training.items():
@@ -78,6 +81,22 @@ def trace_graph(module: torch.nn.Module, args: tuple) -> tuple[bytes, dict[str, 
         if init.name not in apart:  # a tensor no layer reads, a buffer outside the state_dict: its value stays
             init.CopyFrom(_with_data(init, by_name[init.name]))
     return proto.SerializeToString(), keys, apart, graph
+
+
+@contextlib.contextmanager
+def _as_under_export() -> Iterator[None]:
+    """torch.compiler's compiling and exporting flags set, as torch.export sets them while it traces: a model
+    takes the code paths it takes under export (transformers then builds its attention masks instead of leaving
+    them to the kernel), so the graph is the one the exporter sees."""
+    flags = [f for f in ("_is_compiling_flag", "_is_exporting_flag") if hasattr(torch.compiler, f)]
+    old = [getattr(torch.compiler, f) for f in flags]
+    try:
+        for f in flags:
+            setattr(torch.compiler, f, True)
+        yield
+    finally:
+        for f, v in zip(flags, old):
+            setattr(torch.compiler, f, v)
 
 
 def _with_data(init: onnx.TensorProto, t: torch.Tensor) -> onnx.TensorProto:

@@ -1,8 +1,9 @@
 """The ONNX graph the recorder writes: nodes, names, small constants, and initializers without data.
 
 Names follow the dynamo exporter's: an op's result is named after the op (``linear``, ``linear_1``, ...) and
-values inside a lowering ``val_N``; initializers carry their state_dict key. The canonical order of a LayerGraph
-only falls back to names between structurally identical nodes, so this keeps those ties where dynamo puts them.
+values inside a lowering ``val_N`` (zero-padded); initializers carry their state_dict key. The canonical order of
+a LayerGraph only falls back to names between structurally identical nodes, so this keeps those ties where dynamo
+puts them.
 
 Invariants: a name is used once; a learned tensor is an initializer with dims and data type but no data (its
 values are the module's, read in place); nodes no graph output depends on are dropped (:meth:`model`), as
@@ -56,7 +57,9 @@ class OnnxBuilder:
         """A new value name: ``base``, ``base_1``, ... as torch.fx numbers nodes, or ``val_N`` without a base."""
         if base is None:
             while True:
-                name = f"val_{self._vals}"
+                # zero-padded: names sort in the order values were made, as the exporter's do between the
+                # structurally identical nodes whose order falls back to names (q/k/v projections)
+                name = f"val_{self._vals:06d}"
                 self._vals += 1
                 if name not in self._used:
                     break

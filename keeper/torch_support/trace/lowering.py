@@ -161,6 +161,12 @@ def _embedding(rec, args, kwargs, out):
     rec.bind(out, rec.b.node("Gather", [rec.name_of(w), rec.name_of(idx)], "embedding", axis=0))
 
 
+@_rule(torch.gather, T.gather)
+def _gather(rec, args, kwargs, out):
+    x, dim, idx = args[0], int(_arg(args, kwargs, 1, "dim")), _arg(args, kwargs, 2, "index")
+    rec.bind(out, rec.b.node("GatherElements", [rec.name_of(x), rec.name_of(idx)], "gather", axis=dim))
+
+
 @_rule(torch.matmul, T.matmul, T.__matmul__, torch.bmm, T.bmm, torch.mm, T.mm)
 def _matmul(rec, args, kwargs, out):
     rec.bind(out, rec.b.node("MatMul", [rec.name_of(args[0]), rec.name_of(args[1])], "matmul"))
