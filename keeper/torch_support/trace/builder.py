@@ -52,6 +52,7 @@ class OnnxBuilder:
         self._count: dict[str, int] = {}
         self._vals = 0
         self._consts: dict[tuple, str] = {}
+        self.value_info: dict[str, onnx.ValueInfoProto] = {}
 
     def fresh(self, base: str | None = None) -> str:
         """A new value name: ``base``, ``base_1``, ... as torch.fx numbers nodes, or ``val_N`` without a base."""
@@ -111,6 +112,12 @@ class OnnxBuilder:
             self._used.add(name)
         return name
 
+    def annotate(self, name: str, t: torch.Tensor) -> None:
+        """Record ``t``'s dtype and shape for value ``name``: the exporter annotates every op's result so (its
+        values inside a lowering are left to ONNX shape inference, as here)."""
+        if name not in self.value_info and name not in self.initializers:
+            self.value_info[name] = helper.make_tensor_value_info(name, onnx_dtype(t.dtype), list(t.shape))
+
     def graph_input(self, base: str, t: torch.Tensor) -> str:
         name = self.fresh(base)
         self.inputs.append(helper.make_tensor_value_info(name, onnx_dtype(t.dtype), list(t.shape)))
@@ -131,7 +138,9 @@ class OnnxBuilder:
         read = {x for n in nodes for x in n.input} | set(self.outputs)
         inits = [t for name, t in self.initializers.items() if name in read]
         outputs = [helper.make_empty_tensor_value_info(o) for o in self.outputs]
+        made = {o for n in nodes for o in n.output}
         graph = helper.make_graph(nodes, "keeper_trace", [i for i in self.inputs if i.name in read], outputs,
-                                  initializer=inits)
+                                  initializer=inits,
+                                  value_info=[v for name, v in self.value_info.items() if name in made])
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                                  producer_name="keeper.trace", ir_version=10)

@@ -95,7 +95,14 @@ def _conv_rule(dims: int) -> Callable:
         b = _arg(args, kwargs, 2, "bias")
         stride, padding = _arg(args, kwargs, 3, "stride", 1), _arg(args, kwargs, 4, "padding", 0)
         dilation, groups = _arg(args, kwargs, 5, "dilation", 1), _arg(args, kwargs, 6, "groups", 1)
-        if isinstance(padding, str):
+        if padding == "valid":
+            padding = 0
+        elif padding == "same":  # symmetric only: otherwise export pads apart first
+            total = [d * (k - 1) for d, k in zip(_pair(dilation, dims), w.shape[2:])]
+            if any(t % 2 for t in total):
+                raise TraceUnsupported(f"conv{dims}d with padding='same' and an even kernel")
+            padding = [t // 2 for t in total]
+        elif isinstance(padding, str):
             raise TraceUnsupported(f"conv{dims}d with padding={padding!r}")
         pads = _pair(padding, dims)
         ins = [rec.name_of(x), rec.name_of(w)] + ([rec.name_of(b)] if b is not None else [])
@@ -337,11 +344,12 @@ def _leaky_relu(rec, args, kwargs, out):
 def _softmax(op: str, base: str) -> Callable:
     def rule(rec, args, kwargs, out):
         x, dim = args[0], _arg(args, kwargs, 1, "dim")
-        name = rec.name_of(x)
         dtype = _arg(args, kwargs, 2, "dtype")
-        if dtype is not None and dtype != x.dtype:
-            name = rec.b.node("Cast", [name], to=onnx_dtype(dtype))
-        rec.bind(out, rec.b.node(op, [name], base, axis=int(dim)))
+        if dtype is None:
+            rec.bind(out, rec.b.node(op, [rec.name_of(x)], base, axis=int(dim)))
+            return
+        y = rec.b.node(op, [rec.name_of(x)], axis=int(dim))  # torchlib casts after, whatever the input's dtype
+        rec.bind(out, rec.b.node("Cast", [y], base, to=onnx_dtype(dtype)))
     return rule
 
 

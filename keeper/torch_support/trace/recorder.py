@@ -134,6 +134,7 @@ class Recorder(TorchFunctionMode):
     def bind(self, t: Any, name: str, kind: str | None = None) -> None:
         """``t``'s value is ``name`` (of the current call's kind unless given)."""
         self._bind(t, Value(kind or self.kind, name))
+        self.b.annotate(name, t)
 
     def bind_lazy(self, t: torch.Tensor, make: Callable[[], str]) -> None:
         self._bind(t, Value(self.kind, None, make))
@@ -165,6 +166,7 @@ class Recorder(TorchFunctionMode):
             if v.name is None:
                 v.name = v.make()
                 v.make = None
+                self.b.annotate(v.name, t)
             return v.name
         if id(t) in self.state:
             name, tensor = self.state[id(t)]
