@@ -19,6 +19,8 @@ __all__ = [
     "ServiceError",
     "ConfigError",
     "PartialWarmWarning",
+    "TraceUnsupported",
+    "TraceFallbackWarning",
 ]
 
 
@@ -77,3 +79,14 @@ class ConfigError(KeeperError, ValueError):
 class PartialWarmWarning(UserWarning):
     """A warm start from a parent left some of the module's tensors at their own initialisation (not inherited);
     the message names them. Silent partial success is never the outcome."""
+
+
+class TraceUnsupported(KeeperError):
+    """The torch front end (:mod:`keeper.torch_support.trace`) cannot follow a module's forward: an op outside its
+    rule table touching the input or a learned tensor, data-dependent control flow, a tensor of unknown origin.
+    :func:`keeper.torch_support.export_graph` catches it and uses the ONNX exporter instead."""
+
+
+class TraceFallbackWarning(UserWarning):
+    """A module's architecture came from the ONNX exporter (seconds) instead of the torch front end
+    (milliseconds); the message names the module and the op or reason."""
