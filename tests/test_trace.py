@@ -12,9 +12,15 @@ import torch
 
 import nets
 from keeper.errors import TraceFallbackWarning
-from keeper.torch_support import cache, export_graph
+from keeper.torch_support import cache, cache_files, export_graph
 from keeper_bench import hf_catalogue, hf_growth
 from keeper_bench.trace_check import compare_graphs, graph_differences, warm_differences
+
+
+@pytest.fixture(autouse=True)
+def own_disk_cache(tmp_path, monkeypatch):
+    """Each test exports for itself: no architecture kept on disk by another test (or another process)."""
+    monkeypatch.setenv(cache_files.ENV, str(tmp_path / "arch-cache"))
 
 
 @pytest.mark.parametrize("name", ["mlp", "resnet", "gpt2", "llama"])
