@@ -2,7 +2,9 @@
 
 :func:`trace_graph` runs the module once in eval mode under a ``TorchFunctionMode``
 (:mod:`~keeper.torch_support.trace.recorder`) that writes each torch call as the ONNX nodes the dynamo exporter
-writes for it (:mod:`~keeper.torch_support.trace.lowering`), parameters as initializers named by their
+writes for it (the rule table :mod:`~keeper.torch_support.trace.table`, filled by
+:mod:`~keeper.torch_support.trace.lowering` for layers and elementwise ops and :mod:`~keeper.torch_support.trace.shapes`
+for shape ops), parameters as initializers named by their
 state_dict keys and holding no data (:mod:`~keeper.torch_support.trace.builder`). The result is what
 :func:`keeper.torch_support.export_graph` returns from the exporter: ONNX whose layers' tensors travel apart, the
 ONNX-to-state_dict map and the LayerGraph, so everything downstream is unchanged.
@@ -34,7 +36,8 @@ from keeper.errors import TraceUnsupported
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.onnx_safety import load_model
 from keeper.torch_support.tensors import as_numpy
-from keeper.torch_support.trace.lowering import RULES
+from keeper.torch_support.trace import lowering, shapes  # noqa: F401 - importing them registers their rules
+from keeper.torch_support.trace.table import RULES
 from keeper.torch_support.trace.recorder import DATA, Recorder
 
 __all__ = ["trace_graph", "TraceUnsupported"]
