@@ -31,7 +31,7 @@ from keeper.transforms.kernel import fit_kernel
 from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
 
 __all__ = ["Transfer", "transfer", "transfer_layers", "tensor_writers", "tied_input_divisors", "LayerTensors",
-           "paste_overlap"]
+           "paste_overlap", "group_correspondence", "packed_groups"]
 
 # dtypes whose arithmetic keeper runs in float32 (bfloat16 keeps 8 bits of mantissa: a division by a replication
 # count or a product with an attention factor in it would round the function away)
@@ -51,41 +51,45 @@ class Transfer:
     provenance: dict[str, tuple[str | None, str]] = field(default_factory=dict)
 
 
+def group_correspondence(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> dict[int, int]:
+    """Child channel group -> the parent group its units copy: the parent group most of the child group's matched
+    layers (weighted by their elements) read or write there. A new square layer that can be an identity passes
+    its units through: its other side copies the same parent group (so VGG blocks inserted back to back all line
+    up). Depends on the graphs and the alignment's pairs only (no weight is read)."""
+    pairs = np.asarray(pairs)
+    votes: dict[int, Counter] = defaultdict(Counter)
+    for c, p in enumerate(pairs.tolist()):
+        if p < 0:
+            continue
+        for cg, pg in ((child.in_group[c], parent.in_group[p]), (child.out_group[c], parent.out_group[p])):
+            if cg >= 0 and pg >= 0:
+                votes[int(cg)][int(pg)] += int(child.params[c])
+    # ties go to the lower parent group id so the choice is deterministic
+    corr = {cg: min(v.items(), key=lambda kv: (-kv[1], kv[0]))[0] for cg, v in votes.items()}
+    square = [i for i in range(child.num_layers) if pairs[i] < 0 and _square_identity(int(child.layer_kind[i]))
+              and child.shape[i, 0] == child.shape[i, 1] and child.in_group[i] >= 0 and child.out_group[i] >= 0]
+    for seq, (a, b) in ((square, (0, 1)), (square[::-1], (1, 0))):  # forward, then backward
+        for i in seq:
+            ends = (int(child.in_group[i]), int(child.out_group[i]))
+            src, dst = ends[a], ends[b]
+            if src in corr and dst not in corr:
+                corr[dst] = corr[src]
+    return corr
+
+
 class _GroupMaps:
     """Child channel group -> parent unit index per child unit, chosen once per group."""
 
     def __init__(self, parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, parent_layers: list, seed: int):
         self.parent, self.child, self.seed = parent, child, seed
         self.parent_layers = parent_layers
-        votes: dict[int, Counter] = defaultdict(Counter)
-        for c, p in enumerate(pairs.tolist()):
-            if p < 0:
-                continue
-            for cg, pg in ((child.in_group[c], parent.in_group[p]), (child.out_group[c], parent.out_group[p])):
-                if cg >= 0 and pg >= 0:
-                    votes[int(cg)][int(pg)] += int(child.params[c])
-        # ties go to the lower parent group id so the choice is deterministic
-        self.corr = {cg: min(v.items(), key=lambda kv: (-kv[1], kv[0]))[0] for cg, v in votes.items()}
-        self._through_new_layers(pairs)
+        self.corr = group_correspondence(parent, child, pairs)
         self._maps: dict[int, np.ndarray | None] = {}
         self._importance: dict[int, np.ndarray | None] = {}
         self._factors: dict[int, np.ndarray | None] = {}
         # packed projections (q, k, v from one layer): composite group -> the "packed" attrs of its layer
-        self.child_packed, self.parent_packed = _packed_groups(child), _packed_groups(parent)
+        self.child_packed, self.parent_packed = packed_groups(child), packed_groups(parent)
         self._owner = {int(p): g for g in self.child_packed for p in child.group_of_parts(g).tolist()}
-
-    def _through_new_layers(self, pairs: np.ndarray) -> None:
-        """A new square layer that can be an identity passes its units through: its other side copies the same
-        parent units (so VGG blocks inserted back to back all line up). Forward, then backward."""
-        c = self.child
-        square = [i for i in range(c.num_layers) if pairs[i] < 0 and _square_identity(int(c.layer_kind[i]))
-                  and c.shape[i, 0] == c.shape[i, 1] and c.in_group[i] >= 0 and c.out_group[i] >= 0]
-        for seq, (a, b) in ((square, (0, 1)), (square[::-1], (1, 0))):
-            for i in seq:
-                ends = (int(c.in_group[i]), int(c.out_group[i]))
-                src, dst = ends[a], ends[b]
-                if src in self.corr and dst not in self.corr:
-                    self.corr[dst] = self.corr[src]
 
     def parent_size(self, cg: int) -> int:
         pg = self.corr.get(cg)
@@ -205,7 +209,7 @@ class _GroupMaps:
         return self._importance[pg]
 
 
-def _packed_groups(g: LayerGraph) -> dict[int, dict]:
+def packed_groups(g: LayerGraph) -> dict[int, dict]:
     """Output group -> "packed" attrs, for the layers whose output :mod:`keeper.graph` found unpacked into parts."""
     out = {}
     for i, a in enumerate(g.attrs):
