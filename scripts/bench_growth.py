@@ -161,7 +161,7 @@ def main() -> None:
         "inherit (their names follow), so a warm figure measures the growth operators alone only where it is 0. "
         "`preserved` is what keeper claims (`WarmResult.preserved`): it must imply `warm` <= 1e-4. "
         "Transformers' `d_model x2` doubles the heads and keeps the head size; `x1.5` is a factor that does not "
-        "divide (not promised).",
+        "divide (exact where `preserved` says so).",
         "",
         summary,
         "",

@@ -135,6 +135,8 @@ def test_lineage_across_structures_ranks_last(tmp_path):
 # Integer and non-dividing factors, every kind of reader (LayerNorm, RMSNorm written out in ops, packed and plain
 # attention, depthwise blocks, a chunk along channels). ``expect``: the flag exactness by construction requires
 # (True: a claim the rules must make, so refusing everything fails; False: a growth the operators do not keep).
+# Pre-LN streams grown by a factor that does not divide are exact (StreamGrowth, uneven head cloning); post-LN
+# streams, RMSNorm streams and plain (unpacked) attention by such a factor are not claimed.
 # TorchScript, plus dynamo where it writes the readers differently; scripts/bench_growth.py walks them all.
 def _family(growth):
     from keeper_bench import family_growth
@@ -164,11 +166,12 @@ WALK = [
     ("mobilenetv2 expansion 4 -> 6, widths x1.5", _family("mobilenetv2: expansion 4 -> 6, widths x1.5"), False,
      True),
     ("transformer d_model x2", _family("transformer: d_model x2, heads 2 -> 4"), False, True),
-    ("transformer d_model x1.5", _family("transformer: d_model x1.5, heads 2 -> 3"), False, False),
-    ("mlp LayerNorm widths x1.5", _family("mlp: widths x1.5, LayerNorm"), False, False),
-    ("gpt2 d_model 32 -> 48, heads 4 -> 6", _hf("gpt2", {}, dict(d=48, heads=6, ffn=96)), False, False),
+    ("transformer d_model x1.5", _family("transformer: d_model x1.5, heads 2 -> 3"), False, True),
+    ("post-LN transformer d_model x1.5", _family("transformer: post-LN d_model x1.5"), False, False),
+    ("mlp LayerNorm widths x1.5", _family("mlp: widths x1.5, LayerNorm"), False, True),
+    ("gpt2 d_model 32 -> 48, heads 4 -> 6", _hf("gpt2", {}, dict(d=48, heads=6, ffn=96)), False, True),
     ("gpt2 d_model 48 -> 64, heads 6 -> 8", _hf("gpt2", dict(d=48, heads=6, ffn=96), dict(d=64, heads=8, ffn=128)),
-     False, False),
+     True, True),
     ("llama d_model x1.5, kv heads 2 -> 3", _hf("llama", {}, dict(d=48, heads=6, kv_heads=3, ffn=96)), True, False),
     ("llama d_model x2", _hf("llama", {}, dict(d=64, heads=8, kv_heads=4, ffn=128)), True, True),
     ("convnext channels x1.5", _hf("convnext", {}, dict(d=12)), False, False),

@@ -26,13 +26,15 @@ pairs and checks that what is claimed is exact.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from keeper.graph import LayerGraph
-from keeper.kinds import Kind
-from keeper.transforms.compose import group_correspondence, packed_groups
+from keeper.kinds import Kind, traits
+from keeper.transforms.correspondence import group_correspondence, packed_groups
 
-__all__ = ["inexact_width"]
+__all__ = ["inexact_width", "StreamGrowth", "stream_growth"]
 
 # weightless kinds that act unit by unit, sum units linearly or only move them (see the module docstring)
 _UNITWISE = frozenset(int(k) for k in (Kind.ACTIVATION, Kind.ADD, Kind.MUL, Kind.POOL, Kind.RESHAPE,
@@ -56,6 +58,7 @@ def inexact_width(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> s
     layer_of[child.layer_node] = np.arange(child.num_layers)
     succ, preds = child.successors(), child.predecessor_lists()
     sizes = {c: (int(parent.group_size[p]), int(child.group_size[c])) for c, p in corr.items()}
+    streams = stream_growth(parent, child, pairs, corr)
     for cg, pg in sorted(corr.items()):
         cs, ps = int(child.group_size[cg]), int(parent.group_size[pg])
         if cs <= ps or ps <= 0 or cg in cpacked:
@@ -64,7 +67,7 @@ def inexact_width(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> s
         what = (f"channel group of {_writer_name(child, cg)} ({ps} -> {cs} units"
                 + (", a factor that does not divide)" if uneven else ")"))
         for li in np.flatnonzero((child.in_group == cg) | (child.out_group == cg)).tolist():
-            why = _layer_why(child, li, cg, uneven)
+            why = _layer_why(child, li, cg, uneven and cg not in streams)
             if why:
                 return f"{what} {why}"
         for li in np.flatnonzero(child.out_group == cg).tolist():
@@ -99,8 +102,8 @@ def _packed_why(child: LayerGraph, parent: LayerGraph, cg: int, pg: int, cpacked
     for j, (cp, pp) in enumerate(zip(cparts, pparts)):
         hc, hp = int(cpacked[cg]["heads"][j]), int(ppacked[pg]["heads"][j])
         cs, ps = int(child.group_size[cp]), int(parent.group_size[pp])
-        if hc == hp or (hp >= 1 and hc > hp and hc % hp == 0 and cs * hp == ps * hc):
-            continue  # each head grown inside, or whole heads cloned
+        if hc == hp or (hp >= 1 and hc > hp and cs * hp == ps * hc):
+            continue  # each head grown inside, or whole heads cloned (some once more than others)
         return f"packed projection {name}: heads {hp} -> {hc} of part {j} are not cloned whole"
     return ""
 
@@ -180,3 +183,108 @@ def _writer_name(g: LayerGraph, group: int) -> str:
     for li in np.flatnonzero(g.out_group == group).tolist():
         return repr(g.layer_names[li]) if li < len(g.layer_names) else f"#{li}"
     return f"#{group}"
+
+
+@dataclass(frozen=True)
+class StreamGrowth:
+    """A channel group grown by a factor that does not divide under LayerNorms, made exact LEMON's way (Wang et al.,
+    ICLR 2024), scaled so that the norms see the parent's statistics, ``eps`` included.
+
+    The grown group holds ``scale * [x copied `copies` times, mean(x) in each remaining unit]``: its mean is
+    ``scale * mean(x)`` and, with ``scale = sqrt(child_units / (copies * parent_units))``, its variance is the
+    parent's exactly, so a LayerNorm over it gives ``scale`` times the parent's normalised units (its weight is
+    divided by ``scale``; the mean units normalise to 0, their weight and shift are 0). Layers writing the group
+    (embeddings, projections into it, added tables) are multiplied by ``scale`` and their mean units take the mean
+    of their rows; layers reading a norm's output divide their copied inputs by ``copies`` and read 0 from the mean
+    units; layers reading the group itself (``raw_readers``) divide by ``scale`` too.
+    """
+
+    parent_units: int
+    child_units: int
+    copies: int
+    scale: float
+    raw_readers: frozenset[int]
+
+    def copied(self) -> np.ndarray:
+        """The parent unit of each copied child unit (the first ``copies * parent_units``)."""
+        return np.tile(np.arange(self.parent_units), self.copies)
+
+
+def stream_growth(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray,
+                  corr: dict[int, int] | None = None) -> dict[int, StreamGrowth]:
+    """Child groups grown by a factor that does not divide that :class:`StreamGrowth` makes exact: read by at least
+    one LayerNorm, each norm's output read by layers only (pre-LN: the norm is not the stream), and every layer on
+    the group inherited and either writing it (a linear, conv or embedding into it, an added table), reading it
+    with an input axis (after a norm, or the group itself through shape ops and means over positions), or a
+    LayerNorm. A norm written out in ops (RMSNorm) and per-channel layers (BatchNorm, depthwise convs, layer
+    scales) leave a group out (their mean units would not stay the mean)."""
+    pairs = np.asarray(pairs)
+    corr = group_correspondence(parent, child, pairs) if corr is None else corr
+    out: dict[int, StreamGrowth] = {}
+    layer_of = np.full(child.num_nodes, -1, dtype=np.int64)
+    layer_of[child.layer_node] = np.arange(child.num_layers)
+    succ, preds = child.successors(), child.predecessor_lists()
+    for cg, pg in corr.items():
+        cs, ps = int(child.group_size[cg]), int(parent.group_size[pg])
+        if ps <= 0 or cs <= ps or cs % ps == 0 or len(child.group_of_parts(cg)):
+            continue
+        on = np.flatnonzero((child.in_group == cg) | (child.out_group == cg)).tolist()
+        if not any(int(child.layer_kind[li]) == int(Kind.LAYERNORM) for li in on):
+            continue
+        raw: set[int] = set()
+        if all(_stream_role(child, li, cg, pairs, layer_of, succ, preds, raw) for li in on):
+            q = cs // ps
+            out[cg] = StreamGrowth(ps, cs, q, float(np.sqrt(cs / (q * ps))), frozenset(raw))
+    return out
+
+
+_LINEAR_INPUT = frozenset(int(k) for k in (Kind.RESHAPE, Kind.TRANSPOSE, Kind.REDUCE, Kind.POOL))
+_ON_THE_WAY = _LINEAR_INPUT | {int(Kind.ACTIVATION)}
+
+
+def _stream_role(g: LayerGraph, li: int, group: int, pairs: np.ndarray, layer_of: np.ndarray,
+                 succ: list[list[int]], preds: list[list[int]], raw: set[int]) -> bool:
+    """Whether layer ``li`` on ``group`` has a role :class:`StreamGrowth` keeps exact (a reader of the group itself
+    is added to ``raw``)."""
+    if pairs[li] < 0:
+        return False
+    kind, t = int(g.layer_kind[li]), traits(int(g.layer_kind[li]))
+    gi, go = int(g.in_group[li]), int(g.out_group[li])
+    attrs = g.attrs[li] if li < len(g.attrs) else {}
+    if kind == int(Kind.LAYERNORM):
+        return not _reaches_merge(int(g.layer_node[li]), g, layer_of, succ)
+    if kind == int(Kind.PARAM):
+        return go == group and not attrs.get("scales", True)  # a table added to the group
+    if t.in_axis is not None and gi == group and go != group:
+        # a norm's output: copies hold the parent's values and the mean units 0, so any elementwise op between
+        # keeps them (the reader reads 0 from the mean units); the stream itself only through linear ops
+        cur, linear = int(g.layer_node[li]), True
+        while len(preds[cur]) == 1 and layer_of[preds[cur][0]] < 0 and int(g.kind[preds[cur][0]]) in _ON_THE_WAY:
+            cur = preds[cur][0]
+            linear = linear and int(g.kind[cur]) in _LINEAR_INPUT
+        if len(preds[cur]) != 1:
+            return False
+        src = preds[cur][0]
+        if layer_of[src] >= 0 and int(g.layer_kind[layer_of[src]]) == int(Kind.LAYERNORM):
+            return True
+        if linear and (layer_of[src] >= 0 and int(g.out_group[layer_of[src]]) == group
+                       or int(g.kind[src]) == int(Kind.ADD)):
+            raw.add(li)
+            return True
+        return False
+    return go == group and gi != group and (t.in_axis is not None or kind == int(Kind.EMBEDDING))
+
+
+def _reaches_merge(node: int, g: LayerGraph, layer_of: np.ndarray, succ: list[list[int]]) -> bool:
+    """Whether a norm's output meets a merge (a residual add: post-LN) before any layer."""
+    seen: set[int] = set()
+    stack = list(succ[node])
+    while stack:
+        v = stack.pop()
+        if v in seen or layer_of[v] >= 0:
+            continue
+        seen.add(v)
+        if traits(int(g.kind[v])).merge is not None:
+            return True
+        stack.extend(succ[v])
+    return False
