@@ -6,7 +6,9 @@ Exit codes: 0 success, 1 a keeper error (the message says what and how to fix it
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -40,10 +42,24 @@ accuracies.json maps a file name or stem to its accuracy: {"resnet-a.onnx": 0.91
 """
 
 
-def _zoo(args):
+def _zoo_uri(args) -> str | None:
+    """The zoo the command names: --zoo, else $KEEPER_ZOO, else None (the default, ~/.keeper/zoo)."""
+    if args.zoo is not None:
+        if not args.zoo.strip():
+            raise KeeperError("--zoo is empty; give a directory or a URI such as s3://bucket/zoo")
+        return args.zoo
+    env = os.environ.get("KEEPER_ZOO")
+    if env is not None and not env.strip():
+        raise KeeperError("KEEPER_ZOO is set but empty; set it to a directory or a URI such as s3://bucket/zoo, "
+                          "or unset it to use ~/.keeper/zoo")
+    return env
+
+
+def _zoo(args, mode: str):
+    """The zoo, opened to ``mode``: "write" creates it when missing; "read" refuses a missing one."""
     from keeper.zoo import Zoo
 
-    return Zoo(args.zoo or os.environ.get("KEEPER_ZOO"))
+    return Zoo(_zoo_uri(args), mode=mode)
 
 
 def _accuracy_file(path: str) -> dict:
@@ -61,13 +77,13 @@ def _accuracy_file(path: str) -> dict:
 def _cmd_register(args) -> int:
     from tqdm import tqdm
 
-    zoo = _zoo(args)
     path = Path(args.model)
-    if path.is_dir():
+    if path.is_dir():  # every argument checked before the zoo is opened (and perhaps created)
         files = sorted(path.glob("*.onnx"))
         if not files:
             raise KeeperError(f"register: no *.onnx files in directory {str(path)!r}")
         accs = _accuracy_file(args.accuracy_file) if args.accuracy_file else {}
+        zoo = _zoo(args, "write")
         failed = 0
         for f in tqdm(files, desc="registering", unit="model", disable=args.quiet):
             acc = accs.get(f.name, accs.get(f.stem, args.accuracy))
@@ -77,36 +93,81 @@ def _cmd_register(args) -> int:
                 continue
             try:
                 sibling = f.with_suffix(".safetensors")  # a graph's weights kept apart, next to it
-                rec = zoo.register(f, acc, name=f.stem, weights=sibling if sibling.is_file() else None)
-                tqdm.write(f"registered {rec.name} (accuracy {rec.accuracy:.4f}, {rec.num_params} params)") if not args.quiet else None
+                before = {r.name: r for r in zoo}
+                rec = zoo.register(f, acc, name=f.stem, weights=sibling if sibling.is_file() else None,
+                                   alias=args.alias, update_accuracy=args.update_accuracy)
+                if not args.quiet:
+                    tqdm.write(_outcome(rec, before))
             except KeeperError as exc:
                 print(f"refused {f.name}: {exc}", file=sys.stderr)
                 failed += 1
         print(f"{len(files) - failed} of {len(files)} registered into {zoo.uri}")
         return 1 if failed else 0
+    _model_file(args.model, "register")
     if args.accuracy is None:
         raise KeeperError("register: --accuracy is required for a single model (a fraction in [0, 1])")
-    rec = zoo.register(path, args.accuracy, name=args.name, weights=_weights_file(args.weights))
-    print(f"registered {rec.name} (accuracy {rec.accuracy:.4f}, {rec.num_params} params, {rec.nbytes} bytes) "
-          f"into {zoo.uri}")
+    if not 0.0 <= args.accuracy <= 1.0:
+        raise KeeperError(f"register: --accuracy {args.accuracy!r} is outside [0, 1]; give a fraction (e.g. 0.93, "
+                          "not 93 or nan)")
+    weights = _weights_file(args.weights)
+    zoo = _zoo(args, "write")
+    before = {r.name: r for r in zoo}
+    rec = zoo.register(path, args.accuracy, name=args.name, weights=weights, alias=args.alias,
+                       update_accuracy=args.update_accuracy)
+    print(_outcome(rec, before, zoo.uri))
     return 0
+
+
+def _outcome(rec, before: dict, uri: str | None = None) -> str:
+    """What a registration did, given the zoo's records before it: registered, aliased, updated or nothing."""
+    where = f" in {uri}" if uri else ""
+    old = before.get(rec.name)
+    if old is not None and old.accuracy != rec.accuracy:
+        return f"updated {rec.name}: accuracy {old.accuracy:.4f} -> {rec.accuracy:.4f}{where}"
+    if old is not None:
+        return f"already registered as {rec.name} (accuracy {rec.accuracy:.4f}){where}; nothing changed"
+    twin = next((r.name for r in before.values() if r.checksum == rec.checksum
+                 and r.extra_checksums.get("weights.safetensors") == rec.extra_checksums.get("weights.safetensors")),
+                None)
+    what = f"registered {rec.name} (accuracy {rec.accuracy:.4f}, {rec.num_params} params, {rec.nbytes} bytes)"
+    return (f"{what}, an alias of {twin} (stored once)" if twin else what) + (f" into {uri}" if uri else "")
 
 
 def _weights_file(path: str | None) -> Path | None:
     if path is None:
         return None
     if not Path(path).is_file():
-        raise KeeperError(f"--weights {path!r}: no such file; pass the model's weights as a .safetensors file")
+        raise KeeperError(f"--weights {path!r}: no such file; give the model's weights as a .safetensors file")
     return Path(path)
+
+
+def _model_file(path: str, command: str) -> Path:
+    if not Path(path).is_file():
+        raise KeeperError(f"{command}: no file {path!r}; give the path of an .onnx file")
+    return Path(path)
+
+
+def _output_file(path: str) -> str:
+    """``-o``'s path, checked before any work: a writable directory, and an .onnx or .safetensors name."""
+    parent = Path(path).parent
+    if not path.endswith((".onnx", ".safetensors")):
+        raise KeeperError(f"warm: -o {path!r} must end in .onnx (the model with weights) or .safetensors (the "
+                          "weights alone)")
+    if not parent.is_dir():
+        raise KeeperError(f"warm: -o {path!r}: directory {str(parent)!r} does not exist; create it or write "
+                          "elsewhere")
+    if not os.access(parent, os.W_OK) or Path(path).is_dir():
+        raise KeeperError(f"warm: -o {path!r} cannot be written here; write elsewhere")
+    return path
 
 
 def _cmd_warm(args) -> int:
     import onnx
 
-    zoo = _zoo(args)
-    as_safetensors = args.output.endswith(".safetensors")
-    result = zoo.warm(Path(args.model), noise=args.noise, weights=_weights_file(args.weights),
-                      out=args.output if as_safetensors else None)
+    model, weights, output = _model_file(args.model, "warm"), _weights_file(args.weights), _output_file(args.output)
+    zoo = _zoo(args, "read")  # a read-only zoo warms too: its usage counts are best-effort
+    as_safetensors = output.endswith(".safetensors")
+    result = zoo.warm(model, noise=args.noise, weights=weights, out=output if as_safetensors else None)
     if result.parent is None:
         print(f"no parent: {result.reason}")
     else:
@@ -137,7 +198,18 @@ def _cmd_warm(args) -> int:
 
 
 def _cmd_zoo(args) -> int:
-    zoo = _zoo(args)
+    from keeper.errors import ModelNotFoundError
+    from keeper.store import ModelStore
+
+    # the catalog alone: listing or cleaning a zoo reads no model graph
+    zoo = ModelStore(_zoo_uri(args), mode="write" if args.zoo_cmd in ("rm", "gc") else "read")
+    try:
+        return _zoo_action(args, zoo)
+    except ModelNotFoundError:
+        raise KeeperError(f"no model {args.name!r} in the zoo at {zoo.uri}; `keeper zoo ls` lists them") from None
+
+
+def _zoo_action(args, zoo) -> int:
     if args.zoo_cmd == "ls":
         recs = list(zoo)
         if args.json:
@@ -152,7 +224,46 @@ def _cmd_zoo(args) -> int:
     elif args.zoo_cmd == "rm":
         zoo.remove(args.name)
         print(f"removed {args.name}")
+    elif args.zoo_cmd == "gc":
+        count = zoo.gc(min_age_s=args.min_age)
+        print(f"removed {count} leftover file(s) from {zoo.uri}")
     return 0
+
+
+def _at_least(low: int, what: str):
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} {what}: give at least {low}")
+        return value
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+def _noise(text: str) -> float:
+    """An argparse type: a finite relative std >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0 (0 keeps the parent's function)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds >= 0")
+    return value
 
 
 def _plugin_commands(sub: Any) -> None:
@@ -167,23 +278,42 @@ def _plugin_commands(sub: Any) -> None:
         add(sub)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; every option's default shown, unless it has none (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS) and "default" not in text
+        return f"{text} (default: %(default)s)" if shown and action.option_strings else text
+
+
 def _parser() -> argparse.ArgumentParser:
+    from keeper import __version__
+    from keeper.warm import DEFAULT_NOISE
+
     p = argparse.ArgumentParser(prog="keeper", description="Warm-start training from a zoo of trained models.",
-                                epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=_EPILOG, formatter_class=HelpFormatter)
+    p.add_argument("--version", action="version", version=f"keeper {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub.add_parser = functools.partial(sub.add_parser, formatter_class=HelpFormatter)  # every command's help alike
 
     r = sub.add_parser("register", help="add trained ONNX model(s) with their accuracy to the zoo",
                        description="Add a trained model (ONNX with weights, or its graph with --weights) to the zoo.\n"
                                    "Identical content is stored once; accuracy outliers and bad names are refused.",
-                       epilog=_REGISTER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_REGISTER_EPILOG)
     r.add_argument("model", help="an .onnx file, or a directory of them")
     r.add_argument("--weights", help="the model's weights as .safetensors, when MODEL is its graph without them "
                                      "(any size; in a directory, NAME.safetensors beside NAME.onnx is used)")
     r.add_argument("--accuracy", type=float, help="final accuracy as a fraction in [0, 1]")
     r.add_argument("--accuracy-file", help="directory mode: JSON mapping file name (or stem) to accuracy")
     r.add_argument("--name", help="name in the zoo (default: file stem for directories, content hash otherwise)")
+    r.add_argument("--alias", action="store_true",
+                   help="list content that is already stored under NAME too (without it that is refused)")
+    r.add_argument("--update-accuracy", action="store_true",
+                   help="record a new accuracy for content already stored under its name (without it that is "
+                        "refused)")
     r.add_argument("--zoo", help=_ZOO_HELP)
-    r.add_argument("-q", "--quiet", action="store_true")
+    r.add_argument("-q", "--quiet", action="store_true", help="directory mode: no progress bar or per-model lines")
     r.set_defaults(fn=_cmd_register)
 
     w = sub.add_parser("warm", help="write a warm-started copy of a model, weights taken from the best zoo parent",
@@ -194,21 +324,29 @@ def _parser() -> argparse.ArgumentParser:
                    help="where to write the warmed model: .onnx (ONNX with weights, under 2 GiB), or .safetensors "
                         "(the warmed weights alone, written tensor by tensor: any size)")
     w.add_argument("--weights", help="MODEL's initial weights as .safetensors, when MODEL is its graph without them")
-    w.add_argument("--noise", type=float, default=None,
-                   help="relative std of symmetry-breaking noise (0 keeps the parent's function exactly)")
+    w.add_argument("--noise", type=_noise, default=None,
+                   help="relative std of symmetry-breaking noise (0 keeps the parent's function exactly; default: "
+                        f"{DEFAULT_NOISE}, the zoo's setting)")
     w.add_argument("-v", "--verbose", action="store_true", help="print the provenance of every tensor")
     w.add_argument("--zoo", help=_ZOO_HELP)
     w.set_defaults(fn=_cmd_warm)
 
-    z = sub.add_parser("zoo", help="list, inspect or remove zoo models")
+    z = sub.add_parser("zoo", help="list, inspect or remove zoo models; remove crash leftovers")
     zs = z.add_subparsers(dest="zoo_cmd", required=True, metavar="ACTION")
+    zs.add_parser = functools.partial(zs.add_parser, formatter_class=HelpFormatter)
     ls = zs.add_parser("ls", help="list models")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print the catalog records as a JSON list")
     info = zs.add_parser("info", help="show one model's catalog record")
-    info.add_argument("name")
+    info.add_argument("name", help="the model's name in the zoo (as `keeper zoo ls` lists it)")
     rm = zs.add_parser("rm", help="remove a model")
-    rm.add_argument("name")
-    for q in (ls, info, rm):
+    rm.add_argument("name", help="the model's name in the zoo (as `keeper zoo ls` lists it)")
+    gc = zs.add_parser("gc", help="remove what killed writers left: temp files and blobs no model references",
+                       description="Remove the temp files of writers that are gone (never a running writer's) and "
+                                   "the blobs no model references, once older than --min-age.")
+    gc.add_argument("--min-age", type=_seconds, default=3600.0, metavar="SECONDS",
+                    help="spare unreferenced blobs younger than this: a registration in another process may still "
+                         "be writing them")
+    for q in (ls, info, rm, gc):
         q.add_argument("--zoo", help=_ZOO_HELP)
     z.set_defaults(fn=_cmd_zoo)
 
@@ -217,10 +355,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class _StderrWarnings(logging.Handler):
+    """keeper's warnings as ``keeper: warning: ...`` lines on the stderr of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"keeper: warning: {record.getMessage()}", file=sys.stderr)
+
+
+def _warnings_to_stderr() -> None:
+    logger = logging.getLogger("keeper")
+    if not any(isinstance(h, _StderrWarnings) for h in logger.handlers):
+        logger.addHandler(_StderrWarnings(logging.WARNING))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _warnings_to_stderr()
     try:
         return int(args.fn(args) or 0)
+    except BrokenPipeError:  # the reader left (`keeper zoo ls --json | head -1`): end quietly, as a pipe expects
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
     except KeeperError as exc:
         print(f"keeper: error: {exc}", file=sys.stderr)
         return 1

@@ -13,11 +13,14 @@ __all__ = [
     "StoreError",
     "ProbeError",
     "CorruptModelError",
+    "ZooNotFoundError",
     "ModelNotFoundError",
     "TransformError",
     "ServiceError",
     "ConfigError",
     "PartialWarmWarning",
+    "TraceUnsupported",
+    "TraceFallbackWarning",
 ]
 
 
@@ -46,6 +49,10 @@ class CorruptModelError(StoreError):
     """A stored blob does not match its recorded checksum."""
 
 
+class ZooNotFoundError(StoreError):
+    """A zoo opened for reading is not there (nothing is created by reading)."""
+
+
 class ModelNotFoundError(KeeperError, KeyError):
     """No model of that name is in the zoo."""
 
@@ -72,3 +79,14 @@ class ConfigError(KeeperError, ValueError):
 class PartialWarmWarning(UserWarning):
     """A warm start from a parent left some of the module's tensors at their own initialisation (not inherited);
     the message names them. Silent partial success is never the outcome."""
+
+
+class TraceUnsupported(KeeperError):
+    """The torch front end (:mod:`keeper.torch_support.trace`) cannot follow a module's forward: an op outside its
+    rule table touching the input or a learned tensor, data-dependent control flow, a tensor of unknown origin.
+    :func:`keeper.torch_support.export_graph` catches it and uses the ONNX exporter instead."""
+
+
+class TraceFallbackWarning(UserWarning):
+    """A module's architecture came from the ONNX exporter (seconds) instead of the torch front end
+    (milliseconds); the message names the module and the op or reason."""

@@ -14,12 +14,16 @@ parent. This module reads that from the alignment and the two graphs alone, with
 * **preserved**: every parent layer is matched and inherited whole (no element sliced away: widening and odd kernel
   growth only), every matched pair agrees in structure, the child keeps at least the parent's merges, and every
   child layer without a parent can start as the identity (square, stride 1, odd kernel; norms) or belongs to a
-  residual branch made only of new layers (its last layer starts at zero). These are the cases
-  :mod:`keeper.transforms` makes exact, so the child then computes the parent's function (with ``noise=0``).
+  residual branch made only of new layers (its last layer starts at zero), and every channel group grows in a way
+  the width operators keep exact where its units are read (:mod:`keeper.transforms.exact_width`: a factor that
+  does not divide is refused where a norm, attention or a slice reads the units; attention heads must clone
+  whole). These are the cases :mod:`keeper.transforms` makes exact, so the child then computes the parent's
+  function (with ``noise=0``).
 
-Invariant: ``assess(p, c, align(p, c))`` is ``preserved`` for a child that only widens, deepens by identity-able
-layers or new residual blocks, or grows odd kernels relative to ``p``; it is never ``preserved`` when some parent
-element is not inherited (then the warmed child cannot compute the parent's function).
+Invariant: ``assess(p, c, align(p, c))`` is ``preserved`` for a child that only widens (by integer factors, or by
+any factor where nothing reads the units together), deepens by identity-able layers or new residual blocks, or
+grows odd kernels relative to ``p``; it is never ``preserved`` when some parent element is not inherited or some
+growth is not exact by construction (then the warmed child does not compute the parent's function).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from keeper.kinds import Identity, Kind, kinds_where, traits
 from keeper.matching import Alignment, MatchArrays, align
 from keeper.selection import Candidate, coverage
 from keeper.transforms.depth import fresh_branches
+from keeper.transforms.exact_width import inexact_width
 
 __all__ = ["Assessment", "assess", "layer_roles", "may_qualify", "assess_candidate"]
 
@@ -193,6 +198,8 @@ def assess(parent: LayerGraph, child: LayerGraph, alignment: Alignment,
             if c not in fresh and not _identity_able(child, c):
                 why = f"new child layer {_name(child, c)} cannot start as the identity"
                 break
+    if not why:
+        why = inexact_width(parent, child, pairs)
     return Assessment(not why, float(structure), why)
 
 

@@ -8,12 +8,15 @@ Layout under the base path::
     blobs/<sha256>.<extra name>   an extra blob (e.g. ``graph.npz``, ``weights.safetensors``), addressed by its
                                   own content
     catalog/<name>.json           one record per model, written last: its presence is the commit
-    tmp/<uuid>.<file name>        in-flight writes on filesystems that rename (local, HDFS)
+    tmp/<host>-<pid>-<uuid>.<name> in-flight writes on filesystems that rename (local, HDFS); the writer's host
+                                  and pid let a later writer remove a dead writer's leftovers
 
 Invariants:
     * a model is listed only when its catalog entry is complete, and an entry is written only after every blob
-      it names; a process killed at any point leaves each model complete or absent (orphan blobs at worst,
-      which are never listed and which :meth:`ModelStore.gc` removes);
+      it names; a process killed at any point leaves each model complete or absent (orphan blobs and temp files
+      at worst, which are never listed; :meth:`ModelStore.gc` removes both, and opening the store for writing
+      removes the temp files of writers that are gone);
+    * opening for reading (``mode="read"``) creates nothing and writes nothing;
     * every key is written atomically (:meth:`~keeper.store_files.StoreFiles.write`; on HDFS an update of a
       catalog entry deletes the old entry just before the rename); extras given as local files (weights of any
       size) are streamed in and out in chunks, never held whole;
@@ -34,12 +37,13 @@ import os
 import re
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping
 
 import pyarrow.fs as pafs
 
-from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError
+from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError, ZooNotFoundError
 from keeper.store_files import StoreFiles, open_uri, sha256, size
 
 __all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR", "check_name", "sha256"]
@@ -164,6 +168,9 @@ class ModelStore:
     Args:
         uri: ``None`` for ``~/.keeper/zoo``; a local path or ``file://`` URI; or any URI
             ``pyarrow.fs.FileSystem.from_uri`` opens (``s3://bucket/prefix?region=...``, ``gs://``, ``hdfs://``).
+        mode: ``"write"`` creates the store when missing and removes the temp files of writers that are gone;
+            ``"read"`` requires an existing store (:class:`~keeper.errors.ZooNotFoundError`) and writes nothing on
+            opening (a later write is still tried, and fails with a :class:`StoreError` on a read-only store).
         retries: extra attempts of each filesystem call after the first one fails (0: no retry).
         retry_wait_s: wait before the first retry; it doubles on each further retry.
 
@@ -175,26 +182,44 @@ class ModelStore:
         True
     """
 
-    def __init__(self, uri: str | None = None, *, retries: int = 3, retry_wait_s: float = 0.2):
+    def __init__(self, uri: str | None = None, *, mode: str = "write", retries: int = 3, retry_wait_s: float = 0.2):
         fs, base, shown = open_uri(DEFAULT_ZOO_DIR if uri is None else os.fspath(uri))
-        self._open(StoreFiles(fs, base, shown, retries=retries, retry_wait_s=retry_wait_s))
+        self._open(StoreFiles(fs, base, shown, retries=retries, retry_wait_s=retry_wait_s), mode)
 
     @classmethod
-    def from_filesystem(cls, fs: pafs.FileSystem, base_path: str, *, retries: int = 3,
+    def from_filesystem(cls, fs: pafs.FileSystem, base_path: str, *, mode: str = "write", retries: int = 3,
                         retry_wait_s: float = 0.2) -> "ModelStore":
         """Open a store on an already-built filesystem (e.g. an ``S3FileSystem`` with ``endpoint_override``)."""
         self = cls.__new__(cls)
-        self._open(StoreFiles(fs, base_path, retries=retries, retry_wait_s=retry_wait_s))
+        self._open(StoreFiles(fs, base_path, retries=retries, retry_wait_s=retry_wait_s), mode)
         return self
 
-    def _open(self, files: StoreFiles) -> None:
+    def _open(self, files: StoreFiles, mode: str) -> None:
+        if mode not in ("read", "write"):
+            raise StoreError(f"mode={mode!r} is invalid; pass 'read' (the zoo must exist; opening writes nothing) "
+                             "or 'write' (creates the zoo when missing)")
         self._files = files
         self._uri = files.uri
         self._records: dict[str, ModelRecord] = {}
         self._cache_lock = threading.Lock()
         self._write_lock = threading.RLock()  # put / update / remove / gc of this instance run one at a time
-        files.make_dirs(("blobs", "catalog", "tmp", "templates"))
+        if mode == "write":
+            files.make_dirs(("blobs", "catalog", "tmp", "templates"))
+            files.sweep_temp()  # leftovers of writers killed mid-write; never a live writer's
+        elif not files.exists():
+            raise ZooNotFoundError(f"no zoo at {self._uri}; `keeper register` creates one (in Python: open it "
+                                   "with mode='write')")
         self.reload()
+
+    @contextmanager
+    def _naming(self, name: str, doing: str) -> Iterator[None]:
+        """A store fault during ``doing`` of model ``name`` says which model (the file layer knows only keys)."""
+        try:
+            yield
+        except StoreError as exc:
+            if type(exc) is not StoreError or str(exc).startswith("could not "):
+                raise
+            raise StoreError(f"could not {doing} model {name!r}: {exc}") from exc
 
     @property
     def uri(self) -> str:
@@ -242,9 +267,9 @@ class ModelStore:
         with self._cache_lock:
             self._records.pop(name, None)
 
-    def reload(self) -> None:
-        """Re-read every catalog entry from the files (entries that do not parse are skipped, with a warning)."""
-        found: dict[str, ModelRecord] = {}
+    def listed(self) -> set[str]:
+        """The names the catalog lists now, from one listing (no entry is read; cheap enough to poll)."""
+        names = set()
         for info in self._files.list("catalog"):
             if not info.base_name.endswith(".json"):
                 continue
@@ -252,6 +277,13 @@ class ModelStore:
             if not _NAME_RE.fullmatch(name):
                 log.warning("zoo store %s: skipping catalog file %s (not a valid model name)", self._uri, info.path)
                 continue
+            names.add(name)
+        return names
+
+    def reload(self) -> None:
+        """Re-read every catalog entry from the files (entries that do not parse are skipped, with a warning)."""
+        found: dict[str, ModelRecord] = {}
+        for name in sorted(self.listed()):
             rec = self._read_record(name)
             if rec is not None:
                 found[name] = rec
@@ -283,7 +315,7 @@ class ModelStore:
         checksum = sha256(blob)
         known = dict(known_checksums or {})
         sums = {e: known[e] if e in known else sha256(data) for e, data in extras.items()}
-        with self._write_lock:
+        with self._write_lock, self._naming(name, "register"):
             existing = self._read_record(name)
             if existing is not None:
                 with self._cache_lock:
@@ -396,7 +428,7 @@ class ModelStore:
                 new[k] = _finite(fields[k], f"model {name!r}: {k}")
         if "summary" in fields:
             new["summary"] = _json_dict(fields["summary"], f"model {name!r}: summary")
-        with self._write_lock:
+        with self._write_lock, self._naming(name, "update"):
             rec = self._current(name, "update")
             rec = replace(rec, **new)
             self._write_record(rec)
@@ -408,7 +440,7 @@ class ModelStore:
         old blob stays until :meth:`gc` (another record may share it). The model blob itself never changes."""
         if not isinstance(data, (bytes, bytearray, memoryview)) or memoryview(data).nbytes == 0:
             raise AdmissionError(f"model {name!r}: extra {extra!r} must be non-empty bytes")
-        with self._write_lock:
+        with self._write_lock, self._naming(name, "update"):
             rec = self._current(name, "replace")
             if extra not in rec.extra_checksums:
                 raise ModelNotFoundError(f"model {name!r} has no extra {extra!r} (it has {list(rec.extras)}); "
@@ -426,7 +458,8 @@ class ModelStore:
         """Delete ``name``: its catalog entry first, then its blobs that no other record references."""
         with self._write_lock:
             rec = self._current(name, "remove")
-            self._files.delete(f"catalog/{name}.json")
+            with self._naming(name, "remove"):
+                self._files.delete(f"catalog/{name}.json")
             self._forget(name)
             try:
                 self.reload()  # references as the files say, so another process's models keep their blobs
@@ -439,22 +472,22 @@ class ModelStore:
                             "them", self._uri, name, exc)
 
     def gc(self, min_age_s: float = 0.0) -> int:
-        """Delete blobs no record references and leftover temp files; returns how many were deleted.
+        """Delete blobs no record references and the temp files of writers that are gone; returns how many.
 
         Args:
-            min_age_s: spare files younger than this, so a put in flight in another process keeps its blobs.
+            min_age_s: spare blobs younger than this, so a put in flight in another process keeps its blobs. Temp
+                files go by their writer (:meth:`~keeper.store_files.StoreFiles.sweep_temp`): never a live one's.
         """
         with self._write_lock:
             self.reload()
             used = {k for r in self.records() for k in self._keys(r)}
             cutoff_ns = (time.time() - min_age_s) * 1e9
-            count = 0
-            for sub in ("blobs", "tmp"):
-                for info in self._files.list(sub):
-                    key = f"{sub}/{info.base_name}"
-                    young = min_age_s > 0 and info.mtime_ns is not None and info.mtime_ns > cutoff_ns
-                    if key not in used and not young and self._files.delete(key):
-                        count += 1
+            count = self._files.sweep_temp()
+            for info in self._files.list("blobs"):
+                key = f"blobs/{info.base_name}"
+                young = min_age_s > 0 and info.mtime_ns is not None and info.mtime_ns > cutoff_ns
+                if key not in used and not young and self._files.delete(key):
+                    count += 1
         return count
 
     # -- architecture templates (not zoo models: how to read a trained state_dict back into ONNX)

@@ -20,11 +20,13 @@ Invariants:
 from __future__ import annotations
 
 import atexit
+import errno
 import hashlib
 import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 import uuid
@@ -36,7 +38,7 @@ import pyarrow.fs as pafs
 
 from keeper.errors import StoreError
 
-__all__ = ["StoreFiles", "sha256", "redact"]
+__all__ = ["StoreFiles", "sha256", "redact", "permanent"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,13 @@ T = TypeVar("T")
 _CHUNK = 1 << 24
 # Object stores replace one key atomically but have no cheap rename; everything else gets temp + rename.
 _OBJECT_STORES = frozenset({"s3", "gcs", "abfs"})
+
+
+#: Temp files older than this, of writers this host cannot check, are leftovers.
+STALE_TEMP_S = 3600.0
+# A temp name says who writes it, so a later writer can tell a dead writer's leftovers from a live one's file.
+_HOST = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:64] or "host"
+_TEMP_RE = re.compile(r"(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-[0-9a-f]{32}\.")
 
 
 def sha256(data: bytes | bytearray | memoryview | os.PathLike) -> str:
@@ -67,6 +76,41 @@ def redact(uri: str) -> str:
     """Mask credentials a URI may carry (``s3://KEY:SECRET@bucket``, ``?secret_key=...``)."""
     uri = re.sub(r"(://)[^/@]*@", r"\1***@", uri)
     return re.sub(r"((?:access_key|secret_key|session_token)=)[^&]*", r"\1***", uri)
+
+
+# A fault no retry mends, by errno, and what to do about it.
+_PERMANENT_ERRNO = {
+    errno.EROFS: "The zoo is on a read-only filesystem: read from it, and register into a writable zoo",
+    errno.EACCES: "Permission denied: ask for write access to the zoo, or register into a zoo of your own",
+    errno.EPERM: "Permission denied: ask for write access to the zoo, or register into a zoo of your own",
+    errno.ENOTDIR: "A path in the zoo location is a file, not a directory: point the zoo at a directory",
+    errno.EISDIR: "A key of the zoo is a directory, not a file: remove it",
+    errno.ENOSPC: "The disk is full: free space, or move the zoo",
+    errno.EDQUOT: "The disk quota is spent: free space, or move the zoo",
+}
+# The same for object stores, whose errors carry no errno: (words in the message, what to do).
+_PERMANENT_WORDS = (
+    (("NO_SUCH_BUCKET", "NoSuchBucket", "bucket does not exist"),
+     "The bucket does not exist: create it, or fix the zoo URI"),
+    (("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"),
+     "Access denied: check the credentials and the bucket's policy"),
+)
+
+
+def permanent(exc: BaseException) -> str | None:
+    """What to do about ``exc`` when it is a fault no retry mends (read-only, permission, not a directory, disk
+    full, no such bucket, access denied); None when it may be transient."""
+    code = getattr(exc, "errno", None)
+    if code in _PERMANENT_ERRNO:
+        return _PERMANENT_ERRNO[code]
+    text = str(exc)
+    for m in re.finditer(r"\[errno (\d+)\]", text):  # Arrow names the cause's errno in its message
+        if int(m.group(1)) in _PERMANENT_ERRNO:
+            return _PERMANENT_ERRNO[int(m.group(1))]
+    for words, fix in _PERMANENT_WORDS:
+        if any(w in text for w in words):
+            return fix
+    return None
 
 
 def open_uri(uri: str) -> tuple[pafs.FileSystem, str, str | None]:
@@ -126,7 +170,9 @@ class StoreFiles:
                 self.call("create directory", sub, lambda p=self.path(sub): self.fs.create_dir(p, recursive=True))
 
     def call(self, op: str, key: str, fn: Callable[[], T], *, missing_ok: bool = False) -> T:
-        """Run one filesystem call with bounded retries; :class:`StoreError` once they are spent.
+        """Run one filesystem call, retrying transient faults a bounded number of times; :class:`StoreError` once
+        they are spent, or at once for a permanent fault (:func:`permanent`: read-only, permission, not a
+        directory, no such bucket), which no retry can mend.
 
         ``FileNotFoundError`` is an answer, not a fault: never retried, re-raised as is when ``missing_ok``.
         """
@@ -142,14 +188,18 @@ class StoreFiles:
                 break
             except (OSError, pa.ArrowException) as exc:
                 err = exc
+                fix = permanent(exc)
+                if fix is not None:
+                    raise StoreError(f"{op} of {key!r} in the zoo store at {self.uri} failed: {redact(str(exc))}. "
+                                     f"{fix}; models stored before are intact") from exc
                 if attempt < attempts:
                     log.debug("store %s: %s of %r failed (%s); retry %d/%d in %.2fs", self.uri, op, key, exc,
                               attempt, self.retries, wait)
                     time.sleep(wait)
                     wait *= 2
         raise StoreError(f"{op} of {key!r} in the zoo store at {self.uri} failed after {attempts} attempt(s): "
-                         f"{err}. Check that the store is reachable, that the bucket or directory exists and that "
-                         f"the credentials allow it; models stored before are intact") from err
+                         f"{redact(str(err))}. Check that the store is reachable, that the bucket or directory exists "
+                         f"and that the credentials allow it; models stored before are intact") from err
 
     def read(self, key: str, *, missing_ok: bool = False) -> bytes:
         """The whole content of ``key`` (``FileNotFoundError`` when absent and ``missing_ok``)."""
@@ -175,15 +225,15 @@ class StoreFiles:
         if not self.renames:
             self.call("write", key, put(self.path(key)))
             return
-        tmp = f"tmp/{uuid.uuid4().hex}.{key.rsplit('/', 1)[-1]}"
+        tmp = f"tmp/{_HOST}-{os.getpid()}-{uuid.uuid4().hex}.{key.rsplit('/', 1)[-1]}"
         try:
-            self.call("write", tmp, put(self.path(tmp)))
+            self.call("write", key, put(self.path(tmp)))  # named by its key: the temp name means nothing to users
             self.call("rename", key, lambda: self._move(self.path(tmp), self.path(key)))
         except StoreError:
             try:
                 self.fs.delete_file(self.path(tmp))
             except (OSError, pa.ArrowException):
-                pass  # the catalog's gc removes leftover temp files
+                pass  # a later writer's sweep removes it (sweep_temp)
             raise
 
     def write_once(self, key: str, data: bytes) -> bool:
@@ -213,6 +263,35 @@ class StoreFiles:
         sel = pafs.FileSelector(self.path(sub), allow_not_found=True)
         infos = self.call("list", sub + "/", lambda: self.fs.get_file_info(sel))
         return [i for i in infos if i.type == pafs.FileType.File]
+
+    def exists(self) -> bool:
+        """Whether a store is here: its catalog directory, or on an object store (no directories) any key under the
+        base path. A missing bucket or directory is an answer (False), not an error."""
+        if self.renames:
+            info = self.call("look up", "catalog/", lambda: self.fs.get_file_info(self.path("catalog")))
+            return info.type == pafs.FileType.Directory
+        sel = pafs.FileSelector(self.base, allow_not_found=True)
+        return bool(self.call("list", "", lambda: self.fs.get_file_info(sel)))
+
+    def sweep_temp(self, stale_s: float = STALE_TEMP_S) -> int:
+        """Delete the temp files of writers that are gone; returns how many. A temp file's writer is gone when it
+        ran on this host and its process has exited, or, for other hosts' writers and older names, when the file
+        is older than ``stale_s`` (a live writer's file grows or is renamed long before that)."""
+        if not self.renames:
+            return 0  # object stores write each key in one PUT: no temp files
+        count = 0
+        now_ns = time.time_ns()
+        for info in self.list("tmp"):
+            m = _TEMP_RE.match(info.base_name)
+            if m is not None and m["host"] == _HOST:
+                gone = not _alive(int(m["pid"]))
+            else:
+                gone = info.mtime_ns is not None and now_ns - info.mtime_ns > stale_s * 1e9
+            if gone and self.delete(f"tmp/{info.base_name}"):
+                count += 1
+        if count:
+            log.info("store %s: removed %d temp file(s) of writers that are gone", self.uri, count)
+        return count
 
     def delete(self, key: str) -> bool:
         """Delete ``key``; False when it was not there."""
@@ -269,6 +348,17 @@ class StoreFiles:
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (one this process may not signal runs too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # local files already checked against their checksum in this process: (path, size, mtime_ns, sha256)

@@ -2,7 +2,8 @@
 
 Invariants:
     * a refused registration (bad name, bad or outlying accuracy, unreadable model, too large) stores nothing;
-    * registering identical content again returns the stored record and stores nothing twice;
+    * registering identical content again under its name and accuracy returns the stored record and stores
+      nothing; under another name or accuracy it is refused, or aliased / updated when the caller asks so;
     * after every successful registration the zoo's blobs fit the byte budget; eviction removes the models of
       least value per byte (value = accuracy plus decayed parent hits), losers of near-duplicate pairs first;
     * reopening the same URI restores every model (graphs come back from their stored arrays, not re-parsed;
@@ -92,6 +93,10 @@ def check_accuracy(accuracy: float, name: str) -> float:
 class Zoo:
     """A durable zoo of trained models, usable without Ray.
 
+    ``mode="write"`` (the default) creates the zoo when missing; ``mode="read"`` requires it
+    (:class:`~keeper.errors.ZooNotFoundError`) and writes nothing but best-effort usage counts, so a zoo on a
+    read-only volume or bucket lists and warms.
+
     Example:
         >>> zoo = keeper.Zoo("/tmp/zoo")                          # doctest: +SKIP
         >>> zoo.register(trained_onnx, accuracy=0.91, name="r18")  # doctest: +SKIP
@@ -99,9 +104,11 @@ class Zoo:
         >>> result.parent, result.score                           # doctest: +SKIP
     """
 
-    def __init__(self, uri: str | ModelStore | None = None, config: ZooConfig | None = None):
-        self.store = uri if isinstance(uri, ModelStore) else ModelStore(uri)
+    def __init__(self, uri: str | ModelStore | None = None, config: ZooConfig | None = None, *,
+                 mode: str = "write"):
+        self.store = uri if isinstance(uri, ModelStore) else ModelStore(uri, mode=mode)
         self.config = config or ZooConfig()
+        self._hits_failed = False  # usage counts are best-effort: one warning, then quiet
         self._graphs: dict[str, LayerGraph] = {}
         self._arrays: dict[str, MatchArrays] = {}
         self._sigs: dict[str, np.ndarray] = {}
@@ -114,13 +121,38 @@ class Zoo:
         self.store.reload()
         self._graphs.clear(), self._arrays.clear(), self._sigs.clear()
         for rec in self.store.records():
-            blob = self.store.get_extra(rec.name, GRAPH_EXTRA)
-            if graph_format(blob) < LayerGraph.FORMAT:
-                graph = load_graph(self.store.get(rec.name))
-                self._write_back(rec.name, graph)
-            else:
-                graph = graph_from_blob(blob)
-            self._cache(rec.name, graph)
+            self._load(rec)
+
+    def refresh(self) -> tuple[list[str], list[str]]:
+        """Take in what other processes changed in the store: re-read the catalog, load the graphs of the models
+        new to this process and forget the removed ones (graphs already held are not read again). Returns
+        ``(added, removed)``."""
+        self.store.reload()
+        names = {r.name for r in self.store.records()}
+        removed = sorted(set(self._graphs) - names)
+        for name in removed:
+            self._forget(name)
+        added = []
+        for name in sorted(names - set(self._graphs)):
+            try:
+                self._load(self.store.record(name))
+            except ModelNotFoundError:  # removed again meanwhile
+                continue
+            added.append(name)
+        return added, removed
+
+    def _load(self, rec: ModelRecord) -> None:
+        blob = self.store.get_extra(rec.name, GRAPH_EXTRA)
+        if graph_format(blob) < LayerGraph.FORMAT:
+            graph = load_graph(self.store.get(rec.name))
+            self._write_back(rec.name, graph)
+        else:
+            graph = graph_from_blob(blob)
+        self._cache(rec.name, graph)
+
+    def _forget(self, name: str) -> None:
+        for d in (self._graphs, self._arrays, self._sigs, self._roles):
+            d.pop(name, None)
 
     def _write_back(self, name: str, graph: LayerGraph) -> None:
         """Store a graph extracted again by this version, so later loads read it instead of parsing the model.
@@ -163,7 +195,8 @@ class Zoo:
 
     # -- register / remove
     def register(self, model: ModelInput, accuracy: float, name: str | None = None, *,
-                 weights: WeightsInput | None = None, lineage: Mapping[str, Any] | None = None) -> ModelRecord:
+                 weights: WeightsInput | None = None, lineage: Mapping[str, Any] | None = None,
+                 alias: bool = False, update_accuracy: bool = False) -> ModelRecord:
         """Admit a trained model with its accuracy in [0, 1]: ONNX with weights inside, or its graph (ONNX whose
         initializers hold no data, e.g. from :func:`keeper.torch_support.export_graph`) with ``weights`` apart as
         safetensors keyed by initializer name (bytes, a path, or a mapping of arrays), for models of any size.
@@ -175,9 +208,15 @@ class Zoo:
         then ranks it below every clean candidate, so a model trained from a bad warm start does not become
         everyone's parent. Without ``lineage`` a model counts as clean (trained from its own init).
 
+        Content already stored (the same model and weights) is never registered silently under other terms: again
+        under its name (or without a name) with its accuracy, the stored record is returned and nothing changes;
+        with another accuracy it is refused unless ``update_accuracy`` (then the stored accuracy is replaced);
+        under another name it is refused unless ``alias`` (then a second record names the same blobs).
+
         Raises:
-            AdmissionError: bad name or accuracy, an accuracy outlier, a name taken by other content, or a model
-                larger than the whole capacity. Nothing is stored then.
+            AdmissionError: bad name or accuracy, an accuracy outlier, a name taken by other content, content
+                already stored under other terms (see above), or a model larger than the whole capacity. Nothing
+                is stored then.
             InvalidModelError: the model is not a safe, readable ONNX model.
             InvalidWeightsError: ``weights`` is unreadable, or lacks or mis-shapes a tensor the graph leaves
                 without data (the message names it). Nothing is stored then.
@@ -197,7 +236,8 @@ class Zoo:
         origin = self._lineage(lineage, what)
         with tempfile.TemporaryDirectory(prefix="keeper-register-") as tmp:
             wpath = _normalized_weights(weights, specs, f"{what} weights", tmp) if specs else None
-            return self._register(proto, wpath, accuracy, name, origin)
+            return self._register(proto, wpath, accuracy, name, origin, alias=alias,
+                                  update_accuracy=update_accuracy)
 
     def _lineage(self, lineage: Mapping[str, Any] | None, what: str) -> dict[str, Any] | None:
         """The stored lineage: the given one plus ``clean`` (no warm across block structures on the way here)."""
@@ -223,7 +263,8 @@ class Zoo:
                 "structure": float(structure), "probed": bool(lineage.get("probed", False)), "clean": clean}
 
     def _register(self, proto, wpath: Path | None, accuracy: float, name: str | None,
-                  lineage: dict[str, Any] | None = None) -> ModelRecord:
+                  lineage: dict[str, Any] | None = None, *, alias: bool = False,
+                  update_accuracy: bool = False) -> ModelRecord:
         blob = proto.SerializeToString()
         graph = graph_from_proto(proto)
         wsum = None if wpath is None else sha256(wpath)
@@ -232,12 +273,20 @@ class Zoo:
         ident = checksum if wsum is None else hashlib.sha256(f"{checksum}:{wsum}".encode()).hexdigest()
         # check an explicit name first: "" must not fall back to the hash name, and a bad name must not be
         # answered with the stored record of identical content
+        named = name is not None
         name = f"model-{ident[:12]}" if name is None else check_name(name)
         acc = check_accuracy(accuracy, name)
-        for rec in self.store.records():
-            # identical content: idempotent, whatever name it came with
-            if rec.checksum == checksum and rec.extra_checksums.get(WEIGHTS_EXTRA) == wsum:
-                return rec
+        same = [r for r in self.store.records()
+                if r.checksum == checksum and r.extra_checksums.get(WEIGHTS_EXTRA) == wsum]
+        if same:
+            stored = next((r for r in same if r.name == name), None if named else same[0])
+            if stored is not None:
+                return self._again(stored, acc, update_accuracy)
+            if not alias and name not in self.store:  # a name taken by other content: the store refuses it
+                raise AdmissionError(
+                    f"model {name!r}: this content is already stored as {same[0].name!r} (accuracy "
+                    f"{same[0].accuracy:.4f}) in the zoo at {self.uri}; use that name, or register with --alias "
+                    f"(Python: alias=True) to list it under {name!r} too")
         self._check_outlier(acc, name)
         cap = self.config.capacity_bytes
         size = len(blob) + (0 if wpath is None else os.path.getsize(wpath))
@@ -257,6 +306,17 @@ class Zoo:
             self._evict(protect=name)
         return rec
 
+    def _again(self, stored: ModelRecord, acc: float, update_accuracy: bool) -> ModelRecord:
+        """Stored content registered again under its own name: the stored record when the accuracy agrees, the
+        record with the new accuracy when ``update_accuracy``, refused otherwise."""
+        if acc == stored.accuracy:
+            return stored
+        if not update_accuracy:
+            raise AdmissionError(f"model {stored.name!r}: this content is already stored with accuracy "
+                                 f"{stored.accuracy:.4f}, not {acc:.4f}; register with --update-accuracy "
+                                 "(Python: update_accuracy=True) to record the new accuracy")
+        return self.store.update(stored.name, accuracy=acc)
+
     def _check_outlier(self, acc: float, name: str) -> None:
         z = self.config.outlier_z
         accs = np.array([r.accuracy for r in self.store.records()])
@@ -275,8 +335,7 @@ class Zoo:
         if name not in self.store:
             raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self.uri}; `keeper zoo ls` lists them")
         self.store.remove(name)
-        for d in (self._graphs, self._arrays, self._sigs, self._roles):
-            d.pop(name, None)
+        self._forget(name)
 
     def value(self, rec: ModelRecord, now: float | None = None) -> float:
         """Eviction value: accuracy plus parent hits decayed with the configured half-life."""
@@ -409,9 +468,15 @@ class Zoo:
         return dataclasses.replace(result, **report) if report else result
 
     def hit(self, name: str) -> None:
-        """Count one use of ``name`` as a parent (decayed value for eviction)."""
+        """Count one use of ``name`` as a parent (decayed value for eviction). Best-effort: a zoo this process may
+        not write to (a read-only volume or bucket) warns once and counts nothing; nothing else changes."""
         rec = self.store.record(name)
         now = time.time()
         summary = dict(rec.summary)
         summary["hit_time"] = now
-        self.store.update(name, hits=self.value(rec, now) - rec.accuracy + 1.0, summary=summary)
+        try:
+            self.store.update(name, hits=self.value(rec, now) - rec.accuracy + 1.0, summary=summary)
+        except StoreError as exc:
+            if not self._hits_failed:
+                log.warning("usage counts of the zoo at %s are not updated (%s)", self.uri, exc)
+            self._hits_failed = True

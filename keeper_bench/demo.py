@@ -25,6 +25,8 @@ __all__ = ["run_demo", "add_command"]
 
 #: What ``keeper demo`` needs beyond keeper itself: the ``bench`` extra.
 _DEMO_MODULES = ("mnist1d", "matplotlib")
+#: The fewest training steps of a trial: the workload evaluates every 20 steps (NasRun.eval_every).
+_MIN_STEPS = 20
 
 
 def add_command(sub: Any) -> None:
@@ -32,16 +34,27 @@ def add_command(sub: Any) -> None:
     d = sub.add_parser("demo", help="small NAS on MNIST-1D, cold vs warm-started (local Ray, a few minutes)",
                        description="Twelve 1-D CNN architectures arrive one after another and are trained through "
                                    "Ray Tune,\nonce cold and once warm-started by keeper; prints the speedup and "
-                                   "writes demo.png.\nNeeds the bench extra: pip install -e \".[bench]\"",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   "writes demo.png.\nNeeds the bench extra: pip install -e \".[bench]\"")
     d.add_argument("--out", default="keeper-demo", help="output directory (zoo, Tune results, demo.png)")
-    d.add_argument("--archs", type=int, default=12)
-    d.add_argument("--steps", type=int, default=300, help="training steps per trial")
+    d.add_argument("--archs", type=int, default=12, help="architectures to train, one after another (at least 2)")
+    d.add_argument("--steps", type=int, default=300,
+                   help=f"training steps per trial (at least {_MIN_STEPS}: one evaluation every {_MIN_STEPS} steps)")
     d.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray (also the trials run at once)")
     d.set_defaults(fn=_cmd_demo)
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """Every argument checked before Ray starts or anything trains."""
+    for flag, value, low in (("--archs", args.archs, 2), ("--steps", args.steps, _MIN_STEPS), ("--cpus", args.cpus, 1)):
+        if value < low:
+            raise KeeperError(f"demo: {flag} {value} is too small; give at least {low}")
+    out = os.path.abspath(args.out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise KeeperError(f"demo: --out {args.out!r} is a file; give a directory")
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
+    _check_args(args)
     missing = [m for m in _DEMO_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         raise KeeperError(f"demo: the benchmark workload's dependencies are not installed (missing: "

@@ -243,7 +243,8 @@ def trained_like(model: nn.Module, seed: int = 0) -> nn.Module:
 class GrowthResult:
     """Max relative deviation of the child's outputs from the parent's: ``warm`` (keeper, noise 0) and ``init``
     (the child's own initialisation); the alignment ``score``; the module tensors keeper did not inherit
-    (``missing``); seconds for the two exports and the warm; per child layer (canonical order), whether it was
+    (``missing``); whether keeper flagged the warm function-preserving (``preserved``); seconds for the two exports
+    and the warm; per child layer (canonical order), whether it was
     left new by the alignment (``new``) and its place along the residual stream (``segment``, see
     :mod:`keeper.graph.stream`)."""
 
@@ -251,6 +252,7 @@ class GrowthResult:
     init: float
     score: float
     missing: list[str] = field(default_factory=list)
+    preserved: bool = False
     seconds: float = 0.0
     new: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     segment: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -311,4 +313,4 @@ def warm_deviation(parent: nn.Module, child: nn.Module, x: tuple, *, dynamo: boo
     with torch.no_grad():
         got = child(*x)
     return GrowthResult(_deviation(want, got), _deviation(want, cold), float(result.score), list(result.missing),
-                        seconds, np.asarray(alignment.pairs) < 0, residual_stream(cg).segment)
+                        bool(result.preserved), seconds, np.asarray(alignment.pairs) < 0, residual_stream(cg).segment)

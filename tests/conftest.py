@@ -1,9 +1,25 @@
-"""Test session settings: Ray binds to loopback only; torch architecture exports are kept on disk in a directory
-of this session (never the user's cache), shared by every process the tests start."""
+"""Test session settings: Ray binds to loopback only, and no test reaches the real home directory or the user's
+caches.
 
+HOME points at a fresh temporary directory for the whole session (subprocesses and Ray workers inherit it), so
+a zoo that falls back to ``~/.keeper/zoo`` lands there; caches of downloaded models keep their real place, so
+tests that read them still find them offline. torch architecture exports are kept on disk in a directory of
+this session, shared by every process the tests start.
+"""
+
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ["KEEPER_ARCH_CACHE"] = tempfile.mkdtemp(prefix="keeper-arch-cache-")
+
+REAL_HOME = os.path.expanduser("~")
+for _var, _sub in (("HF_HOME", ".cache/huggingface"), ("TORCH_HOME", ".cache/torch")):
+    if _var not in os.environ and os.path.isdir(os.path.join(REAL_HOME, _sub)):
+        os.environ[_var] = os.path.join(REAL_HOME, _sub)
+TEST_HOME = tempfile.mkdtemp(prefix="keeper-test-home-")
+os.environ["HOME"] = TEST_HOME
+os.environ["KEEPER_ARCH_CACHE"] = os.path.join(TEST_HOME, "keeper-arch-cache")
+atexit.register(shutil.rmtree, TEST_HOME, True)

@@ -23,6 +23,7 @@ from keeper.actors.indexing import fit_index
 from keeper.actors.manager import ZooManager
 from keeper.actors.matcher import Matcher
 from keeper.actors.snapshot import Shard
+from keeper.errors import AdmissionError
 from keeper.graph import load_graph
 from keeper.matching import MatchArrays, match_arrays, score_many
 
@@ -122,7 +123,9 @@ def test_manager_register_is_idempotent_and_survives_a_restart(tmp_path):
     mgr = ZooManager(cfg)
     a = mlp_onnx([32, 10])
     first = mgr.register(a, 0.8, "a")
-    assert mgr.register(a, 0.8, "a") == first and mgr.register(a, 0.8, "a-again")["name"] == "a"
+    assert mgr.register(a, 0.8, "a") == first  # a retry stores nothing twice
+    with pytest.raises(AdmissionError, match="already stored as 'a'"):
+        mgr.register(a, 0.8, "a-again")
     for i in range(5):
         mgr.register(mlp_onnx([16 + 8 * i, 10], seed=i + 1), 0.8, f"m{i}")
     assert catalog_names(tmp_path) == ["a", "m0", "m1", "m2", "m3", "m4"]

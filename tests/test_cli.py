@@ -3,8 +3,15 @@ warm, zoo ls / info / rm, help, exit codes and messages, and the $KEEPER_ZOO def
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +187,7 @@ def test_warm_verbose_prints_provenance(tmp_path, zoo_dir, capsys):
 def test_warm_without_a_parent_keeps_the_models_weights(tmp_path, zoo_dir, capsys):
     child_bytes = mlp_onnx([40, 10], 2)
     child, out_path = write(tmp_path / "child.onnx", child_bytes), tmp_path / "w.onnx"
+    Zoo(zoo_dir)  # an empty zoo
     code, out, _ = keeper(capsys, "warm", child, "-o", str(out_path), "--zoo", zoo_dir)
     assert code == 0 and "no parent: " in out and "holds no model" in out  # an empty zoo says so
     got = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out_path)).graph.initializer}
@@ -268,8 +276,35 @@ def test_keeper_zoo_environment_variable_is_the_default(tmp_path, monkeypatch, c
     assert code == 0 and out.startswith(f"1 models in {env_zoo}") and "from-env" in out
     # --zoo wins over the environment
     other = str(tmp_path / "other")
+    Zoo(other)
     code, out, _ = keeper(capsys, "zoo", "ls", "--zoo", other)
     assert code == 0 and out.startswith(f"0 models in {other}")
+
+
+@pytest.mark.parametrize("argv", [["zoo", "ls"], ["zoo", "ls", "--json"], ["zoo", "info", "m"],
+                                  ["warm", "CHILD", "-o", "OUT"]], ids=["ls", "ls-json", "info", "warm"])
+def test_reading_commands_refuse_a_missing_zoo_and_create_nothing(tmp_path, capsys, argv):
+    typo = tmp_path / "typo-zooo"
+    child = write(tmp_path / "child.onnx", mlp_onnx([24, 10], 1))
+    argv = [{"CHILD": child, "OUT": str(tmp_path / "w.onnx")}.get(a, a) for a in argv]
+    code, out, err = keeper(capsys, *argv, "--zoo", str(typo))
+    assert code == 1 and out == ""
+    assert err == f"keeper: error: no zoo at {typo}; `keeper register` creates one (in Python: open it with " \
+                  "mode='write')\n"
+    assert not typo.exists() and not (tmp_path / "w.onnx").exists()
+
+
+def test_an_empty_keeper_zoo_is_an_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KEEPER_ZOO", "")
+    path = write(tmp_path / "trained.onnx", mlp_onnx([24, 10], 1))
+    for argv in (["zoo", "ls"], ["register", path, "--accuracy", "0.9"]):
+        code, _, err = keeper(capsys, *argv)
+        assert code == 1 and "KEEPER_ZOO is set but empty" in err
+    code, _, err = keeper(capsys, "zoo", "ls", "--zoo", "")
+    assert code == 1 and "--zoo is empty" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "trained.onnx"] or \
+        sorted(p.name for p in tmp_path.iterdir()) == ["trained.onnx"], "no zoo made in the current directory"
 
 
 # ---------------------------------------------------------------------------------------------- weights apart
@@ -320,6 +355,7 @@ def test_register_a_directory_takes_each_graphs_safetensors_beside_it(tmp_path, 
     zoo = Zoo(zoo_dir)
     assert zoo.names() == ["apart", "inline"] and "weights.safetensors" in zoo.record("apart").extras
     # a child graph without weights and without a parent: written with its tensors as zeros, each listed
+    Zoo(str(tmp_path / "empty-zoo"))
     code, out, _ = keeper(capsys, "warm", str(runs / "orphan.onnx"), "-o", str(tmp_path / "o.safetensors"),
                           "--zoo", str(tmp_path / "empty-zoo"))
     assert code == 0 and "no parent" in out and "are zeros in" in out
@@ -348,3 +384,173 @@ def test_warm_names_the_tensors_it_could_not_read(tmp_path, zoo_dir, capsys):
     assert code == 0
     assert "parent gated  similarity 0.9444" in out  # 102 of the 108 learned elements: not the gate's 6
     assert "1 learned tensors are read by ops keeper has no rule for and keep the model's own values: gate" in out
+
+
+# ---------------------------------------------------------------------------------------------- read-only zoos
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """``path`` made read-only for real: chmod for a user, a read-only bind mount for root (whom chmod does not
+    stop); skipped where neither restricts."""
+    if os.geteuid() != 0:
+        dirs = [path, *(p for p in path.rglob("*") if p.is_dir())]
+        for d in dirs:
+            d.chmod(0o555)
+        try:
+            yield
+        finally:
+            for d in dirs:
+                d.chmod(0o755)
+        return
+    if shutil.which("mount") is None or subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)],
+                                                       capture_output=True, check=False).returncode != 0:
+        pytest.skip("running as root without a read-only bind mount: chmod would not restrict")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_read_only_zoo_lists_shows_and_warms(tmp_path, zoo_dir, capsys):
+    registered(zoo_dir, write(tmp_path / "parent.onnx", mlp_onnx([24, 10], 1)), "mlp-a")
+    child = write(tmp_path / "child.onnx", mlp_onnx([40, 10], 2))
+    capsys.readouterr()
+    before = tree(Path(zoo_dir))
+    with read_only(Path(zoo_dir)):
+        with pytest.raises(OSError):
+            (Path(zoo_dir) / "probe").write_bytes(b"")  # the zoo is read-only for this process
+        code, out, err = keeper(capsys, "zoo", "ls", "--zoo", zoo_dir)
+        assert code == 0 and out.startswith("1 models in ") and "mlp-a" in out and err == ""
+        code, out, err = keeper(capsys, "zoo", "info", "mlp-a", "--zoo", zoo_dir)
+        assert code == 0 and json.loads(out)["name"] == "mlp-a" and err == ""
+        for _ in range(2):
+            code, out, err = keeper(capsys, "warm", child, "-o", str(tmp_path / "w.onnx"), "--noise", "0",
+                                    "--zoo", zoo_dir)
+            assert code == 0 and "parent mlp-a" in out and (tmp_path / "w.onnx").is_file()
+            # one warning per command, naming the zoo; no retries (an instant answer), no error
+            assert err.count("keeper: warning: ") == 1 and "usage counts" in err and zoo_dir in err, err
+            assert "attempt" not in err
+        code, _, err = keeper(capsys, "zoo", "rm", "mlp-a", "--zoo", zoo_dir)
+        assert code == 1 and "'mlp-a'" in err and "read-only" in err and "attempt" not in err
+    assert tree(Path(zoo_dir)) == before, "nothing in a read-only zoo changes"
+
+
+# ---------------------------------------------------------------------------------------------- honest registration
+
+
+def test_stored_content_under_another_name_or_accuracy_is_refused_unless_asked(tmp_path, zoo_dir, capsys):
+    path = write(tmp_path / "p6s.onnx", mlp_onnx([24, 10], 1))
+    other = write(tmp_path / "other.onnx", mlp_onnx([24, 10], 2))
+    registered(zoo_dir, path, "p6s", 0.8)
+    registered(zoo_dir, other, "taken", 0.8)
+    before = tree(Path(zoo_dir))
+    capsys.readouterr()
+    code, out, _ = keeper(capsys, "register", path, "--accuracy", "0.8", "--name", "p6s", "--zoo", zoo_dir)
+    assert code == 0 and out.startswith("already registered as p6s (accuracy 0.8000)") and "nothing changed" in out
+    code, out, err = keeper(capsys, "register", path, "--accuracy", "0.9", "--name", "new-name", "--zoo", zoo_dir)
+    assert code == 1 and out == "" and "already stored as 'p6s'" in err and "--alias" in err
+    code, out, err = keeper(capsys, "register", path, "--accuracy", "0.9", "--zoo", zoo_dir)  # no name
+    assert code == 1 and "'p6s'" in err and "0.8000, not 0.9000" in err and "--update-accuracy" in err
+    code, out, err = keeper(capsys, "register", path, "--accuracy", "0.8", "--name", "taken", "--zoo", zoo_dir)
+    assert code == 1 and "'taken' is taken by different content" in err, "the name check is not bypassed"
+    code, out, err = keeper(capsys, "register", str(tmp_path), "--accuracy", "0.95", "--zoo", zoo_dir)
+    assert code == 1 and "refused other.onnx" in err and "refused p6s.onnx" in err  # a directory says the same
+    assert tree(Path(zoo_dir)) == before, "nothing refused changes the zoo"
+    # asked for by flag: an alias under the new name (the blobs stored once), a new accuracy under the old name
+    code, out, _ = keeper(capsys, "register", path, "--accuracy", "0.9", "--name", "new-name", "--alias",
+                          "--zoo", zoo_dir)
+    assert code == 0 and "registered new-name (accuracy 0.9000" in out and "an alias of p6s" in out
+    code, out, _ = keeper(capsys, "register", path, "--accuracy", "0.85", "--name", "p6s", "--update-accuracy",
+                          "--zoo", zoo_dir)
+    assert code == 0 and out.startswith("updated p6s: accuracy 0.8000 -> 0.8500")
+    zoo = Zoo(zoo_dir)
+    assert {r.name: r.accuracy for r in zoo} == {"new-name": 0.9, "p6s": 0.85, "taken": 0.8}
+    assert zoo.record("new-name").checksum == zoo.record("p6s").checksum
+    assert {k for k in tree(Path(zoo_dir)) if k.startswith("blobs")} == {k for k in before if k.startswith("blobs")}
+
+
+# ---------------------------------------------------------------------------------------------- arguments first
+
+
+def test_warm_checks_its_output_path_before_warming(two_models, tmp_path, capsys):
+    child = write(tmp_path / "child.onnx", mlp_onnx([40, 10], 2))
+    capsys.readouterr()
+    for output, message in ((tmp_path / "nodir" / "w.onnx", "directory"), (tmp_path / "w.txt", "must end in .onnx")):
+        code, out, err = keeper(capsys, "warm", child, "-o", str(output), "--zoo", two_models)
+        assert code == 1 and out == "" and message in err and err.startswith("keeper: error: warm: -o ")
+    code, out, err = keeper(capsys, "warm", str(tmp_path / "nope.onnx"), "-o", str(tmp_path / "w.onnx"),
+                            "--zoo", two_models)
+    assert code == 1 and "warm: no file" in err and "ModelProto" not in err  # CLI words, not the Python API's
+    assert all(r.hits == 0 for r in Zoo(two_models)), "no warm ran, no hit was counted"
+    with pytest.raises(SystemExit) as exc:
+        main(["warm", child, "-o", str(tmp_path / "w.onnx"), "--noise", "-1", "--zoo", two_models])
+    assert exc.value.code == 2 and "finite number >= 0" in capsys.readouterr().err
+
+
+def test_register_checks_its_arguments_before_making_a_zoo(tmp_path, zoo_dir, capsys):
+    path = write(tmp_path / "m.onnx", mlp_onnx([24, 10], 1))
+    for argv, message in (([str(tmp_path / "nope.onnx"), "--accuracy", "0.9"], "register: no file"),
+                          ([path, "--accuracy", "91"], "outside [0, 1]"),
+                          ([path, "--accuracy", "0.9", "--weights", str(tmp_path / "w.safetensors")], "--weights")):
+        code, _, err = keeper(capsys, "register", *argv, "--zoo", zoo_dir)
+        assert code == 1 and message in err
+    assert not Path(zoo_dir).exists(), "a refused registration makes no zoo"
+
+
+@pytest.mark.parametrize("argv,message", [(["--archs", "0"], "--archs 0 is too small"),
+                                          (["--steps", "-5"], "--steps -5 is too small"),
+                                          (["--cpus", "0"], "--cpus 0 is too small")])
+def test_demo_checks_its_arguments_at_once(tmp_path, capsys, argv, message):
+    pytest.importorskip("keeper_bench")
+    t0 = time.monotonic()
+    code, _, err = keeper(capsys, "demo", *argv, "--out", str(tmp_path / "demo"))
+    assert code == 1 and message in err and time.monotonic() - t0 < 1.0
+    assert not (tmp_path / "demo").exists()
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    from keeper.store import ModelStore
+
+    store = ModelStore(str(tmp_path / "zoo"))
+    for i in range(300):  # more than a pipe holds, so the writer meets the closed end
+        store.put(f"m{i:03d}", f"blob-{i}".encode(), accuracy=0.5, num_params=i, summary={"pad": "x" * 400})
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    for flags in ("--json", ""):
+        proc = subprocess.run(f"{sys.executable} -m keeper.cli zoo ls {flags} --zoo {tmp_path / 'zoo'} | head -1",
+                              shell=True, capture_output=True, text=True, env=env, check=False)
+        assert proc.stdout.strip() in ("[", "300 models in " + str(tmp_path / "zoo"))
+        assert proc.stderr == "", proc.stderr
+
+
+def test_version_and_every_option_has_help(capsys):
+    from keeper import __version__
+    from keeper.cli import _parser
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out == f"keeper {__version__}\n"
+
+    def parsers(p, path):
+        yield path, p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    yield from parsers(sub, f"{path} {name}")
+
+    seen = set()
+    for path, p in parsers(_parser(), "keeper"):
+        seen.add(path)
+        text = p.format_help()
+        for a in p._actions:
+            if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction, argparse._VersionAction)):
+                continue
+            assert a.help, f"{path} {a.option_strings or a.dest} has no help text"
+            if a.option_strings and a.nargs != 0 and a.default not in (None, False):  # flags have no default
+                assert f"default: {a.default}" in " ".join(text.split()), f"{path} {a.option_strings}: no default"
+    assert {"keeper warm", "keeper zoo ls", "keeper zoo gc", "keeper serve"} <= seen
+

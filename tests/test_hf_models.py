@@ -5,7 +5,8 @@ a warm that leaves a tensor behind says so and scores below 1.
 
 The dynamo exporter is slow, so the suite runs it on the models whose dynamo graphs differ in kind from their
 TorchScript ones (GatherND lookups, RoPE as a broadcast Mul, tied weights, class tokens, a bias table shared by all
-blocks); ``scripts/bench_coverage.py`` runs every model with both exporters.
+blocks); ``scripts/bench_coverage.py`` runs every model with both exporters. The torch front end (``dynamo=None``,
+the default) runs on every model and must read each without falling back to an exporter.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from keeper.errors import PartialWarmWarning
+from keeper.errors import PartialWarmWarning, TraceFallbackWarning
 from keeper.graph import load_graph
 from keeper.torch_support import export_graph, module_weights, register, warm_start
 from keeper.torch_support.tensors import tied_keys
@@ -26,7 +27,8 @@ from keeper_bench.hf_catalogue import CATALOGUE, build
 TORCHSCRIPT = ["gpt2", "bert", "distilbert", "vit", "deit", "swin", "levit", "t5-encoder", "llama", "convnext",
                "resnet"]
 DYNAMO = ["gpt2", "deit", "swin", "t5-encoder", "llama"]
-CASES = [(m, False) for m in TORCHSCRIPT] + [(m, True) for m in DYNAMO]
+CASES = [(m, False) for m in TORCHSCRIPT] + [(m, True) for m in DYNAMO] + [(m, None) for m in TORCHSCRIPT]
+PATHS = {False: "torchscript", True: "dynamo", None: "trace"}
 EXACT = 1e-5  # float32 round-off of an exact copy is ~1e-7; a tensor left at the child's init gives ~1
 
 
@@ -34,12 +36,15 @@ def rel_dev(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / a.abs().max())
 
 
-def warm_pair(root, parent: torch.nn.Module, child: torch.nn.Module, args: tuple, dynamo: bool) -> SimpleNamespace:
+def warm_pair(root, parent: torch.nn.Module, child: torch.nn.Module, args: tuple,
+              dynamo: bool | None) -> SimpleNamespace:
     """Register ``parent`` in a fresh zoo, warm ``child`` from it; the child's graph, the result and the
-    warnings raised."""
+    warnings raised. On the torch front end's path (``dynamo=None``) a fallback to the exporter fails the test."""
     zoo = Zoo(str(root / "zoo"))
-    register(parent, args, zoo, 0.9, name="parent", dynamo=dynamo)
-    exported = export_graph(child, args, dynamo=dynamo)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceFallbackWarning)
+        register(parent, args, zoo, 0.9, name="parent", dynamo=dynamo)
+        exported = export_graph(child, args, dynamo=dynamo)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PartialWarmWarning)
         result = warm_start(child, args, zoo, noise=0.0, dynamo=dynamo)
@@ -69,7 +74,7 @@ def warm_case(tmp_path_factory):
     return get
 
 
-@pytest.fixture(params=CASES, ids=[f"{m}-{'dynamo' if d else 'torchscript'}" for m, d in CASES])
+@pytest.fixture(params=CASES, ids=[f"{m}-{PATHS[d]}" for m, d in CASES])
 def warmed(request, warm_case):
     return warm_case(*request.param)
 
@@ -87,7 +92,7 @@ def test_every_learned_element_is_read_once(warmed):
     assert warmed.graph.total_params == learned
 
 
-@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("dynamo", [False, True, None], ids=["torchscript", "dynamo", "trace"])
 def test_tied_weights_transfer_once_count_once_and_load_under_both_keys(warm_case, dynamo):
     out = warm_case("gpt2", dynamo)
     parent, child = out.parent, out.child
@@ -104,10 +109,12 @@ def test_tied_weights_transfer_once_count_once_and_load_under_both_keys(warm_cas
     assert out.result.missing == [] and out.result.score == 1.0
 
 
-def test_constant_tables_are_no_layers(warm_case):
-    """Llama under dynamo: rotary cos/sin (from inv_freq), the mask and the position ids are constants; the layers
-    are exactly the learned tensors (each norm, projection and the embedding is one layer)."""
-    out = warm_case("llama", True)
+@pytest.mark.parametrize("dynamo", [True, None], ids=["dynamo", "trace"])
+def test_constant_tables_are_no_layers(warm_case, dynamo):
+    """Llama under dynamo and the torch front end: rotary cos/sin (from inv_freq), the mask and the position ids
+    are constants; the layers are exactly the learned tensors (each norm, projection and the embedding is one
+    layer)."""
+    out = warm_case("llama", dynamo)
     model, graph = out.child, out.graph
     learned = [k for k, _ in model.named_parameters()]
     assert graph.num_layers == len(learned)
@@ -127,9 +134,10 @@ class _GatedViT(torch.nn.Module):
         return self.vit(x) * torch.sigmoid(self.gate)
 
 
-def test_a_partial_warm_warns_and_scores_below_one(tmp_path):
+@pytest.mark.parametrize("dynamo", [False, None], ids=["torchscript", "trace"])
+def test_a_partial_warm_warns_and_scores_below_one(tmp_path, dynamo):
     parent, child = _GatedViT(1), _GatedViT(2)
-    out = warm_pair(tmp_path, parent, child, parent.args, dynamo=False)
+    out = warm_pair(tmp_path, parent, child, parent.args, dynamo=dynamo)
     assert out.graph.unread == {"gate": 32}
     assert out.result.missing == ["gate"]
     assert len(out.partial) == 1 and ": gate " in out.partial[0]

@@ -129,3 +129,61 @@ def test_lineage_across_structures_ranks_last(tmp_path):
     assert r.parent == "base"
     with pytest.raises(keeper.errors.AdmissionError):
         zoo.register(_onnx(VGG), 0.5, "bad", lineage={"parent": 3})
+
+
+# Growth pairs walked for the no-overclaim invariant: keeper_bench families, Hugging Face models, the test nets.
+# Integer and non-dividing factors, every kind of reader (LayerNorm, RMSNorm written out in ops, packed and plain
+# attention, depthwise blocks, a chunk along channels). ``expect``: the flag exactness by construction requires
+# (True: a claim the rules must make, so refusing everything fails; False: a growth the operators do not keep).
+# Pre-LN streams grown by a factor that does not divide are exact (StreamGrowth, uneven head cloning); post-LN
+# streams, RMSNorm streams and plain (unpacked) attention by such a factor are not claimed.
+# TorchScript, plus dynamo where it writes the readers differently; scripts/bench_growth.py walks them all.
+def _family(growth):
+    from keeper_bench import family_growth
+    fam, name = growth.split(": ")
+    p, c = next((p, c) for n, p, c in family_growth.PAIRS[fam] if n == name)
+    return lambda dynamo: family_growth.growth_deviation(p, c, dynamo=dynamo)
+
+
+def _hf(family, parent, child):
+    from keeper_bench import hf_growth
+    return lambda dynamo: hf_growth.growth_deviation(family, parent, child, dynamo=dynamo)
+
+
+def _net(name, parent, child):
+    from keeper_bench.hf_growth import warm_deviation
+    from tests import nets
+
+    def run(dynamo):
+        cls, make_x = nets.EXTRA[name]
+        torch.manual_seed(0)
+        return warm_deviation(cls(**parent).eval(), cls(**child).eval(), (make_x(),), dynamo=dynamo)
+    return run
+
+
+WALK = [
+    ("resnet widths x1.5", _family("resnet: widths x1.5"), False, True),
+    ("mobilenetv2 expansion 4 -> 6, widths x1.5", _family("mobilenetv2: expansion 4 -> 6, widths x1.5"), False,
+     True),
+    ("transformer d_model x2", _family("transformer: d_model x2, heads 2 -> 4"), False, True),
+    ("transformer d_model x1.5", _family("transformer: d_model x1.5, heads 2 -> 3"), False, True),
+    ("post-LN transformer d_model x1.5", _family("transformer: post-LN d_model x1.5"), False, False),
+    ("mlp LayerNorm widths x1.5", _family("mlp: widths x1.5, LayerNorm"), False, True),
+    ("gpt2 d_model 32 -> 48, heads 4 -> 6", _hf("gpt2", {}, dict(d=48, heads=6, ffn=96)), False, True),
+    ("gpt2 d_model 48 -> 64, heads 6 -> 8", _hf("gpt2", dict(d=48, heads=6, ffn=96), dict(d=64, heads=8, ffn=128)),
+     True, True),
+    ("llama d_model x1.5, kv heads 2 -> 3", _hf("llama", {}, dict(d=48, heads=6, kv_heads=3, ffn=96)), True, False),
+    ("llama d_model x2", _hf("llama", {}, dict(d=64, heads=8, kv_heads=4, ffn=128)), True, True),
+    ("convnext channels x1.5", _hf("convnext", {}, dict(d=12)), False, False),
+    ("branchnet width x2", _net("branchnet", dict(width=16), dict(width=32)), False, False),
+    ("token encoder d_model x1.5", _net("tokens", dict(d=16, heads=2), dict(d=24, heads=3)), False, False),
+]
+
+
+@pytest.mark.parametrize("name, run, dynamo, expect", WALK, ids=[w[0] for w in WALK])
+def test_preserved_implies_exact(name, run, dynamo, expect):
+    with quiet():
+        r = run(dynamo)
+    if r.preserved:
+        assert r.warm <= 1e-4, f"{name}: flagged preserved but deviates {r.warm:.2e} (child's own init {r.init:.2f})"
+    assert r.preserved == expect, f"{name}: preserved {r.preserved}, deviation {r.warm:.2e}"

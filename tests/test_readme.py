@@ -3,8 +3,9 @@ process, on a local Ray with 2 CPUs and the shipped defaults (no config override
 ``$KEEPER_ZOO`` and ``$HOME`` in a temporary directory. An example that stops working fails here.
 
 The only thing a test adds is what the README leaves to the reader's machine: the 2-CPU Ray itself (the Python
-blocks start none; keeper and Tune connect to the one running), and for the shell blocks the two ONNX files they
-name and, for ``--address auto``, a running Ray (the README's ``ray start --head``).
+blocks start none; keeper and Tune connect to the one running) and, for ``--address auto``, a running Ray (the
+README's ``ray start --head``). The shell block's input files come from the README's own block that makes them;
+the examples that keep a zoo run twice in a row, as a reader would.
 """
 
 from __future__ import annotations
@@ -76,13 +77,14 @@ def test_every_python_and_keeper_shell_block_is_tested():
         lang, code = m.group(1), m.group(2)
         needs = lang == "python" or (lang == "bash" and "keeper " in code and "pip install" not in code)
         assert not needs or m.start() in marked, f"README block at char {m.start()} runs untested:\n{code[:200]}"
-    assert {"service", "tune", "cli", "cli-service", "zoo"} <= set(blocks())
+    assert {"service", "tune", "cli-inputs", "cli", "cli-service", "zoo"} <= set(blocks())
 
 
-def test_service_example(tmp_path):
-    out = run_python("service", tmp_path)
-    parent, score = out.split()[-2:]
-    assert parent == "mlp-a" and 0.3 <= float(score) <= 1.0
+def test_service_example_runs_twice(tmp_path):
+    for _ in range(2):  # the same zoo: a second run registers the same seeded model, which changes nothing
+        out = run_python("service", tmp_path)
+        parent, score = out.split()[-2:]
+        assert parent == "mlp-a" and 0.3 <= float(score) <= 1.0
 
 
 def test_tune_example_warms_later_trials_and_registers_all_four(tmp_path):
@@ -95,35 +97,19 @@ def test_tune_example_warms_later_trials_and_registers_all_four(tmp_path):
     assert sum(1 for p in parents if p) >= 2, parents
 
 
-def test_embedded_zoo_example(tmp_path):
-    out = run_python("zoo", tmp_path, ray=False)
-    assert out.split()[-2:] == ["mlp-a", "1"]
+def test_embedded_zoo_example_runs_twice(tmp_path):
+    for _ in range(2):
+        out = run_python("zoo", tmp_path, ray=False)
+        assert out.split()[-2:] == ["mlp-a", "1"]
 
 
-def _write_models(tmp_path: Path) -> None:
-    import torch
-
-    from keeper.torch_support import export
-
-    def mlp(width: int) -> torch.nn.Module:
-        return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, 4))
-
-    from keeper.torch_support import export_graph, module_weights
-    from keeper.weights import save_weights
-
-    (tmp_path / "trained.onnx").write_bytes(export(mlp(32), torch.randn(1, 16)).onnx)
-    (tmp_path / "new.onnx").write_bytes(export(mlp(64), torch.randn(1, 16)).onnx)
-    big = mlp(48)  # the graph without weights, and its weights apart in safetensors
-    graph = export_graph(big, torch.randn(1, 16))
-    (tmp_path / "graph.onnx").write_bytes(graph.onnx)
-    save_weights(module_weights(big, graph), tmp_path / "model.safetensors")
-
-
-def test_cli_example(tmp_path):
-    _write_models(tmp_path)
-    out = run_shell("cli", tmp_path)
-    assert (tmp_path / "new-warm.onnx").stat().st_size > 0 and (tmp_path / "warm.safetensors").stat().st_size > 0
-    assert "mlp-a" in out and "mlp-b" in out
+def test_cli_example_makes_its_inputs_and_runs_twice(tmp_path):
+    for run in range(2):
+        run_python("cli-inputs", tmp_path, ray=False)  # the README shows how its input files are made
+        out = run_shell("cli", tmp_path)
+        assert (tmp_path / "new-warm.onnx").stat().st_size > 0 and (tmp_path / "warm.safetensors").stat().st_size
+        assert "mlp-a" in out and "mlp-b" in out
+        assert ("already registered as mlp-b" in out) == (run == 1), out
 
 
 def test_cli_service_example_on_a_running_two_cpu_ray(tmp_path):
@@ -133,7 +119,7 @@ def test_cli_service_example_on_a_running_two_cpu_ray(tmp_path):
         address = ray.get_runtime_context().gcs_address
         out = run_shell("cli-service", tmp_path, RAY_ADDRESS=address)
         assert "keeper serving" in out and "matchers: 4" in out
-        assert '"matchers": 4' in out
+        assert '"matchers": 4' in out and "serves 0 models" in out and "stopped the keeper service" in out
     finally:
         import keeper.actors as ka
 

@@ -188,3 +188,43 @@ def test_server_stopped_mid_commit(moto, ray_session):
     rec = get(handle.register.remote(mlp_onnx([56, 10], seed=40), 0.8, "crash"))
     assert rec["name"] == "crash" and moto.catalog() == sorted(before + ["crash"])
     assert get(handle.warm.remote(mlp_onnx([56, 10], seed=41), noise=0.0)).parent == "crash"
+
+
+def test_the_service_sees_models_others_register_and_stops(moto, ray_session, capsys):
+    from keeper.actors.manager import CATALOG_POLL_S
+    from keeper.cli import main
+    from keeper.store import ModelStore
+    from keeper.zoo import Zoo
+
+    handle = start(moto)
+    before = get(handle.stats.remote())["models"]
+
+    def served_within_poll(count: int) -> float:
+        t0 = time.monotonic()
+        while get(handle.stats.remote())["models"] != count:
+            assert time.monotonic() - t0 < CATALOG_POLL_S + 10, f"the service still does not serve {count} models"
+            time.sleep(0.2)
+        return time.monotonic() - t0
+
+    other = Zoo(moto.uri)  # another writer into the service's store (the shell's `keeper register`)
+    other.register(mlp_onnx([40, 20, 10], seed=70), 0.9, "by-another")
+    served_within_poll(before + 1)
+    result = get(handle.warm.remote(mlp_onnx([48, 20, 10], seed=71), noise=0.0))
+    assert result.parent == "by-another" and result.preserved
+    t0 = time.monotonic()  # the service counts its hit in the background: let it land before removing the model
+    while ModelStore(moto.uri, mode="read").record("by-another").hits < 1:
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.2)
+    other.remove("by-another")
+    served_within_poll(before)
+    # `keeper reload` takes in what others changed at once, accuracies included
+    other.register(mlp_onnx([40, 20, 10], seed=72), 0.8, "by-another-2")
+    other.register(mlp_onnx([40, 20, 10], seed=72), 0.95, "by-another-2", update_accuracy=True)
+    assert main(["reload", "--namespace", NAMESPACE]) == 0
+    assert capsys.readouterr().out.strip() == f"keeper service 'keeper' serves {before + 1} models"
+    assert get(handle.stats.remote())["models"] == before + 1
+    assert main(["stop", "--namespace", NAMESPACE]) == 0
+    assert "stopped the keeper service 'keeper'" in capsys.readouterr().out
+    assert main(["stats", "--namespace", NAMESPACE]) == 1
+    assert "no service named 'keeper' is running" in capsys.readouterr().err
+    assert main(["stop", "--namespace", NAMESPACE]) == 0 and "no keeper service" in capsys.readouterr().out

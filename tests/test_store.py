@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -9,13 +10,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError
+from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError, ZooNotFoundError
 from keeper.store import ModelRecord, ModelStore
+from keeper.store_files import _HOST, STALE_TEMP_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,8 +42,9 @@ def files(root: Path, sub: str) -> set[str]:
 class Flaky:
     """A filesystem proxy whose named methods fail ``failures`` times (then behave), or call ``before``."""
 
-    def __init__(self, fs, methods, failures=10**9, before=None):
+    def __init__(self, fs, methods, failures=10**9, before=None, error=None):
         self.fs, self.methods, self.failures, self.before = fs, set(methods), failures, before
+        self.error = error
         self.calls = 0
 
     def __getattr__(self, attr):
@@ -54,7 +58,7 @@ class Flaky:
                 self.before(attr, a)
             elif self.failures > 0:
                 self.failures -= 1
-                raise OSError(f"injected fault in {attr}")
+                raise self.error or OSError(f"injected fault in {attr}")
             return real(*a, **k)
         return call
 
@@ -213,11 +217,24 @@ def test_gc_removes_orphans_and_temp_files(tmp_path):
     store = ModelStore(tmp_path)
     rec, _ = put(store, "m", b"kept", extras={"graph.npz": b"g"})
     (tmp_path / "blobs" / ("f" * 64 + ".onnx")).write_bytes(b"orphan")
-    (tmp_path / "tmp" / "dead.m.json").write_bytes(b"{")
-    assert store.gc(min_age_s=3600) == 0  # fresh files may belong to a put in flight
+    live = f"{_HOST}-{os.getpid()}-{'a' * 32}.m.json"  # a writer of this host that runs: this process
+    dead = f"{_HOST}-{dead_pid()}-{'b' * 32}.m.json"
+    for name in (live, dead, "legacy.m.json"):
+        (tmp_path / "tmp" / name).write_bytes(b"{")
+    assert store.gc(min_age_s=3600) == 1  # fresh blobs may belong to a put in flight; a dead writer's file goes
+    assert files(tmp_path, "tmp") == {live, "legacy.m.json"}
+    old = time.time() - STALE_TEMP_S - 60
+    os.utime(tmp_path / "tmp" / "legacy.m.json", (old, old))  # a writer this host cannot check: gone when stale
     assert store.gc() == 2
     assert files(tmp_path, "blobs") == {f"{rec.checksum}.onnx", f"{rec.extra_checksums['graph.npz']}.graph.npz"}
-    assert files(tmp_path, "tmp") == set() and store.get("m") == b"kept"
+    assert files(tmp_path, "tmp") == {live} and store.get("m") == b"kept"
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
 
 
 def test_faults_are_retried_then_reported(tmp_path):
@@ -231,6 +248,35 @@ def test_faults_are_retried_then_reported(tmp_path):
     store._files.fs = store._files.fs.fs
     assert [r.name for r in ModelStore(tmp_path).records()] == ["before", "retried"]
     assert files(tmp_path, "tmp") == set()  # the failed write cleaned its temp file
+
+
+@pytest.mark.parametrize("code,fix", [(errno.EROFS, "read-only filesystem"), (errno.EACCES, "Permission denied"),
+                                      (errno.ENOTDIR, "is a file, not a directory"), (errno.ENOSPC, "disk is full")])
+def test_permanent_faults_fail_at_once_naming_the_model_and_the_zoo(tmp_path, code, fix):
+    store = ModelStore(tmp_path, retries=3, retry_wait_s=1.0)
+    put(store, "before", b"x")
+    store._files.fs = flaky = Flaky(store._files.fs, {"open_output_stream"}, error=OSError(code, os.strerror(code)))
+    t0 = time.monotonic()
+    with pytest.raises(StoreError) as info:
+        put(store, "m", b"y")
+    msg = str(info.value)
+    assert flaky.calls == 1 and time.monotonic() - t0 < 0.5, "a permanent fault is not retried"
+    assert msg.startswith("could not register model 'm': write of 'blobs/") and str(tmp_path) in msg and fix in msg
+    assert "'tmp/" not in msg and "attempt" not in msg, "the message names the model's key, not a temp file"
+    with pytest.raises(StoreError, match=r"could not update model 'before': .*" + fix):
+        store.update("before", hits=1.0)
+    store._files.fs = flaky.fs
+    assert [r.name for r in ModelStore(tmp_path).records()] == ["before"] and files(tmp_path, "tmp") == set()
+
+
+def test_a_zoo_path_under_a_file_fails_at_once(tmp_path):
+    (tmp_path / "file").write_bytes(b"not a directory")
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match=r"create directory .* failed: .*Not a directory.*is a file, not a dir"):
+        ModelStore(tmp_path / "file" / "zoo", retry_wait_s=1.0)
+    assert time.monotonic() - t0 < 0.5
+    with pytest.raises(ZooNotFoundError, match=r"no zoo at .*/file/zoo; `keeper register` creates one"):
+        ModelStore(tmp_path / "file" / "zoo", mode="read")
 
 
 def test_bad_uri_and_options(tmp_path):
@@ -282,16 +328,28 @@ def test_sigkill_leaves_models_complete_or_absent(tmp_path, moment):
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         proc.stderr.close()
-    store = ModelStore(tmp_path)
+    temp = files(tmp_path, "tmp")
+    assert temp or moment != "mid-write" or committed(tmp_path) > 1, "killed mid-write, yet no temp file"
+    store = ModelStore(tmp_path, mode="read")
+    assert files(tmp_path, "tmp") == temp, "opening to read removes nothing"
     recs = store.records()
     assert len(recs) == len(files(tmp_path, "catalog")) >= 1  # every entry parses: no half model listed
     for rec in recs:
         assert len(store.get(rec.name)) == (16 << 20) + 8
         assert store.get_extra(rec.name, "graph.npz")[:8] == rec.num_params.to_bytes(8, "little")
     used = {f"{r.checksum}.onnx" for r in recs} | {f"{r.extra_checksums['graph.npz']}.graph.npz" for r in recs}
-    leftovers = (files(tmp_path, "blobs") - used) | files(tmp_path, "tmp")
-    assert store.gc() == len(leftovers)
+    orphans = files(tmp_path, "blobs") - used
+    kept = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file() and f.parent.name != "tmp"
+               and f.name not in orphans)
+    if moment == "mid-write":  # a writer's open removes the dead writer's temp files, orphan blobs stay for gc
+        ModelStore(tmp_path)
+        assert files(tmp_path, "tmp") == set() and files(tmp_path, "blobs") == used | orphans
+        temp = set()
+    from keeper.cli import main
+
+    assert main(["zoo", "gc", "--zoo", str(tmp_path), "--min-age", "0"]) == 0  # removes both
     assert files(tmp_path, "blobs") == used and files(tmp_path, "tmp") == set()
+    assert sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file()) == kept, "the space comes back"
     assert ModelStore(tmp_path).records() == recs
 
 
@@ -382,6 +440,18 @@ def test_s3_uri_form(moto):
     assert ModelStore(uri).get("m") == b"via-uri" and ModelStore(uri).records() == [rec]
 
 
+def test_s3_missing_bucket_fails_at_once(moto):
+    uri = f"s3://no-such-bucket/zoo?endpoint_override=127.0.0.1:{moto.port}&scheme=http&region=us-east-1" \
+          "&allow_delayed_open=true"
+    with pytest.raises(ZooNotFoundError, match=r"no zoo at s3://no-such-bucket/zoo\?"):
+        ModelStore(uri, mode="read")
+    store = ModelStore(uri, retries=3, retry_wait_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match=r"could not register model 'm': write of 'blobs/.*bucket does not exist"):
+        put(store, "m", b"blob")
+    assert time.monotonic() - t0 < 2, "a missing bucket is not retried"
+
+
 def test_s3_dead_endpoint_fails_fast(moto):
     import pyarrow.fs as pafs
 
@@ -432,3 +502,15 @@ def test_templates_are_written_once_and_survive_gc(tmp_path):
     assert ModelStore(str(tmp_path / "zoo")).get_template("abc123") == b"first"
     with pytest.raises(AdmissionError):
         store.put_template("../escape", b"x")
+
+
+def test_the_suite_runs_in_a_home_of_its_own():
+    import conftest
+
+    home = os.path.expanduser("~")
+    assert home == conftest.TEST_HOME != conftest.REAL_HOME and home.startswith(tempfile.gettempdir())
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("KEEPER_ZOO", None)
+    out = subprocess.run([sys.executable, "-c", "from keeper.store import ModelStore; print(ModelStore().uri)"],
+                         capture_output=True, text=True, env=env, check=True).stdout.strip()
+    assert out == os.path.join(conftest.TEST_HOME, ".keeper", "zoo"), "the default zoo is the session's, not yours"

@@ -138,14 +138,22 @@ def test_bad_name_is_refused_and_stores_nothing(zoo, tmp_path, name):
     assert list(zoo) == records and files(tmp_path / "zoo") == before
 
 
-def test_identical_content_is_idempotent_whatever_the_name(zoo, tmp_path):
+def test_identical_content_is_idempotent_under_its_name_and_refused_under_another(zoo, tmp_path):
     blob = mlp_onnx(PARENT, 1)
     rec = zoo.register(blob, 0.8, name="first")
     before = files(tmp_path / "zoo")
     assert zoo.register(blob, 0.8, name="first") == rec
-    assert zoo.register(blob, 0.8, name="second") == rec  # the stored record, not a copy under a new name
-    assert zoo.register(blob, 0.8) == rec
+    assert zoo.register(blob, 0.8) == rec  # no name: the stored record
+    with pytest.raises(AdmissionError, match="'second': this content is already stored as 'first'"):
+        zoo.register(blob, 0.8, name="second")  # never a silent answer under a name that was not stored
+    with pytest.raises(AdmissionError, match="'first': this content is already stored with accuracy 0.8000, not"):
+        zoo.register(blob, 0.9)
     assert len(zoo) == 1 and zoo.names() == ["first"] and files(tmp_path / "zoo") == before
+    assert zoo.register(blob, 0.9, update_accuracy=True).accuracy == 0.9 == Zoo(zoo.uri).record("first").accuracy
+    twin = zoo.register(blob, 0.7, name="second", alias=True)
+    assert twin.checksum == rec.checksum and {r.name for r in Zoo(zoo.uri)} == {"first", "second"}
+    zoo.remove("first")
+    assert Zoo(zoo.uri).store.get("second") == blob, "the alias keeps the shared blobs"
     unnamed = zoo.register(mlp_onnx(PARENT, 2), 0.7)
     assert unnamed.name.startswith("model-") and unnamed.name[len("model-"):] == unnamed.checksum[:12]
 
@@ -413,7 +421,7 @@ def test_a_graph_with_weights_apart_registers_and_warms_like_onnx_with_weights(t
     zoo = Zoo(str(tmp_path / "zoo"))
     rec = zoo.register(graph, 0.9, name="apart", weights=wfile)
     assert rec.extras == ("graph.npz", "weights.safetensors") and rec.nbytes == len(graph) + wfile.stat().st_size
-    assert zoo.register(graph, 0.9, name="other-name", weights=wfile) == rec  # identical content: idempotent
+    assert zoo.register(graph, 0.9, name="apart", weights=wfile) == rec  # identical content: idempotent
     child = mlp_onnx(WIDER, 3)
     x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
     for z in (zoo, Zoo(str(tmp_path / "zoo"))):  # and after reopening

@@ -192,7 +192,8 @@ class Keeper:
         """Admit a trained model through the ZooManager; returns its catalog record as a dict.
 
         ``weights``: safetensors bytes when ``model`` is its graph without weights (models of any size). Identical
-        content is stored once, whatever name it comes with, so retries are safe. ``lineage``: how the model was
+        content is stored once: again under its name and accuracy it is the stored record, so retries are safe;
+        under another name or accuracy it is refused (:meth:`keeper.zoo.Zoo.register`). ``lineage``: how the model was
         obtained (``WarmResult.lineage()``), as for :meth:`keeper.zoo.Zoo.register`.
         """
         rec = self._manager_call("register", self.config.timeouts.register_s,
@@ -205,6 +206,15 @@ class Keeper:
 
     def remove(self, name: str) -> None:
         self._manager_call("remove", self.config.timeouts.register_s, name)
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read the whole zoo from the store now: models other processes registered, removed or updated (the
+        manager's catalog poll takes in additions and removals within ``CATALOG_POLL_S`` seconds anyway).
+        Returns ``{"models": N}``."""
+        n = self._manager_call("reload", self.config.timeouts.register_s)
+        self._view_backoff_until = 0.0
+        self._refresh(force=True)
+        return {"models": n}
 
     def scale(self, matchers: int) -> dict[str, Any]:
         """Grow or shrink the matcher pool live; batches in flight finish (or are redone elsewhere)."""

@@ -5,14 +5,18 @@ immutable Shards and Views.
 Invariants:
     * every change to the zoo goes through this class, under one lock; reads (``view``, ``shard``) never wait
       long for a write: while a write holds the lock they answer with the last published view;
-    * ``register`` is idempotent by content (the Zoo returns the stored record for identical bytes), so a call
-      that Ray retries after a restart never stores twice;
+    * ``register`` is idempotent (the Zoo returns the stored record for identical bytes under their name and
+      accuracy), so a call that Ray retries after a restart never stores twice;
     * a new instance over the same URI (a restart) serves every stored model: the Zoo reloads the catalog and
       graphs from the store, and the index is fitted again in the background (queries search the zoo whole
       meanwhile);
     * the index is re-fitted in a background thread, never on a caller's path, once the additions and removals
       since the last fit exceed ``clustering.recluster_stale`` x N; models that arrive meanwhile join their
-      nearest medoid at once.
+      nearest medoid at once;
+    * models other processes register into (or remove from) the store are served within
+      :data:`CATALOG_POLL_S` seconds: a background thread lists the catalog that often and takes in what changed
+      (:meth:`ZooManager.sync`); :meth:`ZooManager.reload` (``keeper reload``) re-reads everything at once,
+      accuracies updated elsewhere included.
 
 Plain class: the launcher makes it a Ray actor; unit tests use it directly.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -30,7 +35,7 @@ import numpy as np
 from keeper.actors.config import ServiceConfig
 from keeper.actors.indexing import fit_index, symmetric_distance
 from keeper.actors.snapshot import Shard, View
-from keeper.errors import ModelNotFoundError, ServiceError, StoreError
+from keeper.errors import KeeperError, ModelNotFoundError, ServiceError, StoreError
 from keeper.matching import SIGNATURE_SIZE, MatchArrays, match_arrays
 from keeper.onnx_safety import ModelInput
 from keeper.zoo import Zoo
@@ -44,6 +49,9 @@ _MAX_SHARDS = 16
 _MAX_DEAD_SHARE = 0.25
 #: Models per shard when re-packing.
 _SHARD_MODELS = 4096
+#: Seconds between two listings of the catalog for models other processes registered or removed: the bound on
+#: how stale the service's view of its store gets (one LIST request per period on an object store).
+CATALOG_POLL_S = 5.0
 
 
 class ZooManager:
@@ -55,7 +63,7 @@ class ZooManager:
         'resnet-a'
     """
 
-    def __init__(self, config: ServiceConfig | None = None, zoo: Any = None):
+    def __init__(self, config: ServiceConfig | None = None, zoo: Any = None, poll_s: float | None = CATALOG_POLL_S):
         self.config = config or ServiceConfig()
         self._lock = threading.RLock()
         self.zoo = zoo if zoo is not None else Zoo(self.config.zoo_uri, self.config.zoo_config())
@@ -76,6 +84,8 @@ class ZooManager:
         self._view: View = View.empty(f"{self._token}-0", self.zoo.uri)
         self._dirty = True
         self._load_all()
+        if poll_s:
+            threading.Thread(target=self._poll, args=(poll_s,), daemon=True, name="keeper-catalog-poll").start()
 
     # -- loading and bookkeeping (callers hold the lock)
     def _load_all(self) -> None:
@@ -173,6 +183,31 @@ class ZooManager:
             self.zoo.reload()
             self._load_all()
             return len(self._arrays)
+
+    def sync(self) -> dict[str, list[str]]:
+        """Take in the models other processes registered into or removed from the store since the last look;
+        returns ``{"added": [...], "removed": [...]}``. One catalog listing when nothing changed."""
+        if self.zoo.store.listed() == set(self.zoo.names()):
+            return {"added": [], "removed": []}
+        with self._lock:
+            before = set(self.zoo.names())
+            added, removed = self.zoo.refresh()
+            self._sync(before)
+        if added or removed:
+            log.info("zoo manager: took in %d model(s) and dropped %d that other processes changed in %s",
+                     len(added), len(removed), self.zoo.uri)
+            self._maybe_refit()
+        return {"added": added, "removed": removed}
+
+    def _poll(self, period_s: float) -> None:
+        """The catalog poll (a daemon thread): the service's view is at most ``period_s`` behind its store."""
+        while True:
+            time.sleep(period_s)
+            try:
+                self.sync()
+            except (KeeperError, OSError, ValueError) as exc:  # a store down now may answer later: poll on
+                log.warning("zoo manager: could not look for models other processes changed in %s (%s)",
+                            self.zoo.uri, exc)
 
     # -- index maintenance
     def _maybe_refit(self, force: bool = False) -> None:

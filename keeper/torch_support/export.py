@@ -31,6 +31,7 @@ import onnx_ir as ir
 import torch
 from onnx import numpy_helper
 
+from keeper.errors import KeeperError, TraceFallbackWarning, TraceUnsupported
 from keeper.graph import graph_from_proto
 from keeper.onnx_safety import has_data, load_model
 from keeper.onnx_weights import apart_specs, clear_data, read_initializers, write_weights
@@ -38,7 +39,6 @@ from keeper.torch_support.cache import cached_export
 from keeper.torch_support.exported import Exported
 from keeper.torch_support.tensors import (FLOATS, as_numpy, drop_eval_caches, float_state, key_shapes,
                                           state_arrays, tensor_view, tied_keys)
-from keeper.errors import KeeperError
 
 __all__ = ["Exported", "export", "export_graph", "module_weights"]
 
@@ -48,8 +48,8 @@ def export(module: torch.nn.Module, example_input: Any, *, dynamo: bool | None =
     ONNX tensors to state_dict keys.
 
     Args:
-        dynamo: True for torch's dynamo exporter (the default when None; ``KEEPER_EXPORTER=torchscript`` or
-            False selects TorchScript).
+        dynamo: None for the torch front end (falling back to the dynamo exporter), True for the dynamo
+            exporter, False for TorchScript (see :func:`export_graph`).
     """
     graph = export_graph(module, example_input, dynamo=dynamo, seed=seed)
     proto = load_model(graph.onnx, what="exported module")
@@ -64,17 +64,57 @@ def export_graph(module: torch.nn.Module, example_input: Any, *, dynamo: bool | 
     ONNX-to-state_dict map, and ``apart`` (which key feeds each data-less initializer). Weights:
     :func:`module_weights`.
 
+    By default (``dynamo=None``, ``KEEPER_EXPORTER`` unset or ``trace``) the architecture comes from one forward
+    pass (:mod:`keeper.torch_support.trace`, milliseconds); a module it cannot read goes through the dynamo
+    exporter with a :class:`~keeper.errors.TraceFallbackWarning` naming why. ``dynamo=True`` (or
+    ``KEEPER_EXPORTER=dynamo``) and ``dynamo=False`` (``KEEPER_EXPORTER=torchscript``) choose an exporter.
+
     Example:
         >>> g = export_graph(model, torch.randn(1, 3, 32, 32))          # doctest: +SKIP
         >>> zoo.warm(g.onnx, weights=module_weights(model, g))          # doctest: +SKIP
     """
-    if dynamo is None:
-        dynamo = os.environ.get("KEEPER_EXPORTER", "dynamo") != "torchscript"
+    exporter = _exporter(dynamo)
     args = example_input if isinstance(example_input, tuple) else (example_input,)
     drop_eval_caches(module)  # a tensor cached from the parameters would be traced as a constant, not read
-    return cached_export(module, args, f"{'dynamo' if dynamo else 'torchscript'}/{seed}",
-                         lambda: _export_graph(module, args, dynamo, seed),
+
+    def make() -> Exported:
+        if exporter == "trace":
+            return _traced_graph(module, args, seed)
+        return _export_graph(module, args, exporter == "dynamo", seed)
+
+    return cached_export(module, args, f"{exporter}/{seed}", make,
                          lambda exported: _apart_state_keys(module, exported))
+
+
+_EXPORTERS = ("trace", "dynamo", "torchscript")
+
+
+def _exporter(dynamo: bool | None) -> str:
+    if dynamo is not None:
+        return "dynamo" if dynamo else "torchscript"
+    name = os.environ.get("KEEPER_EXPORTER", "trace")
+    if name not in _EXPORTERS:
+        raise KeeperError(f"KEEPER_EXPORTER={name!r}: expected one of {', '.join(_EXPORTERS)}; unset it for the "
+                          "default (trace, falling back to dynamo)")
+    return name
+
+
+def _traced_graph(module: torch.nn.Module, args: tuple, seed: int) -> Exported:
+    """The architecture from one forward pass; the dynamo exporter's, with a warning, when the trace cannot read
+    the module (the fallback is always right, so an unexpected failure of the trace falls back too)."""
+    from keeper.torch_support.trace import trace_graph
+
+    try:
+        data, keys, apart, graph = trace_graph(module, args)
+    except Exception as exc:  # noqa: BLE001 (see the docstring)
+        drop_eval_caches(module)  # what the eval-mode forward cached: the exporter must read the parameters
+        reason = str(exc) if isinstance(exc, TraceUnsupported) else f"{type(exc).__name__}: {exc}"
+        warnings.warn(f"{type(module).__qualname__}: the torch front end cannot read its forward ({reason}); "
+                      "using the ONNX exporter instead (seconds instead of milliseconds)", TraceFallbackWarning,
+                      stacklevel=5)
+        return _export_graph(module, args, True, seed)
+    drop_eval_caches(module)  # what the eval-mode forward cached
+    return Exported(data, keys, apart, graph)
 
 
 def _apart_state_keys(module: torch.nn.Module, exported: Exported) -> set[str]:

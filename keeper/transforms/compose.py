@@ -15,7 +15,6 @@ as it exists, so the transform holds at most the child's weights plus one tensor
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -23,10 +22,12 @@ import ml_dtypes
 import numpy as np
 
 from keeper.graph import LayerGraph
-from keeper.kinds import kinds_where, traits
+from keeper.kinds import Kind, kinds_where, traits
 from keeper.matching import Alignment
 from keeper.onnx_weights import canonical, layer_arrays, to_source
+from keeper.transforms.correspondence import group_correspondence, packed_groups
 from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
+from keeper.transforms.exact_width import StreamGrowth, stream_growth
 from keeper.transforms.kernel import fit_kernel
 from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
 
@@ -57,35 +58,15 @@ class _GroupMaps:
     def __init__(self, parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, parent_layers: list, seed: int):
         self.parent, self.child, self.seed = parent, child, seed
         self.parent_layers = parent_layers
-        votes: dict[int, Counter] = defaultdict(Counter)
-        for c, p in enumerate(pairs.tolist()):
-            if p < 0:
-                continue
-            for cg, pg in ((child.in_group[c], parent.in_group[p]), (child.out_group[c], parent.out_group[p])):
-                if cg >= 0 and pg >= 0:
-                    votes[int(cg)][int(pg)] += int(child.params[c])
-        # ties go to the lower parent group id so the choice is deterministic
-        self.corr = {cg: min(v.items(), key=lambda kv: (-kv[1], kv[0]))[0] for cg, v in votes.items()}
-        self._through_new_layers(pairs)
+        self.corr = group_correspondence(parent, child, pairs)
+        # groups grown by a factor that does not divide under LayerNorms: copied units first, then mean units
+        self.streams: dict[int, StreamGrowth] = stream_growth(parent, child, pairs, self.corr)
         self._maps: dict[int, np.ndarray | None] = {}
         self._importance: dict[int, np.ndarray | None] = {}
         self._factors: dict[int, np.ndarray | None] = {}
         # packed projections (q, k, v from one layer): composite group -> the "packed" attrs of its layer
-        self.child_packed, self.parent_packed = _packed_groups(child), _packed_groups(parent)
+        self.child_packed, self.parent_packed = packed_groups(child), packed_groups(parent)
         self._owner = {int(p): g for g in self.child_packed for p in child.group_of_parts(g).tolist()}
-
-    def _through_new_layers(self, pairs: np.ndarray) -> None:
-        """A new square layer that can be an identity passes its units through: its other side copies the same
-        parent units (so VGG blocks inserted back to back all line up). Forward, then backward."""
-        c = self.child
-        square = [i for i in range(c.num_layers) if pairs[i] < 0 and _square_identity(int(c.layer_kind[i]))
-                  and c.shape[i, 0] == c.shape[i, 1] and c.in_group[i] >= 0 and c.out_group[i] >= 0]
-        for seq, (a, b) in ((square, (0, 1)), (square[::-1], (1, 0))):
-            for i in seq:
-                ends = (int(c.in_group[i]), int(c.out_group[i]))
-                src, dst = ends[a], ends[b]
-                if src in self.corr and dst not in self.corr:
-                    self.corr[dst] = self.corr[src]
 
     def parent_size(self, cg: int) -> int:
         pg = self.corr.get(cg)
@@ -115,6 +96,8 @@ class _GroupMaps:
         pg = self.corr.get(cg)
         if pg is None:
             return None
+        if cg in self.streams:  # the copied units only: the transfer appends the mean units (StreamGrowth)
+            return self.streams[cg].copied()
         cparts, pparts = self.child.group_of_parts(cg), self.parent.group_of_parts(pg)
         if cg in self.child_packed and pg in self.parent_packed and len(cparts) == len(pparts):
             return self._packed_map(cg, pg, cparts.tolist(), pparts.tolist())
@@ -151,12 +134,13 @@ class _GroupMaps:
             hc, hp = int(ca["heads"][j]), int(pa["heads"][j])
             h = hc if hc == hp and hc >= 1 and cs % hc == 0 and ps % hc == 0 else 1
             heads.append(h)
-            if hp >= 1 and hc > hp and hc % hp == 0 and ps % hp == 0 and cs * hp == ps * hc:
-                # as many times the heads, each of the parent's size: whole heads are cloned (child head i is
-                # parent head i mod hp), each computes its parent head's attention as it is, so q and k need no
-                # factor; the projection reading the heads divides by the number of copies
+            if hp >= 1 and hc > hp and ps % hp == 0 and cs * hp == ps * hc:
+                # more heads, each of the parent's size: whole heads are cloned (child head i is parent head
+                # i mod hp; with a factor that does not divide, the first heads once more than the others), each
+                # computes its parent head's attention as it is, so q and k need no factor; the projection
+                # reading the heads divides by each head's number of copies
                 cloned.add(j)
-                maps.append(np.tile(np.arange(ps), hc // hp))
+                maps.append(np.resize(np.arange(ps), cs))
                 continue
             if j in partner:
                 maps.append(maps[partner[j]])
@@ -205,16 +189,6 @@ class _GroupMaps:
         return self._importance[pg]
 
 
-def _packed_groups(g: LayerGraph) -> dict[int, dict]:
-    """Output group -> "packed" attrs, for the layers whose output :mod:`keeper.graph` found unpacked into parts."""
-    out = {}
-    for i, a in enumerate(g.attrs):
-        grp = int(g.out_group[i])
-        if "packed" in a and grp >= 0 and len(g.group_of_parts(grp)):
-            out[grp] = a["packed"]
-    return out
-
-
 def paste_overlap(parent_t: np.ndarray, child_t: np.ndarray) -> np.ndarray:
     """Parent values on the overlapping leading block, the child's own values elsewhere."""
     out = np.array(child_t, copy=True)
@@ -230,12 +204,6 @@ def _map_fits(m: np.ndarray | None, child_len: int, parent_len: int) -> bool:
 def _moves(m: np.ndarray, parent_len: int) -> bool:
     """The map is not the identity on ``parent_len`` units."""
     return len(m) != parent_len or bool(np.any(m != np.arange(len(m))))
-
-
-def _square_identity(kind: int) -> bool:
-    """Layers of the kind start as the identity when they have as many output as input units (conv, linear)."""
-    ident = traits(kind).identity
-    return ident is not None and ident.needs_square
 
 
 def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_map, parent_in: int) -> tuple[np.ndarray, list[str]]:
@@ -361,7 +329,10 @@ def tied_input_divisors(child: LayerGraph, maps: "_GroupMaps", writers: Mapping[
         if m is None or ps <= 0:
             continue
         counts = np.bincount(m, minlength=ps)[m]
-        if np.all(counts == 1):
+        st = maps.streams.get(gi)
+        if st is not None:  # the copies hold the stream scaled; the mean units are 0 after the norm
+            counts = np.concatenate([counts * st.scale, np.ones(st.child_units - len(m))])
+        elif np.all(counts == 1):
             continue
         preds = child.predecessors(int(child.layer_node[c]))
         while len(preds) == 1 and fanout[preds[0]] == 1 and node_layer[preds[0]] < 0 \
@@ -410,7 +381,22 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
             if role not in P[p]:
                 values[role] = (ct, None, "init")
                 continue
-            v, ops = _inherit(kind, role, P[p][role], ct, out_map, in_map, maps.parent_size(int(child.in_group[c])))
+            so, si = maps.streams.get(int(child.out_group[c])), maps.streams.get(int(child.in_group[c]))
+            reads = si is not None and role == "weight" and traits(kind).in_axis is not None and ct.ndim >= 2
+            if so is not None or reads:  # built on the copied units, the mean units appended below
+                shape = list(ct.shape)
+                if so is not None:
+                    shape[0] = len(out_map)
+                if reads:
+                    shape[1] = len(in_map)
+                ct_copied = np.broadcast_to(np.zeros((), ct.dtype), tuple(shape))
+                v, ops = _inherit(kind, role, P[p][role], ct_copied, out_map, in_map,
+                                  maps.parent_size(int(child.in_group[c])))
+                v = _stream_units(_wide(v), so, si if reads else None, kind, role, c)
+                ops.append("stream-grow")
+            else:
+                v, ops = _inherit(kind, role, P[p][role], ct, out_map, in_map,
+                                  maps.parent_size(int(child.in_group[c])))
             f = maps.factors(int(child.out_group[c])) if role in ("weight", "bias") else None
             if f is not None and v.shape[:1] == f.shape:
                 # one pass in float32 or the tensor's own wider dtype (a float64 product and a cast back cost three)
@@ -448,6 +434,28 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
 
     return transfer_layers(child, child_inits, lambda c, cvals: inherited(c, int(pairs[c]), cvals) if pairs[c] >= 0
                            else new(c, cvals), sink, writers)
+
+
+def _stream_units(v: np.ndarray, out: StreamGrowth | None, into: StreamGrowth | None, kind: int, role: str,
+                  layer: int) -> np.ndarray:
+    """A tensor built on a grown stream's copied units, completed with its mean units (see
+    :class:`~keeper.transforms.exact_width.StreamGrowth`): a LayerNorm on the stream has its scale divided by the
+    stream's scale and 0 on the mean units; a layer writing the stream is multiplied by the scale, its mean units
+    the mean of its rows; a layer reading it reads 0 from the mean units and, when it reads the stream itself,
+    divides by the scale."""
+    if out is not None:
+        extra = (out.child_units - len(v),) + v.shape[1:]
+        if kind == int(Kind.LAYERNORM):
+            v = v / out.scale if role == "scale" else v
+            v = np.concatenate([v, np.zeros(extra, v.dtype)])
+        else:
+            v = v * v.dtype.type(out.scale)
+            v = np.concatenate([v, np.broadcast_to(v.mean(axis=0, keepdims=True), extra)])
+    if into is not None:
+        if layer in into.raw_readers:
+            v = v / v.dtype.type(into.scale)
+        v = np.concatenate([v, np.zeros((v.shape[0], into.child_units - v.shape[1]) + v.shape[2:], v.dtype)], axis=1)
+    return v
 
 
 def _key(refs, role: str) -> str:

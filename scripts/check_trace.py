@@ -1,0 +1,94 @@
+"""Same answers from the torch front end and the dynamo exporter, over keeper's catalogue.
+
+For every model: the LayerGraph from one forward pass (keeper.torch_support.trace) against the dynamo exporter's
+(keeper_bench.trace_check.graph_differences); for every pair: a parent registered and a child warmed through
+each path (same parent, same similarity to 4 places, same warmed weights). Models the front end cannot read are
+listed with the reason (they fall back to the exporter at run time).
+
+Catalogue: tests/nets.py's family specs (MLP, ResNet, VGG, MobileNetV2, transformer), the Hugging Face catalogue
+(keeper_bench.hf_catalogue), and both directions of every growth pair of keeper_bench.hf_growth (reports/growth.md)
+and of each family (base spec -> wider).
+
+Usage: python scripts/check_trace.py [--only NAME ...] [--no-warm]
+Each dynamo export takes seconds: the whole catalogue takes many minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import nets  # noqa: E402
+from keeper_bench import hf_catalogue, hf_growth  # noqa: E402
+from keeper_bench.trace_check import graph_differences, warm_differences  # noqa: E402
+
+WIDER = {"mlp": {"widths": [48, 24]}, "resnet": {"widths": [12, 24]}, "vgg": {"widths": [12, 24]},
+         "mobilenetv2": {"widths": [12, 24]}, "transformer": {"ffn": 48}}
+
+
+def models():
+    for fam, spec in nets.BASE_SPECS.items():
+        m, x = nets.build(spec)
+        yield f"family/{fam}", m, (x,)
+    for name in hf_catalogue.CATALOGUE:
+        m, args = hf_catalogue.build(name, seed=1)
+        yield f"hf/{name}", m, args
+
+
+def pairs():
+    for fam, spec in nets.BASE_SPECS.items():
+        small, x = nets.build(spec, seed=1)
+        big, _ = nets.build({**spec, **WIDER[fam]}, seed=2)
+        yield f"family/{fam} base->wider", small, big, (x,)
+        yield f"family/{fam} wider->base", big, small, (x,)
+    for fam, growths in hf_growth.PAIRS.items():
+        for growth, p_sizes, c_sizes in growths:
+            a, args = hf_growth.build(fam, **p_sizes)
+            b, _ = hf_growth.build(fam, **c_sizes)
+            hf_growth.trained_like(a, 1), hf_growth.trained_like(b, 2)
+            yield f"growth/{fam} {growth}", a, b, args
+            yield f"growth/{fam} {growth} (reverse)", b, a, args
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=None, help="substrings of the names to check")
+    ap.add_argument("--no-warm", action="store_true", help="compare graphs only")
+    opts = ap.parse_args()
+    keep = (lambda name: any(s in name for s in opts.only)) if opts.only else (lambda name: True)
+    bad, fell_back = 0, []
+    torch.manual_seed(0)
+    for name, module, args in models():
+        if not keep(name):
+            continue
+        check = graph_differences(module, args)
+        if check.fallback:
+            fell_back.append((name, check.fallback))
+            print(f"{name:32s} FALLS BACK: {check.fallback}", flush=True)
+            continue
+        status = "same graph" if not check.differences else "DIFFERENT: " + "; ".join(check.differences)[:400]
+        bad += bool(check.differences)
+        print(f"{name:32s} trace {check.trace_s * 1e3:7.1f} ms  dynamo {check.dynamo_s:5.2f} s  {status}",
+              flush=True)
+    if not opts.no_warm:
+        for name, parent, child, args in pairs():
+            if not keep(name):
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                diff = warm_differences(parent, child, args, Path(tmp))
+            bad += bool(diff)
+            print(f"{name:40s} {'same warm' if not diff else 'DIFFERENT: ' + '; '.join(diff)[:400]}", flush=True)
+    print(f"\n{bad} difference(s); {len(fell_back)} model(s) fall back to the exporter")
+    for name, reason in fell_back:
+        print(f"  {name}: {reason}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Tests of keeper.torch_support.trace, the torch front end: on a representative subset its LayerGraph equals the
+dynamo exporter's and a growth pair warms identically through both paths (``scripts/check_trace.py`` runs the
+whole catalogue); a module it cannot read falls back to the exporter with a warning naming the op and gets the
+exporter's answer; the default path calls no torch.onnx exporter."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import nets
+from keeper.errors import TraceFallbackWarning
+from keeper.torch_support import cache, cache_files, export_graph
+from keeper_bench import hf_catalogue, hf_growth
+from keeper_bench.trace_check import compare_graphs, graph_differences, warm_differences
+
+
+@pytest.fixture(autouse=True)
+def own_disk_cache(tmp_path, monkeypatch):
+    """Each test exports for itself: no architecture kept on disk by another test (or another process)."""
+    monkeypatch.setenv(cache_files.ENV, str(tmp_path / "arch-cache"))
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet", "gpt2", "llama"])
+def test_the_traced_graph_is_the_exporters(name):
+    if name in nets.BASE_SPECS:
+        module, x = nets.build(nets.BASE_SPECS[name])
+        args = (x,)
+    else:
+        module, args = hf_catalogue.build(name, seed=1)
+    check = graph_differences(module, args)
+    assert check.fallback is None
+    assert check.differences == []
+
+
+def test_a_growth_pair_warms_identically_through_both_paths(tmp_path):
+    parent, args = hf_growth.build("gpt2")
+    child, _ = hf_growth.build("gpt2", layers=4)
+    hf_growth.trained_like(parent, 1), hf_growth.trained_like(child, 2)
+    assert warm_differences(parent, child, args, tmp_path) == []
+
+
+class _Cumulative(torch.nn.Module):
+    """A cumulative sum over positions: an op outside the trace's rule table."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.cumsum(self.fc1(x), dim=1))
+
+
+class _Branching(torch.nn.Module):
+    """Control flow on the data's values: a graph could hold one branch only."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(x) if x.sum() > 0 else -self.fc(x)
+
+
+def test_a_module_the_trace_cannot_read_falls_back_with_a_warning():
+    cache.clear()
+    m, x = _Cumulative(), torch.randn(2, 4, 8)
+    with pytest.warns(TraceFallbackWarning, match=r"_Cumulative: .*cumsum"):
+        got = export_graph(m, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = export_graph(m, x, dynamo=True)
+    assert compare_graphs(got.graph, got.keys, want.graph, want.keys) == []
+    assert got.keys == want.keys and got.apart == want.apart
+
+
+def test_control_flow_on_the_data_is_never_traced():
+    """The trace stops at the comparison that feeds the branch; the exporter then refuses the module too."""
+    cache.clear()
+    with pytest.warns(TraceFallbackWarning, match=r"_Branching: .*gt"), pytest.raises(Exception):
+        export_graph(_Branching(), torch.randn(2, 4, 8))
+
+
+def test_the_default_path_calls_no_onnx_exporter(monkeypatch):
+    cache.clear()
+    calls = []
+    real = torch.onnx.export
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: calls.append(1) or real(*a, **k))
+    module, args = hf_catalogue.build("gpt2", seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceFallbackWarning)
+        exported = export_graph(module, args)
+    assert calls == [] and exported.graph.num_layers > 0 and exported.apart
+    with pytest.warns(TraceFallbackWarning):
+        export_graph(_Cumulative(), torch.randn(2, 4, 8))
+    assert calls == [1], "the counting wrapper sees the exporter when it runs"
