@@ -289,7 +289,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def _parser() -> argparse.ArgumentParser:
     from keeper import __version__
-    from keeper.warm import DEFAULT_NOISE
 
     p = argparse.ArgumentParser(prog="keeper", description="Warm-start training from a zoo of trained models.",
                                 epilog=_EPILOG, formatter_class=HelpFormatter)
@@ -297,6 +296,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     sub.add_parser = functools.partial(sub.add_parser, formatter_class=HelpFormatter)  # every command's help alike
 
+    _register_command(sub)
+    _warm_command(sub)
+    _zoo_command(sub)
+    service_commands(sub)
+    _plugin_commands(sub)
+    return p
+
+
+def _register_command(sub: Any) -> None:
     r = sub.add_parser("register", help="add trained ONNX model(s) with their accuracy to the zoo",
                        description="Add a trained model (ONNX with weights, or its graph with --weights) to the zoo.\n"
                                    "Identical content is stored once; accuracy outliers and bad names are refused.",
@@ -316,6 +324,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="directory mode: no progress bar or per-model lines")
     r.set_defaults(fn=_cmd_register)
 
+
+def _warm_command(sub: Any) -> None:
+    from keeper.warm import DEFAULT_NOISE
+
     w = sub.add_parser("warm", help="write a warm-started copy of a model, weights taken from the best zoo parent",
                        description="Find the zoo model that best covers MODEL (similarity x accuracy), transform its "
                                    "weights onto MODEL's architecture and write the result.")
@@ -331,6 +343,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--zoo", help=_ZOO_HELP)
     w.set_defaults(fn=_cmd_warm)
 
+
+def _zoo_command(sub: Any) -> None:
     z = sub.add_parser("zoo", help="list, inspect or remove zoo models; remove crash leftovers")
     zs = z.add_subparsers(dest="zoo_cmd", required=True, metavar="ACTION")
     zs.add_parser = functools.partial(zs.add_parser, formatter_class=HelpFormatter)
@@ -349,10 +363,6 @@ def _parser() -> argparse.ArgumentParser:
     for q in (ls, info, rm, gc):
         q.add_argument("--zoo", help=_ZOO_HELP)
     z.set_defaults(fn=_cmd_zoo)
-
-    service_commands(sub)
-    _plugin_commands(sub)
-    return p
 
 
 class _StderrWarnings(logging.Handler):

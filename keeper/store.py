@@ -32,18 +32,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import re
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Iterator, Mapping
 
 import pyarrow.fs as pafs
 
 from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError, ZooNotFoundError
+from keeper.records import MUTABLE_FIELDS, NAME_RE, ModelRecord, admitted, check_name, finite, json_dict
 from keeper.store_files import StoreFiles, open_uri, sha256, size
 
 __all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR", "check_name", "sha256"]
@@ -51,115 +50,12 @@ __all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR", "check_name", "sha256
 log = logging.getLogger(__name__)
 
 DEFAULT_ZOO_DIR = os.path.join("~", ".keeper", "zoo")
-FORMAT_VERSION = 1
-MUTABLE_FIELDS = ("accuracy", "hits", "summary")
-
-_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
-_SHA_RE = re.compile(r"[0-9a-f]{64}")
-_NAME_RULE = "1 to 128 characters of A-Z a-z 0-9 . _ -, not starting with '.'"
-
-
-def check_name(name: object, what: str = "model name") -> str:
-    """Return ``name`` if it is a valid model (or extra) name, else raise :class:`AdmissionError`."""
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise AdmissionError(f"{what} {name!r} is not allowed: use {_NAME_RULE} (e.g. 'resnet18-cifar10_v2')")
-    return name
-
-
-def _finite(value: object, what: str) -> float:
-    try:
-        out = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise AdmissionError(f"{what} {value!r} is not a number; pass a finite float") from None
-    if not math.isfinite(out):
-        raise AdmissionError(f"{what} {value!r} is not finite; pass a finite float")
-    return out
-
-
-def _json_dict(value: object, what: str) -> dict:
-    """A JSON-able dict, copied through JSON so the record never aliases the caller's object."""
-    if not isinstance(value, Mapping):
-        raise AdmissionError(f"{what} must be a dict of JSON values, got {type(value).__name__}")
-    try:
-        return json.loads(json.dumps(dict(value), sort_keys=True, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise AdmissionError(f"{what} is not JSON-serializable ({exc}); keep to str, numbers, lists, dicts") from None
 
 
 
 def _damaged(rec: ModelRecord, key: str, checksum: str, what: str) -> CorruptModelError:
     return CorruptModelError(f"model {rec.name!r}: {what} {key!r} does not match its sha256 {checksum[:12]}... "
                              "(the stored bytes are damaged); remove the model and register it again")
-
-
-def _admitted(name: object, blob: object, accuracy: object, num_params: object, summary: object,
-              extras: Mapping[str, bytes | os.PathLike] | None, content_extras: tuple[str, ...]
-              ) -> tuple[float, dict, dict[str, bytes | os.PathLike]]:
-    """``(accuracy, summary, extras)`` of a model to store, checked and copied; :class:`AdmissionError` naming the
-    field otherwise (see :meth:`ModelStore.put`)."""
-    check_name(name)
-    if not isinstance(blob, (bytes, bytearray, memoryview)) or memoryview(blob).nbytes == 0:
-        raise AdmissionError(f"model {name!r}: the blob must be non-empty bytes, got {type(blob).__name__}"
-                             f"{' (empty)' if isinstance(blob, (bytes, bytearray, memoryview)) else ''}")
-    acc = _finite(accuracy, f"model {name!r}: accuracy")
-    if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params < 0:
-        raise AdmissionError(f"model {name!r}: num_params {num_params!r} must be an integer >= 0")
-    summ = _json_dict(summary, f"model {name!r}: summary")
-    extras = dict(extras or {})
-    for e, data in extras.items():
-        check_name(e, f"model {name!r}: extra name")
-        if not isinstance(data, (bytes, bytearray, memoryview, os.PathLike)):
-            raise AdmissionError(f"model {name!r}: extra {e!r} must be bytes or a file path, got "
-                                 f"{type(data).__name__}")
-    unknown = sorted(set(content_extras) - set(extras))
-    if unknown:
-        raise AdmissionError(f"model {name!r}: content extras {unknown} are not among the extras given")
-    return acc, summ, extras
-
-@dataclass(frozen=True)
-class ModelRecord:
-    """One catalog entry. ``summary`` is a plain dict: treat it as read-only (copy before changing it)."""
-
-    name: str
-    accuracy: float
-    checksum: str
-    nbytes: int
-    num_params: int
-    summary: dict
-    created: float
-    hits: float = 0.0
-    extras: tuple[str, ...] = ()
-    extra_checksums: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {"format": FORMAT_VERSION, "name": self.name, "accuracy": self.accuracy, "checksum": self.checksum,
-                "nbytes": self.nbytes, "num_params": self.num_params, "summary": self.summary,
-                "created": self.created, "hits": self.hits, "extras": list(self.extras),
-                "extra_checksums": dict(self.extra_checksums)}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "ModelRecord":
-        """Parse and check a catalog entry; :class:`StoreError` when it is malformed."""
-        try:
-            if int(d.get("format", FORMAT_VERSION)) > FORMAT_VERSION:
-                raise ValueError(f"format {d['format']} is newer than this keeper reads ({FORMAT_VERSION}); "
-                                 "upgrade keeper")
-            extras = tuple(str(e) for e in d.get("extras", ()))
-            sums = {str(k): str(v) for k, v in dict(d.get("extra_checksums", {})).items()}
-            rec = cls(name=check_name(d["name"]), accuracy=float(d["accuracy"]), checksum=str(d["checksum"]),
-                      nbytes=int(d["nbytes"]), num_params=int(d["num_params"]), summary=dict(d["summary"]),
-                      created=float(d["created"]), hits=float(d.get("hits", 0.0)), extras=extras,
-                      extra_checksums=sums)
-            if not _SHA_RE.fullmatch(rec.checksum) or set(extras) != set(sums) or \
-                    not all(_SHA_RE.fullmatch(s) for s in sums.values()):
-                raise ValueError("checksums are missing or not sha256 hex")
-            for e in extras:
-                check_name(e, "extra name")
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            label = d.get("name", "?") if isinstance(d, Mapping) else "?"
-            raise StoreError(f"catalog entry {label!r} is malformed ({exc!s}); remove its "
-                             "catalog file and register the model again") from None
-        return rec
 
 
 class ModelStore:
@@ -257,7 +153,7 @@ class ModelStore:
 
     def _current(self, name: str, doing: str) -> ModelRecord:
         """The record of ``name`` as the files say now, for a write; :class:`ModelNotFoundError` when absent."""
-        rec = self._read_record(name) if isinstance(name, str) and _NAME_RE.fullmatch(name) else None
+        rec = self._read_record(name) if isinstance(name, str) and NAME_RE.fullmatch(name) else None
         if rec is None:
             self._forget(name)
             raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self._uri}; nothing to {doing}")
@@ -274,7 +170,7 @@ class ModelStore:
             if not info.base_name.endswith(".json"):
                 continue
             name = info.base_name[: -len(".json")]
-            if not _NAME_RE.fullmatch(name):
+            if not NAME_RE.fullmatch(name):
                 log.warning("zoo store %s: skipping catalog file %s (not a valid model name)", self._uri, info.path)
                 continue
             names.add(name)
@@ -311,7 +207,7 @@ class ModelStore:
             AdmissionError: bad name or fields, or ``name`` holds different content.
             StoreError: the store failed; the catalog is unchanged (orphan blobs may remain for :meth:`gc`).
         """
-        acc, summ, extras = _admitted(name, blob, accuracy, num_params, summary, extras, content_extras)
+        acc, summ, extras = admitted(name, blob, accuracy, num_params, summary, extras, content_extras)
         checksum = sha256(blob)
         known = dict(known_checksums or {})
         sums = {e: known[e] if e in known else sha256(data) for e, data in extras.items()}
@@ -348,7 +244,7 @@ class ModelStore:
         """The catalog record of ``name`` (cached; a miss looks at the files). :class:`ModelNotFoundError` if absent."""
         with self._cache_lock:
             rec = self._records.get(name) if isinstance(name, str) else None
-        if rec is None and isinstance(name, str) and _NAME_RE.fullmatch(name):
+        if rec is None and isinstance(name, str) and NAME_RE.fullmatch(name):
             rec = self._read_record(name)
             if rec is not None:
                 with self._cache_lock:
@@ -425,9 +321,9 @@ class ModelStore:
         new: dict[str, Any] = {}
         for k in ("accuracy", "hits"):
             if k in fields:
-                new[k] = _finite(fields[k], f"model {name!r}: {k}")
+                new[k] = finite(fields[k], f"model {name!r}: {k}")
         if "summary" in fields:
-            new["summary"] = _json_dict(fields["summary"], f"model {name!r}: summary")
+            new["summary"] = json_dict(fields["summary"], f"model {name!r}: summary")
         with self._write_lock, self._naming(name, "update"):
             rec = self._current(name, "update")
             rec = replace(rec, **new)

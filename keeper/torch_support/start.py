@@ -101,6 +101,26 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
     """
     rank, size = distributed.rank_and_size()
     source = parent_source(zoo, config, timeout_s)
+    exported, choice = _choose_once(module, example_input, source, dynamo, trainable, rank, size)
+    result, failed = _restore_checkpoint(module, exported, choice, noise, trainable)
+    if result is None:
+        score = module_probe(module, exported.keys, probe) if probe is not None else None
+        result = chooser.warm(source, exported.onnx, exported.graph, noise=noise, probe=score, choice=choice,
+                              weights=module_weights(module, exported) if exported.apart else None, count=rank == 0)
+        result = load_result(module, result, exported.keys)
+        if failed:
+            result.reason = f"{failed}; {result.reason}"
+    if rank == 0:
+        trial.save_lineage(result, trainable)
+    if size > 1:
+        distributed.sync_module(module)
+    return result
+
+
+def _choose_once(module: Any, example_input: Any, source: ParentSource, dynamo: bool | None, trainable: Any,
+                 rank: int, size: int) -> tuple[Exported, ParentChoice]:
+    """The module's architecture, and the parent choice made by rank 0 and shared with every rank of a Ray Train
+    trial (one choice, one hit and one template per trial); an error on rank 0 is raised on every rank."""
     if rank == 0:
         try:
             exported, choice = _choose(module, example_input, source, dynamo, trainable)
@@ -110,26 +130,9 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
             raise
     else:
         exported, choice = export_graph(module, example_input, dynamo=dynamo), None
-    if size > 1:  # one choice, one hit and one template per Ray Train trial
-        choice = distributed.share_choice(choice)
-    restored, failed = _restore_checkpoint(module, exported, choice, noise, trainable)
-    if restored is not None:
-        if rank == 0:
-            trial.save_lineage(restored, trainable)
-        if size > 1:
-            distributed.sync_module(module)
-        return restored
-    score = module_probe(module, exported.keys, probe) if probe is not None else None
-    result = chooser.warm(source, exported.onnx, exported.graph, noise=noise, probe=score, choice=choice,
-                          weights=module_weights(module, exported) if exported.apart else None, count=rank == 0)
-    result = load_result(module, result, exported.keys)
-    if failed:
-        result.reason = f"{failed}; {result.reason}"
-    if rank == 0:
-        trial.save_lineage(result, trainable)
     if size > 1:
-        distributed.sync_module(module)
-    return result
+        choice = distributed.share_choice(choice)
+    return exported, choice
 
 
 def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, noise: float | None,

@@ -16,7 +16,7 @@ as it exists, so the transform holds at most the child's weights plus one tensor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -206,7 +206,8 @@ def _moves(m: np.ndarray, parent_len: int) -> bool:
     return len(m) != parent_len or bool(np.any(m != np.arange(len(m))))
 
 
-def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_map, parent_in: int) -> tuple[np.ndarray, list[str]]:
+def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_map,
+             parent_in: int) -> tuple[np.ndarray, list[str]]:
     """Turn parent tensor ``pt`` into the child's shape ``ct.shape``; returns the array and the operators used."""
     ops: list[str] = []
     t = pt
@@ -347,6 +348,47 @@ def tied_input_divisors(child: LayerGraph, maps: "_GroupMaps", writers: Mapping[
     return out
 
 
+def _grown(child: LayerGraph, maps: Any, c: int, kind: int, role: str, pt: np.ndarray, ct: np.ndarray,
+           out_map: Any, in_map: Any) -> tuple[np.ndarray, list[str]]:
+    """Child layer ``c``'s value of ``role`` from the parent's ``pt``: the width operators' own, or where a residual
+    stream grows by a factor that does not divide, built on the copied units with the mean units appended."""
+    so, si = maps.streams.get(int(child.out_group[c])), maps.streams.get(int(child.in_group[c]))
+    reads = si is not None and role == "weight" and traits(kind).in_axis is not None and ct.ndim >= 2
+    parent_in = maps.parent_size(int(child.in_group[c]))
+    if so is None and not reads:
+        return _inherit(kind, role, pt, ct, out_map, in_map, parent_in)
+    shape = list(ct.shape)
+    if so is not None:
+        shape[0] = len(out_map)
+    if reads:
+        shape[1] = len(in_map)
+    v, ops = _inherit(kind, role, pt, np.broadcast_to(np.zeros((), ct.dtype), tuple(shape)), out_map, in_map,
+                      parent_in)
+    return _stream_units(_wide(v), so, si if reads else None, kind, role, c), ops + ["stream-grow"]
+
+
+def _rescaled(v: np.ndarray, ops: list[str], role: str, factors: np.ndarray | None,
+              divisor: np.ndarray | None) -> np.ndarray:
+    """``v`` with attention's per-unit scale (weight and bias rows) and a tied reader's per-unit division applied,
+    each named in ``ops``; one pass in float32 or the tensor's own wider dtype (a float64 product and a cast back
+    cost three)."""
+    if factors is not None and role in ("weight", "bias") and v.shape[:1] == factors.shape:
+        v = _wide(v)
+        v = v * factors.astype(v.dtype).reshape((-1,) + (1,) * (v.ndim - 1))
+        ops.append("attention-scale")
+    if divisor is not None and role not in ("mean", "var") and v.shape[:1] == divisor.shape:
+        v = _wide(v)
+        v = v / divisor.astype(v.dtype).reshape((-1,) + (1,) * (v.ndim - 1))
+        ops.append("tied-divide")
+    return v
+
+
+def _noisy(v: np.ndarray, scale_of: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
+    """``v`` plus Gaussian noise of relative std ``noise`` (relative to ``scale_of``'s std), in float32 or wider."""
+    v = _wide(v)
+    return v + rng.normal(0.0, noise * float(np.std(_wide(scale_of)) or 1.0), v.shape).astype(v.dtype)
+
+
 def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: LayerGraph,
              child_inits: Mapping[str, np.ndarray], alignment: Alignment, *, noise: float = 0.0,
              seed: int = 0, sink: Callable[[str, np.ndarray], None] | None = None) -> Transfer:
@@ -357,11 +399,11 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
             are read tensor by tensor; a child tensor's values are read only where the child keeps them).
         noise: relative std of Gaussian noise added to each warmed weight tensor (0 keeps the function).
         seed: seeds the unit maps and the noise.
-        sink: when given, called with (key, array in the child's dtype) for each child tensor as soon as it is
-            made, and ``weights`` stays empty (streaming to a file).
+        sink: when given, called with (key, array in the child's dtype) for each child tensor once made, and
+            ``weights`` stays empty (streaming to a file).
 
-    Returns a :class:`Transfer` covering every tensor of every child layer; inputs are not modified. Tensors the
-    child keeps (operator ``init``) are the child's own arrays, not copies.
+    Returns a :class:`Transfer` of every tensor of every child layer; inputs are not modified; tensors the child
+    keeps (operator ``init``) are the child's own arrays.
     """
     P = layer_arrays(parent, parent_inits)
     pairs = np.asarray(alignment.pairs)
@@ -381,36 +423,10 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
             if role not in P[p]:
                 values[role] = (ct, None, "init")
                 continue
-            so, si = maps.streams.get(int(child.out_group[c])), maps.streams.get(int(child.in_group[c]))
-            reads = si is not None and role == "weight" and traits(kind).in_axis is not None and ct.ndim >= 2
-            if so is not None or reads:  # built on the copied units, the mean units appended below
-                shape = list(ct.shape)
-                if so is not None:
-                    shape[0] = len(out_map)
-                if reads:
-                    shape[1] = len(in_map)
-                ct_copied = np.broadcast_to(np.zeros((), ct.dtype), tuple(shape))
-                v, ops = _inherit(kind, role, P[p][role], ct_copied, out_map, in_map,
-                                  maps.parent_size(int(child.in_group[c])))
-                v = _stream_units(_wide(v), so, si if reads else None, kind, role, c)
-                ops.append("stream-grow")
-            else:
-                v, ops = _inherit(kind, role, P[p][role], ct, out_map, in_map,
-                                  maps.parent_size(int(child.in_group[c])))
-            f = maps.factors(int(child.out_group[c])) if role in ("weight", "bias") else None
-            if f is not None and v.shape[:1] == f.shape:
-                # one pass in float32 or the tensor's own wider dtype (a float64 product and a cast back cost three)
-                v = _wide(v)
-                v = v * f.astype(v.dtype).reshape((-1,) + (1,) * (ct.ndim - 1))
-                ops.append("attention-scale")
-            d = divisors.get(c)
-            if d is not None and role not in ("mean", "var") and v.shape[:1] == d.shape:
-                v = _wide(v)
-                v = v / d.astype(v.dtype).reshape((-1,) + (1,) * (v.ndim - 1))
-                ops.append("tied-divide")
+            v, ops = _grown(child, maps, c, kind, role, P[p][role], ct, out_map, in_map)
+            v = _rescaled(v, ops, role, maps.factors(int(child.out_group[c])), divisors.get(c))
             if noise > 0 and role == "weight":
-                v = _wide(v)
-                v = v + rng.normal(0.0, noise * float(v.std() or 1.0), v.shape).astype(v.dtype)
+                v = _noisy(v, v, noise, rng)
             values[role] = (v, pkeys[role], "+".join(ops))
         return values
 
@@ -427,8 +443,7 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
         for role, ct in cvals.items():
             v = filled[role] if filled is not None and role in filled else ct
             if noise > 0 and role == "weight" and filled is not None:
-                v = _wide(v)
-                v = v + rng.normal(0.0, noise * float(np.std(_wide(ct)) or 1.0), v.shape).astype(v.dtype)
+                v = _noisy(v, ct, noise, rng)
             values[role] = (v, None, op if filled is not None and role in filled else "init")
         return values
 
@@ -469,5 +484,7 @@ def _same_map(maps: _GroupMaps, child: LayerGraph, c: int) -> bool:
         return True
     mi, mo = maps.map(gi), maps.map(go)
     if mi is None or mo is None:
-        return mi is None and mo is None and child.group_size[gi] == child.group_size[go] if gi >= 0 and go >= 0 else False
+        if gi < 0 or go < 0:
+            return False
+        return mi is None and mo is None and child.group_size[gi] == child.group_size[go]
     return len(mi) == len(mo) and bool(np.all(mi == mo))
