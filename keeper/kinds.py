@@ -108,6 +108,8 @@ class Traits:
         proportional: a weightless node that may stand between such a layer and the layer it feeds while keeping
             the output proportional (shape ops; identities, which exporters write as Identity, Cast or Dropout and
             keeper records as activations).
+        normalizes: the layer divides its input by the input's own statistics, so an input scaled by s reads the
+            same (LayerNorm; a BatchNorm in eval mode uses fixed statistics and does not).
     """
 
     name: str
@@ -122,6 +124,7 @@ class Traits:
     nonlinear: bool = False
     affine: bool = False
     proportional: bool = False
+    normalizes: bool = False
 
 
 TRAITS: Mapping[Kind, Traits] = MappingProxyType({
@@ -132,7 +135,7 @@ TRAITS: Mapping[Kind, Traits] = MappingProxyType({
     Kind.LINEAR: Traits("linear", weighted=True, in_axis=1, identity=Identity.EYE),
     Kind.BATCHNORM: Traits("batchnorm", weighted=True, per_channel=True, levelled=True,
                            identity=Identity.UNIT_NORM, zero_ones=("var",), affine=True),
-    Kind.LAYERNORM: Traits("layernorm", weighted=True, per_channel=True, affine=True),
+    Kind.LAYERNORM: Traits("layernorm", weighted=True, per_channel=True, affine=True, normalizes=True),
     Kind.EMBEDDING: Traits("embedding", weighted=True),
     Kind.PARAM: Traits("param", weighted=True, per_channel=True, affine=True),
     Kind.ADD: Traits("add", merge=Merge.SUM),

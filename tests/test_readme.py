@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.ray  # starts Ray on loopback; `-m "not ray"` leaves these out
 
@@ -77,7 +78,7 @@ def test_every_python_and_keeper_shell_block_is_tested():
         lang, code = m.group(1), m.group(2)
         needs = lang == "python" or (lang == "bash" and "keeper " in code and "pip install" not in code)
         assert not needs or m.start() in marked, f"README block at char {m.start()} runs untested:\n{code[:200]}"
-    assert {"service", "tune", "cli-inputs", "cli", "cli-service", "zoo"} <= set(blocks())
+    assert {"service", "tune", "pbt", "cli-inputs", "cli", "cli-service", "zoo"} <= set(blocks())
 
 
 def test_service_example_runs_twice(tmp_path):
@@ -87,14 +88,32 @@ def test_service_example_runs_twice(tmp_path):
         assert parent == "mlp-a" and 0.3 <= float(score) <= 1.0
 
 
-def test_tune_example_warms_later_trials_and_registers_all_four(tmp_path):
+def _tune_example(tmp_path) -> tuple[str, bool, list[str], int]:
     out = run_python("tune", tmp_path).strip().splitlines()[-1]
-    found = re.fullmatch(r"(\[.*\]) (\d+) registered", out)
+    found = re.fullmatch(r"(cpu|cuda) (True|False) (\[.*\]) (\d+) registered", out)
     assert found, out
-    parents = eval(found.group(1), {})  # noqa: S307 - a list of strings this test's own subprocess printed
-    assert len(parents) == 4 and int(found.group(2)) == 4
+    parents = eval(found.group(3), {})  # noqa: S307 - a list of strings this test's own subprocess printed
+    return found.group(1), found.group(2) == "True", parents, int(found.group(4))
+
+
+def test_tune_example_warms_later_trials_and_registers_all_four(tmp_path):
+    device, on_device, parents, registered = _tune_example(tmp_path)
+    assert len(parents) == 4 and registered == 4 and on_device
     # 2 CPUs: the first two trials run together with nothing to inherit; the two after them are warmed
     assert sum(1 for p in parents if p) >= 2, parents
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the example's GPU path (trials "
+                    "holding a quarter of a GPU, modules warmed on cuda) runs where one is present")
+def test_tune_example_on_a_gpu_keeps_warmed_modules_on_it(tmp_path):
+    device, on_device, parents, registered = _tune_example(tmp_path)
+    assert device == "cuda" and on_device and registered == 4 and sum(1 for p in parents if p) >= 2
+
+
+def test_pbt_example_exploits_across_architectures_without_errors(tmp_path):
+    out = run_python("pbt", tmp_path).strip().splitlines()[-1]
+    found = re.fullmatch(r"0 errors; best accuracy ([0-9.]+)", out)
+    assert found and float(found.group(1)) > 0.5, out
 
 
 def test_embedded_zoo_example_runs_twice(tmp_path):

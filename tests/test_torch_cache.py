@@ -229,9 +229,9 @@ def test_a_damaged_kept_export_is_exported_again(damage):
     else:
         (root / f"{key}.json").write_text("{")
     export_cache.clear()
-    child = _model(1)
+    child, before = _model(1), export_cache.stats()["disk_hits"]
     got = _export(child, X, False)
-    assert export_cache.stats()["disk_hits"] == 0
+    assert export_cache.stats()["disk_hits"] == before
     want = _fresh(child, X, False)
     assert (got.onnx, got.keys) == (want.onnx, want.keys)
 

@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from keeper.graph import LayerGraph
-from keeper.kinds import Kind, kinds_where, traits
+from keeper.kinds import kinds_where, traits
 from keeper.matching import Alignment
 from keeper.onnx_weights import canonical, layer_arrays, to_source
 from keeper.transforms.correspondence import group_correspondence, packed_groups
@@ -460,7 +460,7 @@ def _stream_units(v: np.ndarray, out: StreamGrowth | None, into: StreamGrowth | 
     divides by the scale."""
     if out is not None:
         extra = (out.child_units - len(v),) + v.shape[1:]
-        if kind == int(Kind.LAYERNORM):
+        if traits(kind).normalizes:
             v = v / out.scale if role == "scale" else v
             v = np.concatenate([v, np.zeros(extra, v.dtype)])
         else:

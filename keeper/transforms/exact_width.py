@@ -80,7 +80,7 @@ def inexact_width(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> s
 def _layer_why(g: LayerGraph, li: int, group: int, uneven: bool) -> str:
     """Why layer ``li`` reading or writing the grown ``group`` breaks the copies ("" when it does not)."""
     kind, name = int(g.layer_kind[li]), repr(g.layer_names[li]) if li < len(g.layer_names) else f"#{li}"
-    if uneven and kind == int(Kind.LAYERNORM):
+    if uneven and traits(kind).normalizes:
         return f"is normalised by LayerNorm {name}"
     if kind in (int(Kind.CONV), int(Kind.CONVT)) and int(g.conv_groups[li]) > 1 and int(g.in_group[li]) == group:
         return f"feeds grouped conv {name} (copies leave their conv group)"
