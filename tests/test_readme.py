@@ -113,7 +113,7 @@ def test_tune_example_on_a_gpu_keeps_warmed_modules_on_it(tmp_path):
 def test_pbt_example_exploits_across_architectures_without_errors(tmp_path):
     out = run_python("pbt", tmp_path).strip().splitlines()[-1]
     found = re.fullmatch(r"0 errors; best accuracy ([0-9.]+)", out)
-    assert found and float(found.group(1)) > 0.5, out
+    assert found and float(found.group(1)) > 0.35, out  # chance is 0.25
 
 
 def test_embedded_zoo_example_runs_twice(tmp_path):
