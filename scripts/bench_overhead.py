@@ -95,7 +95,7 @@ parent, x = build(MODEL, "parent")
 zoo = keeper.Zoo(ZOO)
 register(parent, x, zoo, 0.9, name="parent")
 child, _ = build(MODEL, "child")
-save_file({k: v.contiguous() for k, v in child.state_dict().items()}, WEIGHTS)
+save_file({k: v.detach().clone().contiguous() for k, v in child.state_dict().items()}, WEIGHTS)  # tied: apart
 print(json.dumps({"params": sum(p.numel() for p in child.parameters()), "bytes": os.path.getsize(WEIGHTS)}))
 '''
 

@@ -4,13 +4,11 @@ clear error, the catalog intact). Ray starts once for the module."""
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
 import time
 
 import numpy as np
 import pytest
+from s3server import CREDENTIALS, MotoS3, running
 from onnx import TensorProto, helper, numpy_helper
 
 pytestmark = pytest.mark.ray  # starts Ray on loopback; `-m "not ray"` leaves these out
@@ -20,9 +18,6 @@ boto3 = pytest.importorskip("boto3")
 
 BUCKET = "keeper-service"
 NAMESPACE = "keeper-s3-test"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull,
-               "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
 
 
 def mlp_onnx(widths: list[int], seed: int = 0, in_dim: int = 16) -> bytes:
@@ -38,66 +33,12 @@ def mlp_onnx(widths: list[int], seed: int = 0, in_dim: int = 16) -> bytes:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Moto:
-    """A moto S3 server on 127.0.0.1 that can be told to stop when a PUT's path contains ``trip``.
-
-    The stop happens inside that request (it is answered 503, then the server goes away), so the writer sees the
-    server vanish in the middle of its commit. moto keeps its buckets in this process, so a restart on the same
-    port serves what was stored before.
-    """
-
-    def __init__(self):
-        self.port = free_port()
-        self.trip: str | None = None
-        self.server = None
-
-    def start(self):
-        from moto.server import ThreadedMotoServer
-
-        moto = self
-
-        class Server(ThreadedMotoServer):
-            def _server_entry(self) -> None:
-                from moto.server import DomainDispatcherApplication, create_backend_app
-                from werkzeug.serving import make_server
-
-                app = DomainDispatcherApplication(create_backend_app)
-
-                def tripwire(environ, start_response):
-                    if moto.trip and environ["REQUEST_METHOD"] == "PUT" and moto.trip in environ.get("PATH_INFO", ""):
-                        moto.trip = None
-                        threading.Thread(target=moto.stop, daemon=True).start()
-                        start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
-                        return [b""]
-                    return app(environ, start_response)
-
-                self._server = make_server(self._ip_address, self._port, tripwire, True)
-                self._server_ready_event.set()
-                self._server.serve_forever()
-
-        self.server = Server(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-
-    def stop(self):
-        server, self.server = self.server, None
-        if server is not None:
-            server.stop()
+class Moto(MotoS3):
+    """The shared server with the service tests' zoo place and catalog listing."""
 
     @property
     def uri(self) -> str:
-        # allow_delayed_open: small writes go out as one PutObject (moto mis-answers multipart completion)
-        return (f"s3://{BUCKET}/zoo?endpoint_override=127.0.0.1:{self.port}&scheme=http&region=us-east-1"
-                "&allow_delayed_open=true")
-
-    def client(self):
-        return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{self.port}", aws_access_key_id="testing",
-                            aws_secret_access_key="testing", region_name="us-east-1")
+        return MotoS3.uri(self)
 
     def catalog(self) -> list[str]:
         out = self.client().list_objects_v2(Bucket=BUCKET, Prefix="zoo/catalog/").get("Contents", [])
@@ -106,18 +47,8 @@ class Moto:
 
 @pytest.fixture(scope="module")
 def moto():
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in CREDENTIALS.items():
-            mp.setenv(k, v)
-        mp.delenv("AWS_PROFILE", raising=False)
-        mp.delenv("AWS_ENDPOINT_URL", raising=False)
-        server = Moto()
-        server.start()
-        server.client().create_bucket(Bucket=BUCKET)
-        try:
-            yield server
-        finally:
-            server.stop()
+    with running(BUCKET, Moto) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from s3server import free_port, running
 
 from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError, ZooNotFoundError
 from keeper.store import ModelRecord, ModelStore
@@ -357,50 +357,10 @@ def test_sigkill_leaves_models_complete_or_absent(tmp_path, moment):
 BUCKET = "keeper-zoo"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Moto:
-    def __init__(self):
-        from moto.server import ThreadedMotoServer
-
-        self.port = free_port()
-        self._make = lambda: ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server = None
-
-    def start(self):
-        self.server = self._make()
-        self.server.start()
-
-    def stop(self):
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-
-
 @pytest.fixture(scope="module")
 def moto():
-    pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    with pytest.MonkeyPatch.context() as mp:
-        # Credentials for the URI form; and never ask a metadata service or read the user's AWS config.
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-                     "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}.items():
-            mp.setenv(k, v)
-        mp.delenv("AWS_PROFILE", raising=False)
-        mp.delenv("AWS_ENDPOINT_URL", raising=False)
-        server = Moto()
-        server.start()
-        try:
-            boto3.client("s3", endpoint_url=f"http://127.0.0.1:{server.port}", aws_access_key_id="testing",
-                         aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-            yield server
-        finally:
-            server.stop()
+    with running(BUCKET) as server:
+        yield server
 
 
 def s3fs(port: int, **kw):
