@@ -95,8 +95,8 @@ def _tune_example(tmp_path) -> tuple[str, bool, list[str], int]:
     parents = eval(found.group(3), {})  # noqa: S307 - a list of strings this test's own subprocess printed
     return found.group(1), found.group(2) == "True", parents, int(found.group(4))
 
-@pytest.mark.slow  # > 20 s on two idle cores
 
+@pytest.mark.slow  # > 20 s on two idle cores
 def test_tune_example_warms_later_trials_and_registers_all_four(tmp_path):
     device, on_device, parents, registered = _tune_example(tmp_path)
     assert len(parents) == 4 and registered == 4 and on_device
@@ -110,8 +110,8 @@ def test_tune_example_on_a_gpu_keeps_warmed_modules_on_it(tmp_path):
     device, on_device, parents, registered = _tune_example(tmp_path)
     assert device == "cuda" and on_device and registered == 4 and sum(1 for p in parents if p) >= 2
 
-@pytest.mark.slow  # > 20 s on two idle cores
 
+@pytest.mark.slow  # > 20 s on two idle cores
 def test_pbt_example_exploits_across_architectures_without_errors(tmp_path):
     out = run_python("pbt", tmp_path).strip().splitlines()[-1]
     found = re.fullmatch(r"0 errors; best accuracy ([0-9.]+)", out)

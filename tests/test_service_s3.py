@@ -94,8 +94,8 @@ def test_register_warm_and_restart_on_s3(moto, ray_session):
     assert s["models"] == 3 and s["uri"].startswith(f"s3://{BUCKET}/zoo")
     assert get(handle.warm.remote(mlp_onnx([30, 10], seed=9), noise=0.0)).parent == result.parent
 
-@pytest.mark.slow  # > 20 s on two idle cores
 
+@pytest.mark.slow  # > 20 s on two idle cores
 def test_server_stopped_mid_commit(moto, ray_session):
     import ray
 

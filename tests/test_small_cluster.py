@@ -73,8 +73,8 @@ def _remove_after_first_registration(cluster, catalog, done: threading.Event, re
             return
         time.sleep(0.2)
 
-@pytest.mark.slow  # > 20 s on two idle cores
 
+@pytest.mark.slow  # > 20 s on two idle cores
 def test_removing_a_node_mid_tune_run_loses_nothing(cluster, tmp_path):
     from ray import tune
 

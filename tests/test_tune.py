@@ -84,8 +84,8 @@ def _registers(service) -> int:
 
     return ray.get(find(service).stats.remote(), timeout=30)["registers"]
 
-@pytest.mark.slow  # > 20 s on two idle cores
 
+@pytest.mark.slow  # > 20 s on two idle cores
 def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registers_twice(tmp_path):
     service = _service(tmp_path)
     cb = RecordingCallback(metric="accuracy", mode="max", config=service)
@@ -288,8 +288,8 @@ def _train_loop(config: dict) -> None:
     else:
         ray.train.report(metrics)
 
-@pytest.mark.slow  # > 20 s on two idle cores
 
+@pytest.mark.slow  # > 20 s on two idle cores
 def test_a_ray_train_trial_warms_once_and_every_worker_gets_the_same_weights(tmp_path):
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -437,8 +437,8 @@ def _pbt_trainable(service: dict):
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
     return trainable
 
-@pytest.mark.slow  # > 20 s on two idle cores
 
+@pytest.mark.slow  # > 20 s on two idle cores
 def test_keeper_pbt_exploits_across_architectures(tmp_path):
     """A population of 4 over width x depth x learning rate: weak trials clone strong ones of other architectures,
     keeper carries the clone's function onto their own architecture (exactly where it says preserved), and no
