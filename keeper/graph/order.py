@@ -7,6 +7,7 @@ and widening a model (other shapes, same structure) does not reorder it.
 from __future__ import annotations
 
 import heapq
+import re
 from typing import Sequence
 
 import onnx
@@ -60,8 +61,9 @@ def canonical_order(keep: list[int], preds: dict[int, list[int]], kinds: Sequenc
             j, slot = succs[i][0]
             exit_slot[i] = exit_slot[j] if len(preds[j]) == 1 else slot
     indeg = {i: len(preds[i]) for i in keep}
-    # last tie-break: the node's first output name (unique in a valid model), never the position in the file
-    name = {i: nodes[i].output[0] if nodes[i].output else "" for i in keep}
+    # last tie-break: the node's first output name (unique in a valid model), never the position in the file;
+    # numbers in it compare as numbers, so an exporter's val_99 comes before its val_100 as it was written
+    name = {i: _natural(nodes[i].output[0] if nodes[i].output else "") for i in keep}
     heap = [(level[i], exit_slot[i], label[i], kind[i], name[i], i) for i in keep if indeg[i] == 0]
     heapq.heapify(heap)
     order = []
@@ -73,3 +75,10 @@ def canonical_order(keep: list[int], preds: dict[int, list[int]], kinds: Sequenc
             if indeg[j] == 0:
                 heapq.heappush(heap, (level[j], exit_slot[j], label[j], kind[j], name[j], j))
     return order
+
+
+def _natural(name: str) -> tuple:
+    """``name`` as a sort key whose digit runs compare as numbers ("val_99" < "val_100"); text and number parts
+    alternate, so two keys always compare part by part without mixing types."""
+    parts = re.split(r"(\d+)", name)
+    return tuple(int(s) if i % 2 else s for i, s in enumerate(parts))

@@ -130,8 +130,13 @@ def _type_as(rec, args, kwargs, out):
 @_rule(torch.cat, torch.concat, getattr(torch, "concatenate", None))
 def _cat(rec, args, kwargs, out):
     xs, dim = list(args[0]), int(_arg(args, kwargs, 1, "dim", 0))
-    xs = [x for x in xs if x.numel() or x.dim() != 1]
-    rec.bind(out, rec.b.node("Concat", [rec.name_of(x) for x in xs], "cat", axis=dim))
+    # empty parts add nothing (a key/value cache before its first entry): the exporter drops them, and writes a
+    # concatenation left with one part as an Identity
+    kept = [x for x in xs if x.numel()] or xs[:1]
+    if len(kept) == 1:
+        rec.bind(out, rec.b.node("Identity", [rec.name_of(kept[0])], "cat"))
+        return
+    rec.bind(out, rec.b.node("Concat", [rec.name_of(x) for x in kept], "cat", axis=dim))
 
 
 @_rule(torch.stack)
