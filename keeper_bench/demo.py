@@ -104,22 +104,26 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
             ray.shutdown()
     cold, warm = records["cold"], records["keeper"]
     s = summarize(cold, warm, run)
-    print(f"\n{'trial':>5s}  {'architecture':36s} {'parent':26s} {'sim':>5s} {'steps to target':>17s} "
+    print(f"\n{'trial':>5s}  {'architecture':36s} {'parent':44s} {'sim':>5s} {'steps to target':>17s} "
           f"{'final accuracy':>15s}")
-    print(f"{'':5s}  {'':36s} {'':26s} {'':5s} {'cold / warm':>17s} {'cold / warm':>15s}")
+    print(f"{'':5s}  {'':36s} {'':44s} {'':5s} {'cold / warm':>17s} {'cold / warm':>15s}")
     for i, (c, w) in enumerate(zip(cold, warm)):
         target = c.final_accuracy - run.margin
         cs, _ = steps_to_target(c, target, run.budget(c.family))
         ws, ok = steps_to_target(w, target, run.budget(c.family))
-        print(f"{i + 1:5d}  {arch_label(specs[i]):36s} {(w.parent or '-')[-26:]:26s} {w.score:5.2f} "
-              f"{f'{cs} / {ws}' + ('' if ok else '*'):>17s} {f'{c.final_accuracy:.3f} / {w.final_accuracy:.3f}':>15s}")
-    print(f"\ntarget = the cold trial's final accuracy - {run.margin:.2f}; * = not reached (counts the full budget)")
+        flag = ("" if ok else " *") + (" SLOWER" if w.parent and ws > cs else "")
+        print(f"{i + 1:5d}  {arch_label(specs[i]):36s} {parent_label(w.parent, specs):44s} {w.score:5.2f} "
+              f"{f'{cs} / {ws}':>17s} {f'{c.final_accuracy:.3f} / {w.final_accuracy:.3f}':>15s}{flag}")
+    print(f"\ntarget = the cold trial's final accuracy - {run.margin:.2f}; * = not reached (counts the full budget); "
+          "SLOWER = a warmed trial that needed more steps than its cold twin\nsim = share of the child's weights "
+          "inherited: 1.00 also when a parent of another architecture has a weight for every layer (it may still "
+          "train slower: see the steps)")
     print(f"steps to target, all trials: cold {sum(s['cold_steps'])}, keeper {sum(s['arm_steps'])}: "
           f"{s['speedup']:.2f}x faster, {100 * s['saved']:.0f}% of training saved; "
           f"{s['warmed']} of {s['trials']} trials warmed; mean final accuracy {100 * s['accuracy_delta']:+.2f} "
           "points vs cold")
     png = os.path.join(out, "demo.png")
-    _plot(png, cold, warm)
+    _plot(png, cold, warm, run.margin)
     with open(os.path.join(out, "demo.json"), "w") as f:
         json.dump({"specs": specs, "cold": records_to_json(cold), "keeper": records_to_json(warm),
                    "summary": {k: v for k, v in s.items()}}, f)
@@ -127,7 +131,20 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
     return s
 
 
-def _plot(path: str, cold, warm) -> None:
+def parent_label(parent: str | None, specs: list[dict]) -> str:
+    """A parent named as the demo's trial it came from (the zoo names a Tune trial by its id, whose last number is
+    the trial's index in the experiment) with its architecture; other names as they are."""
+    from keeper_bench.nas import arch_label
+
+    if not parent:
+        return "-"
+    tail = parent.rsplit("_", 1)[-1]
+    if tail.isdigit() and int(tail) < len(specs):
+        return f"trial {int(tail) + 1} ({arch_label(specs[int(tail)])})"[:44]
+    return parent[-44:]
+
+
+def _plot(path: str, cold, warm, margin: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,6 +161,9 @@ def _plot(path: str, cold, warm) -> None:
                 linewidth=2.2, label=f"cold (mean of {len(warmed)} archs)")
         ax.plot(warm[warmed[0]].steps, np.mean([warm[i].accuracies for i in warmed], axis=0), color="tab:blue",
                 linewidth=2.2, label="keeper warm start (mean)")
+        target = float(np.mean([cold[i].final_accuracy for i in warmed])) - margin
+        ax.axhline(target, color="tab:red", linestyle="--", linewidth=1, label="target (cold final - margin, mean)")
+    ax.set_xlim(left=0)
     ax.set_xlabel("training steps")
     ax.set_ylabel("MNIST-1D test accuracy")
     ax.set_title("Trials that had a parent: cold vs warm")

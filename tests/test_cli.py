@@ -554,3 +554,13 @@ def test_version_and_every_option_has_help(capsys):
                 assert f"default: {a.default}" in " ".join(text.split()), f"{path} {a.option_strings}: no default"
     assert {"keeper warm", "keeper zoo ls", "keeper zoo gc", "keeper serve"} <= seen
 
+
+
+def test_the_demo_table_names_parents_as_trials_with_their_architecture():
+    from keeper_bench.demo import parent_label
+    from keeper_bench.nas import arch_label, arrivals
+
+    specs = arrivals(3, seed=0, families=("resnet", "vgg"))
+    assert parent_label("keeper-s0-968c8_00001", specs) == f"trial 2 ({arch_label(specs[1])})"[:44]
+    assert parent_label(None, specs) == "-"
+    assert parent_label("mlp-a", specs) == "mlp-a"  # a name that is no trial of this demo stays as it is
