@@ -78,7 +78,7 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
         import shutil
 
         shutil.rmtree(os.path.join(out, "zoo-keeper-s0"))  # every demo starts from an empty zoo
-    run = NasRun(steps=steps, concurrency=cpus)
+    run = NasRun(steps=steps, concurrency=cpus, eval_at_start=True)
     specs = arrivals(archs, seed=0, families=("resnet", "vgg"))
     print(f"keeper demo: {len(specs)} architectures, {steps} steps each, {cpus} at a time; output in {out}", flush=True)
     started_here = not ray.is_initialized()
@@ -166,7 +166,7 @@ def _plot(path: str, cold, warm, margin: float) -> None:
     ax.set_xlim(left=0)
     ax.set_xlabel("training steps")
     ax.set_ylabel("MNIST-1D test accuracy")
-    ax.set_title("Trials that had a parent: cold vs warm")
+    ax.set_title("Trials that had a parent: cold vs warm (step 0: where each starts)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -68,6 +68,7 @@ class NasRun:
     precise_bn: bool = True      # evaluate with BatchNorm statistics of the current weights (workload.with_precise_bn)
     dynamo: bool = False         # exporter for warm starts (TorchScript is the faster of the two)
     budgets: tuple[tuple[str, int], ...] = ()  # (family, steps): per-family budgets
+    eval_at_start: bool = False  # also evaluate at step 0, where a warm start begins (the demo's plot shows it)
 
     def budget(self, family: str) -> int:
         """Training steps of a trial of ``family``."""
@@ -204,7 +205,7 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         info.update(warm_seconds=time.perf_counter() - t_warm, warm_cpu_seconds=time.thread_time() - c_warm)
         data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
         h = train(model, data, steps=run.budget(spec["family"]), eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
-                  seed=seed * 7_919 + i, precise_bn=run.precise_bn)
+                  seed=seed * 7_919 + i, precise_bn=run.precise_bn, eval_at_start=run.eval_at_start)
         history = json.dumps([h.steps, h.accuracies, h.running_accuracies])
         metrics = {"accuracy": h.final_accuracy, "index": i, "history": history, "seconds": h.seconds,
                    "cpu_seconds": h.cpu_seconds, **info}
@@ -356,13 +357,13 @@ def summarize(cold: list[TrialRecord], arm: list[TrialRecord], run: NasRun, ever
         cold_steps.append(cs)
         arm_steps.append(ws)
         reached += ok
-        per_trial.append(cs / ws)
+        per_trial.append(cs / max(ws, 1))  # 0 steps: at target from the warm start itself (eval_at_start)
         if a.parent and ws > 1.25 * cs:
             slow.append([a.index, cs, ws])
-    total_cold, total_arm = float(sum(cold_steps)), float(sum(arm_steps))
+    total_cold, total_arm = float(sum(cold_steps)), float(max(sum(arm_steps), 1))
     # the trials that had a parent: what a warm start does once the zoo can serve the architecture
     warm_idx = [i for i, a in enumerate(arm) if a.parent]
-    warmed_speedup = (sum(cold_steps[i] for i in warm_idx) / sum(arm_steps[i] for i in warm_idx)
+    warmed_speedup = (sum(cold_steps[i] for i in warm_idx) / max(sum(arm_steps[i] for i in warm_idx), 1)
                       if warm_idx else 1.0)
     return {"speedup": total_cold / total_arm, "saved": 1.0 - total_arm / total_cold,
             "warmed_speedup": warmed_speedup,

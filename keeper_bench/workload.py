@@ -158,7 +158,7 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
           eval_every: int = 50, target: float | None = None, stop_at_target: bool = False, seed: int = 0,
           device: torch.device | str | None = None, precise_bn: bool = False,
           report: Callable[[dict], None] | None = None,
-          lr_factor: Callable[[int], float] | None = None) -> TrainHistory:
+          lr_factor: Callable[[int], float] | None = None, eval_at_start: bool = False) -> TrainHistory:
     """Train ``model`` in place with Adam (cosine decay to zero over ``steps``) and cross-entropy.
 
     Batches are drawn without replacement, epoch by epoch, from a generator seeded by ``seed`` (the global
@@ -176,6 +176,8 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
             ``report`` fits).
         lr_factor: step (0-based) -> factor multiplied into the schedule (a warm start's recipe,
             ``WarmResult.recipe(steps).factor``); None keeps the schedule.
+        eval_at_start: also evaluate before the first step (recorded as step 0, loss NaN): where a warm start
+            begins.
 
     Example:
         >>> history = train(model, mnist1d_dataset(), steps=1500, target=0.8)  # doctest: +SKIP
@@ -204,6 +206,24 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     start, cpu_start = time.perf_counter(), time.thread_time()
     order, cursor, running, count = torch.randperm(n, generator=gen), 0, 0.0, 0
+
+    def record(step: int, loss: float) -> None:
+        if precise_bn:
+            history.running_accuracies.append(evaluate(model, data, device))
+            # without BatchNorm both readings are the same model: read it once
+            acc = evaluate(with_precise_bn(model, data), data, device) if has_bn else history.running_accuracies[-1]
+        else:
+            acc = evaluate(model, data, device)
+        history.steps.append(step)
+        history.accuracies.append(acc)
+        history.losses.append(loss)
+        if target is not None and history.steps_to_target is None and acc >= target:
+            history.steps_to_target = step
+        if report is not None:
+            report({"step": step, "accuracy": acc, "loss": loss, "seconds": time.perf_counter() - start})
+
+    if eval_at_start:
+        record(0, float("nan"))
     model.train()
     for step in range(1, steps + 1):
         if cursor + batch_size > n:
@@ -218,21 +238,8 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
         running, count = running + loss.item(), count + 1
         if step % eval_every and step != steps:
             continue
-        if precise_bn:
-            history.running_accuracies.append(evaluate(model, data, device))
-            # without BatchNorm both readings are the same model: read it once
-            acc = evaluate(with_precise_bn(model, data), data, device) if has_bn else history.running_accuracies[-1]
-        else:
-            acc = evaluate(model, data, device)
-        history.steps.append(step)
-        history.accuracies.append(acc)
-        history.losses.append(running / count)
+        record(step, running / count)
         running, count = 0.0, 0
-        if target is not None and history.steps_to_target is None and acc >= target:
-            history.steps_to_target = step
-        if report is not None:
-            report({"step": step, "accuracy": acc, "loss": history.losses[-1],
-                    "seconds": time.perf_counter() - start})
         if stop_at_target and history.steps_to_target is not None:
             break
     history.final_accuracy = history.accuracies[-1]

@@ -130,3 +130,14 @@ def test_published_warm_from_store_reads_the_stored_parent(tmp_path):
     stored, direct = published_warm_from_store(str(tmp_path), "p", cb, seed=3), published_warm(pb, cb, seed=3)
     assert stored.parent == "p" and stored.score == direct.score and stored.mapping == direct.mapping
     assert all(torch.equal(torch.as_tensor(stored.weights[k]), torch.as_tensor(v)) for k, v in direct.weights.items())
+
+
+def test_eval_at_start_records_where_a_run_begins():
+    from keeper_bench.workload import evaluate, mnist1d_dataset, train
+
+    torch.manual_seed(0)
+    model, data = build(default_spec("mlp")), mnist1d_dataset(seed=0, num_samples=500)
+    before = evaluate(model, data)
+    h = train(model, data, steps=10, eval_every=5, eval_at_start=True)
+    assert h.steps == [0, 5, 10] and h.accuracies[0] == before
+    assert train(build(default_spec("mlp")), data, steps=10, eval_every=5).steps == [5, 10]
