@@ -26,6 +26,7 @@ pairs and checks that what is claimed is exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,13 +115,12 @@ def _flow_why(start: int, group: int, uneven: bool, sizes: dict[int, tuple[int, 
     ``group``'s units together, described ("" when none does). Growth by an integer factor is only checked for
     slices of the units: its tiled map keeps norms' statistics and clones whole heads, so the walk stops at
     attention's products."""
-    seen: set[int] = set()
-    stack = list(succ[start])
-    while stack:
-        v = stack.pop()
-        if v in seen or layer_of[v] >= 0:
+    def passes(v: int) -> bool:  # the walk goes on past weightless nodes, and past attention's products if uneven
+        return layer_of[v] < 0 and (uneven or int(g.kind[v]) != int(Kind.MATMUL))
+
+    for v in _downstream(start, succ, passes):
+        if layer_of[v] >= 0:
             continue
-        seen.add(v)
         k = int(g.kind[v])
         if k == int(Kind.SPLIT):
             if _slices_units(v, group, uneven, sizes, g, layer_of, succ):
@@ -128,11 +128,8 @@ def _flow_why(start: int, group: int, uneven: bool, sizes: dict[int, tuple[int, 
         elif k == int(Kind.REDUCE):
             if uneven and _recombined(v, g, layer_of, succ, preds):
                 return "a norm written out in ops (a mean over the units recombined with them)"
-        elif k == int(Kind.MATMUL) and not uneven:
-            continue
-        elif uneven and k not in _UNITWISE:
+        elif uneven and k not in _UNITWISE:  # attention's products among them (not unitwise)
             return _READS_TOGETHER.get(k, f"a {Kind(k).label} node")
-        stack.extend(succ[v])
     return ""
 
 
@@ -143,39 +140,29 @@ def _slices_units(s: int, group: int, uneven: bool, sizes: dict[int, tuple[int, 
     roll, patch merging, a class token taken) keeps the units; when it opens a group of its own, that group has
     the same (parent, child) sizes (``sizes``), and an integer factor maps every group of those sizes alike (the
     tiled map), so only a factor that does not divide needs the group itself."""
-    seen: set[int] = set()
-    stack = list(succ[s])
-    while stack:
-        v = stack.pop()
-        if v in seen or int(g.kind[v]) == int(Kind.MATMUL):
-            continue
-        seen.add(v)
+    def passes(v: int) -> bool:  # weightless nodes other than attention's products
+        return layer_of[v] < 0 and int(g.kind[v]) != int(Kind.MATMUL)
+
+    for v in _downstream(s, succ, passes):
         li = int(layer_of[v])
-        if li >= 0:
+        if li >= 0 and int(g.kind[v]) != int(Kind.MATMUL):
             gi = int(g.in_group[li])
             if gi != group and group not in g.group_of_parts(gi).tolist() and \
                     (uneven or sizes.get(gi) != sizes[group]):
                 return True
-            continue
-        stack.extend(succ[v])
     return False
 
 
 def _recombined(r: int, g: LayerGraph, layer_of: np.ndarray, succ: list[list[int]], preds: list[list[int]]) -> bool:
     """Whether what reduce node ``r`` computes meets, before any layer, a tensor it was not computed from: a norm
     (x - mean(x), x / rms(x)), as opposed to a pool (a mean over positions read by the next layer)."""
-    derived = {r}
-    order = [r]
-    stack = list(succ[r])
-    while stack:
-        v = stack.pop()
-        if v in derived or layer_of[v] >= 0:
-            continue
-        derived.add(v)
-        order.append(v)
-        stack.extend(succ[v])
+    def weightless(v: int) -> bool:
+        return layer_of[v] < 0
+
+    order = [v for v in _downstream(r, succ, weightless) if weightless(v)]
+    derived = {r, *order}
     # a node fed by the reduce's result and by a tensor that is not (inputs computed from it are in ``derived``)
-    return any(len(preds[v]) > 1 and any(p not in derived for p in preds[v]) for v in order[1:])
+    return any(len(preds[v]) > 1 and any(p not in derived for p in preds[v]) for v in order)
 
 
 def _writer_name(g: LayerGraph, group: int) -> str:
@@ -277,14 +264,23 @@ def _stream_role(g: LayerGraph, li: int, group: int, pairs: np.ndarray, layer_of
 
 def _reaches_merge(node: int, g: LayerGraph, layer_of: np.ndarray, succ: list[list[int]]) -> bool:
     """Whether a norm's output meets a merge (a residual add: post-LN) before any layer."""
+    def weightless(v: int) -> bool:
+        return layer_of[v] < 0
+
+    return any(weightless(v) and traits(int(g.kind[v])).merge is not None
+               for v in _downstream(node, succ, weightless))
+
+
+def _downstream(start: int, succ: list[list[int]], passes: Callable[[int], bool]) -> Iterator[int]:
+    """The nodes reachable from ``start``'s successors, each once, depth first; the walk goes on past a node only
+    where ``passes`` says so (the nodes it stops at are yielded too)."""
     seen: set[int] = set()
-    stack = list(succ[node])
+    stack = list(succ[start])
     while stack:
         v = stack.pop()
-        if v in seen or layer_of[v] >= 0:
+        if v in seen:
             continue
         seen.add(v)
-        if traits(int(g.kind[v])).merge is not None:
-            return True
-        stack.extend(succ[v])
-    return False
+        yield v
+        if passes(v):
+            stack.extend(succ[v])
