@@ -230,40 +230,21 @@ def _zoo_action(args, zoo) -> int:
     return 0
 
 
-def _at_least(low: int, what: str):
-    """An argparse type: an integer >= ``low``."""
-    def parse(text: str) -> int:
+def _non_negative(unit: str = "", note: str = ""):
+    """An argparse type: a finite number >= 0 (``unit`` names it in messages, ``note`` says what 0 means)."""
+    def parse(text: str) -> float:
         try:
-            value = int(text)
+            value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} {what}: give at least {low}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number{unit}") from None
+        if not 0 <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number{unit} >= 0{note}")
         return value
-    parse.__name__ = what  # argparse names the type in its messages
     return parse
 
 
-def _noise(text: str) -> float:
-    """An argparse type: a finite relative std >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0 (0 keeps the parent's function)")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds >= 0")
-    return value
+_noise = _non_negative(note=" (0 keeps the parent's function)")
+_seconds = _non_negative(unit=" of seconds")
 
 
 def _plugin_commands(sub: Any) -> None:
