@@ -39,6 +39,7 @@ from keeper.torch_support.cache import cached_export
 from keeper.torch_support.exported import Exported
 from keeper.torch_support.tensors import (FLOATS, as_numpy, drop_eval_caches, float_state, key_shapes,
                                           state_arrays, tensor_view, tied_keys)
+from keeper.torch_support.trace import trace_graph
 
 __all__ = ["Exported", "export", "export_graph", "module_weights"]
 
@@ -102,8 +103,6 @@ def _exporter(dynamo: bool | None) -> str:
 def _traced_graph(module: torch.nn.Module, args: tuple, seed: int) -> Exported:
     """The architecture from one forward pass; the dynamo exporter's, with a warning, when the trace cannot read
     the module (the fallback is always right, so an unexpected failure of the trace falls back too)."""
-    from keeper.torch_support.trace import trace_graph
-
     try:
         data, keys, apart, graph = trace_graph(module, args)
     except Exception as exc:  # noqa: BLE001 (see the docstring)
