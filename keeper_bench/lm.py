@@ -342,10 +342,12 @@ def evaluate(model: Any, corpus: Corpus, context: int = 64, windows: int = 96, b
 
 def train(model: Any, corpus: Corpus, *, steps: int, eval_every: int, batch_size: int = 8, context: int = 64,
           lr: float = 3e-3, warmup: int = 20, seed: int = 0, eval_windows: int = 96,
-          report: Callable[[dict], None] | None = None) -> LmHistory:
+          report: Callable[[dict], None] | None = None,
+          lr_factor: Callable[[int], float] | None = None) -> LmHistory:
     """Train ``model`` in place: AdamW (weight decay 0.01), linear warm-up over ``warmup`` steps then cosine decay
     to zero at ``steps``, on windows of ``context + 1`` training bytes drawn from a generator seeded by ``seed``.
-    Evaluates (:func:`evaluate`) every ``eval_every`` steps and after the last."""
+    Evaluates (:func:`evaluate`) every ``eval_every`` steps and after the last. ``lr_factor``: step (0-based) ->
+    factor multiplied into that schedule (a warm start's recipe, ``WarmResult.recipe(steps).factor``)."""
     import torch
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or eval_every < 1:
@@ -356,10 +358,12 @@ def train(model: Any, corpus: Corpus, *, steps: int, eval_every: int, batch_size
     # about a tenth of a step for models this small)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=True)
 
+    extra = lr_factor or (lambda s: 1.0)
+
     def factor(s: int) -> float:
         if s < warmup:
-            return (s + 1) / warmup
-        return 0.5 * (1.0 + math.cos(math.pi * min(s, steps) / steps))
+            return (s + 1) / warmup * extra(s)
+        return 0.5 * (1.0 + math.cos(math.pi * min(s, steps) / steps)) * extra(s)
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     h = LmHistory()

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from keeper.recipe import Recipe
 from keeper_bench.nas import ARMS, service_config, warm_by_arm
 
 __all__ = ["ARMS", "LmRun", "LmRecord", "run_arm", "steps_to_target", "summarize", "plateau_check", "records_to_json"]
@@ -94,14 +95,17 @@ def _trainable(arm: str, specs: list[dict], run: LmRun, service: dict, states: s
         spec = specs[i]
         torch.manual_seed(seed * 100_003 + i)  # the same initial weights in every arm
         model = build(spec, run.context)
-        info = {"parent": "", "score": 0.0}
+        info: dict = {"parent": "", "score": 0.0}
+        budget = run.budget(spec["family"])
         t0 = time.perf_counter()
         if arm != "cold":
-            info = warm_by_arm(arm, model, example_input(run.context), service, run.dynamo, states, seed)
+            info = warm_by_arm(arm, model, example_input(run.context), service, run.dynamo, states, seed, budget)
         warm_seconds = time.perf_counter() - t0
+        recipe = info.pop("recipe", None)
         corpus = ray.get(corpus_ref)
-        h = train(model, corpus, steps=run.budget(spec["family"]), eval_every=run.eval_every(spec["family"]),
-                  batch_size=run.batch_size, context=run.context, lr=run.lr, seed=seed * 7_919 + i)
+        h = train(model, corpus, steps=budget, eval_every=run.eval_every(spec["family"]),
+                  batch_size=run.batch_size, context=run.context, lr=run.lr, seed=seed * 7_919 + i,
+                  lr_factor=Recipe(**recipe).factor if recipe else None)
         with tempfile.TemporaryDirectory() as d:
             torch.save(model.state_dict(), os.path.join(d, "model.pt"))
             if arm == "name-shape":  # later trials of this arm load parents by name

@@ -10,6 +10,8 @@ order and schedule; only the warm start differs.
 Arms:
     cold: no warm start.
     keeper: ``warm_start`` from the arm's own zoo (accuracy-aware parent choice, keeper's operators).
+    keeper-recipe: the same, and the trial multiplies the warm start's learning-rate recipe
+        (``WarmResult.recipe``, :mod:`keeper.recipe`) into its schedule, as the README's trainable does.
     keeper-no-accuracy: the same with the highest-similarity parent, accuracy ignored.
     published: keeper's parent choice, the published system's operators
         (:func:`keeper_bench.baselines.published_transfer`).
@@ -19,6 +21,7 @@ A bound, not an arm a user could run (``BOUNDS``):
     copy: every trial starts from the final weights of the cold trial of its own architecture and seed (run
         before it in the same work directory) and trains again under the same recipe: more than any parent can
         hand over, so its steps to target are what the recipe allows a warm start at best.
+    copy-recipe: the same copy under keeper's recipe for a preserved warm (an exact copy preserves everything).
 
 Budgets: ``NasRun.budgets`` gives each family its own number of steps (the plateau budgets of
 ``scripts/bench_training.py``: cold runs whose test accuracy improves by less than 1% relative over their last 20%
@@ -41,6 +44,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from keeper.recipe import Recipe, recipe_for
 from keeper.torch_support import warm_start
 from keeper.torch_support.load import load_result
 from keeper.torch_support.start import choose_for_module
@@ -48,8 +52,8 @@ from keeper.torch_support.start import choose_for_module
 __all__ = ["ARMS", "BOUNDS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize", "service_config",
            "warm_by_arm", "plateau_check"]
 
-ARMS = ("cold", "keeper", "keeper-no-accuracy", "published", "name-shape")
-BOUNDS = ("copy",)
+ARMS = ("cold", "keeper", "keeper-recipe", "keeper-no-accuracy", "published", "name-shape")
+BOUNDS = ("copy", "copy-recipe")
 
 
 @dataclass(frozen=True)
@@ -153,12 +157,17 @@ def service_config(arm: str, seed: int, workdir: str, noise: float) -> dict:
             "selection": {"accuracy_aware": arm != "keeper-no-accuracy"}}
 
 
-def warm_by_arm(arm: str, model: Any, example: Any, service: dict, dynamo: bool, states: str, seed: int) -> dict:
+def warm_by_arm(arm: str, model: Any, example: Any, service: dict, dynamo: bool, states: str, seed: int,
+                total_steps: int = 1) -> dict:
     """Warm ``model`` the arm's way (in a Tune trial; ``states``: where the name-shape arm finds its parents'
-    state_dicts); returns ``{"parent", "score"}``."""
-    if arm in ("keeper", "keeper-no-accuracy"):
+    state_dicts); returns ``{"parent", "score"}``, and for keeper-recipe ``"recipe"``: the warm start's
+    learning-rate recipe over ``total_steps`` (:meth:`keeper.recipe.Recipe.as_dict`)."""
+    if arm in ("keeper", "keeper-recipe", "keeper-no-accuracy"):
         r = warm_start(model, example, config=service, dynamo=dynamo)
-        return {"parent": r.parent or "", "score": float(r.score)}
+        info = {"parent": r.parent or "", "score": float(r.score)}
+        if arm == "keeper-recipe":
+            info["recipe"] = r.recipe(total_steps).as_dict()
+        return info
     exported, choice = choose_for_module(model, example, config=service, dynamo=dynamo)
     parent = choice.parent
     if parent is None:
@@ -195,21 +204,26 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         spec = specs[i]
         torch.manual_seed(seed * 100_003 + i)  # the same initial weights in every arm
         model = build(spec)
-        info = {"parent": "", "score": 0.0}
+        info: dict[str, Any] = {"parent": "", "score": 0.0}
+        budget = run.budget(spec["family"])
         t_warm, c_warm = time.perf_counter(), time.thread_time()
-        if arm == "copy":
+        if arm in BOUNDS:
             model.load_state_dict(torch.load(_cold_final(states, seed, i), weights_only=True))
             info = {"parent": f"cold-s{seed}-{i}", "score": 1.0}
+            if arm == "copy-recipe":
+                info["recipe"] = recipe_for(info["parent"], 1.0, 1.0, True, budget).as_dict()
         elif arm != "cold":
-            info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed)
+            info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed, budget)
         info.update(warm_seconds=time.perf_counter() - t_warm, warm_cpu_seconds=time.thread_time() - c_warm)
+        recipe = info.pop("recipe", None)
         data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
-        h = train(model, data, steps=run.budget(spec["family"]), eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
-                  seed=seed * 7_919 + i, precise_bn=run.precise_bn, eval_at_start=run.eval_at_start)
+        h = train(model, data, steps=budget, eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
+                  seed=seed * 7_919 + i, precise_bn=run.precise_bn, eval_at_start=run.eval_at_start,
+                  lr_factor=Recipe(**recipe).factor if recipe else None)
         history = json.dumps([h.steps, h.accuracies, h.running_accuracies])
         metrics = {"accuracy": h.final_accuracy, "index": i, "history": history, "seconds": h.seconds,
                    "cpu_seconds": h.cpu_seconds, **info}
-        if arm in ("cold", "copy"):  # nothing registers these models: no checkpoint to write and copy
+        if arm in ("cold",) + BOUNDS:  # nothing registers these models: no checkpoint to write and copy
             if arm == "cold":  # the copy bound's start
                 torch.save(model.state_dict(), os.path.join(states, f"{i}.pt"))
             tune.report({**metrics, "trial_seconds": time.perf_counter() - t_trial})
@@ -264,7 +278,7 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
 
     if arm not in ARMS + BOUNDS:
         raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS + BOUNDS}")
-    keeper_arm = arm not in ("cold", "copy")  # an arm with a keeper service and a zoo
+    keeper_arm = arm not in ("cold",) + BOUNDS  # an arm with a keeper service and a zoo
     service = service_config(arm, seed, workdir, run.noise)
     states = os.path.join(workdir, f"states-{arm}-s{seed}")
     os.makedirs(states, exist_ok=True)

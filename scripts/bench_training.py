@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", metavar="JSON",
                    help="a bench_training.json of this setting: its finished (arm, seed) runs are kept and the rest "
                         "of the plan runs (the copy bound needs the cold runs' weights: pass their --workdir)")
+    p.add_argument("--rerun", default="", metavar="ARM,...",
+                   help="with --resume: run these arms again instead of keeping their stored runs")
     p.add_argument("--workdir", metavar="DIR",
                    help="work directory (zoos, Tune results, the cold runs' final weights); default: a new one "
                         "under the system's temporary directory")
@@ -88,19 +90,21 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import torch
 
-    from keeper_bench.nas import ARMS, NasRun, arrivals
+    from keeper_bench.nas import ARMS, BOUNDS, NasRun, arrivals
 
     # precise_bn: each evaluation is read both ways (running statistics too); the headline reads the running ones
     run = NasRun(steps=max(n for _, n in budgets), budgets=budgets, concurrency=args.concurrency,
                  eval_every=args.eval_every, precise_bn=True)
     specs = arrivals(args.archs, seed=0)
-    baselines = ["published"] if args.quick else [a for a in ARMS if a not in ("cold", "keeper")]
+    headline = ["cold", "keeper", "keeper-recipe"]
+    baselines = ["published"] if args.quick else [a for a in ARMS if a not in headline]
     # the headline arms on every seed first, then the baselines: a run stopped early still has the headline
     plan = [(seed, arm) for seed in range(max(args.seeds, args.baseline_seeds))
-            for arm in (["cold", "keeper"] if seed < args.seeds else ["cold"])]
+            for arm in (headline if seed < args.seeds else ["cold"])]
     plan += [(seed, arm) for seed in range(args.baseline_seeds) for arm in baselines]
-    # the copy bound (keeper_bench.nas.BOUNDS), after the cold arm of its seed
-    plan += [(seed, "copy") for seed in range(min(args.copy_seeds, max(args.seeds, args.baseline_seeds)))]
+    # the copy bounds (keeper_bench.nas.BOUNDS), after the cold arm of their seed
+    plan += [(seed, bound) for bound in BOUNDS
+             for seed in range(min(args.copy_seeds, max(args.seeds, args.baseline_seeds)))]
     if args.estimate:
         print(_estimate(specs, run, plan))
         return 0
@@ -154,18 +158,22 @@ def _resume(args, plan: list, results: dict, arm_walls: dict) -> float:
         raise SystemExit(f"--resume {args.resume}: its setting "
                          f"{ {k: d['settings'].get(k) for k in same} } differs from this run's "
                          f"{ {k: getattr(args, k) for k in same} }")
+    from keeper_bench.nas import BOUNDS
+
+    rerun = {a for a in args.rerun.split(",") if a}
     wall = 0.0
     for arm, by_seed in d["trials"].items():
         for seed, recs in by_seed.items():
-            if (int(seed), arm) in plan:
+            if (int(seed), arm) in plan and arm not in rerun:
                 results.setdefault(arm, {})[int(seed)] = [TrialRecord(**r) for r in recs]
                 arm_walls.setdefault(arm, {})[int(seed)] = float(d["arm_wall_seconds"][arm][seed])
                 wall += arm_walls[arm][int(seed)]
-    missing_cold = sorted({s for s, a in plan if a == "copy" and s not in results.get("copy", {})
+    missing_cold = sorted({s for s, a in plan if a in BOUNDS and s not in results.get(a, {})
+                           and s in results.get("cold", {})
                            and not os.path.isdir(os.path.join(args.workdir or "", f"states-cold-s{s}"))})
     if missing_cold:
-        raise SystemExit(f"--resume: the copy bound of seeds {missing_cold} needs the cold runs' final weights; pass "
-                         "--workdir with the work directory of the run that trained them")
+        raise SystemExit(f"--resume: the copy bounds of seeds {missing_cold} need the cold runs' final weights; pass "
+                         "--workdir with the work directory of the run that trained them, or --rerun cold")
     args.resumed = {"runs": sum(len(v) for v in results.values()), "wall_s": wall,
                     "load": d["load_average_1min"]}
     return wall
@@ -377,16 +385,16 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
                      f"{spread([100 * x['accuracy_delta'] for x in v], '+.2f')} |")
     lines += ["", ("The copy row is the bound of the section below (each trial restarted from its own cold-trained "
                    "weights), not a method a user can run. " if "copy" in rows else "")
-              + "Mean ± sample std over seeds where there are several. Per seed (keeper), against the targets "
+              + "Mean ± sample std over seeds where there are several. Per seed (keeper, with and without the recipe), against the targets "
               "(above 2.9x and 65.5% saved). The ceiling is the speedup had every warmed trial reached its target at "
               f"its first evaluation ({run.eval_every} steps), the trials without a parent counting as they did: "
               "what the workload allows at best.", "",
-              "| seed | speedup | training saved | short of 2.9x / 65.5% by | ceiling | warmed trials slower than cold "
-              "(#: cold / keeper steps) | trials that cost the most (#: cold / keeper steps) |",
-              "|---|---|---|---|---|---|---|"]
+              "| arm | seed | speedup | training saved | short of 2.9x / 65.5% by | ceiling | warmed trials slower than "
+              "cold (#: cold / arm steps) | trials that cost the most (#: cold / arm steps) |",
+              "|---|---|---|---|---|---|---|---|"]
     why = []
-    for seed, x in rows.get("keeper", {}).items():
-        recs = [r.read_with_running_statistics() for r in results["keeper"][seed]]
+    for arm, seed, x in [(a, s, x) for a in ("keeper", "keeper-recipe") for s, x in rows.get(a, {}).items()]:
+        recs = [r.read_with_running_statistics() for r in results[arm][seed]]
         colds = [r.read_with_running_statistics() for r in results["cold"][seed]]
         unwarmed = sum(x["arm_steps"][i] for i, r in enumerate(recs) if not r.parent)
         ceiling = sum(x["cold_steps"]) / (unwarmed + run.eval_every * x["warmed"])
@@ -404,20 +412,20 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
                     if i in missed else "")
             return f"#{i} {arch_label(specs[i])}: {x['cold_steps'][i]} / {x['arm_steps'][i]}{tail}"
 
-        lines.append(f"| {seed} | {x['speedup']:.2f}x | {100 * x['saved']:.1f}% | {short} | {ceiling:.2f}x | "
+        lines.append(f"| {arm} | {seed} | {x['speedup']:.2f}x | {100 * x['saved']:.1f}% | {short} | {ceiling:.2f}x | "
                      f"{'; '.join(f'#{i}: {c} / {w}' for i, c, w in x['slow']) or 'none'} | "
                      + "; ".join(label(i) for i in costly) + " |")
         total = sum(x["arm_steps"])
         miss_steps = sum(x["arm_steps"][i] for i in missed)
         rest = total - unwarmed - miss_steps
-        why.append(f"seed {seed}: of keeper's {total} steps to target, {unwarmed} ({100 * unwarmed / total:.0f}%) "
+        why.append(f"{arm} seed {seed}: of its {total} steps to target, {unwarmed} ({100 * unwarmed / total:.0f}%) "
                    f"are the {len(recs) - x['warmed']} trials without a parent, {miss_steps} "
                    f"({100 * miss_steps / total:.0f}%) the {len(missed)} warmed trials that never reached their "
                    f"target (each counts its whole budget), {rest} the other {x['warmed'] - len(missed)} warmed "
                    f"trials, against {sum(x['cold_steps'][i] for i, r in enumerate(recs) if r.parent and i not in missed)} "
                    "cold steps for the same trials")
     if why:
-        lines += ["", "Where keeper's steps went, per seed (headline reading): " + "; ".join(why) + "."]
+        lines += ["", "Where the steps went, per arm and seed (headline reading): " + "; ".join(why) + "."]
     other = {"summary_precise_bn": "The same runs read with BatchNorm statistics re-estimated for the weights of "
                                    "each evaluation (a copy of the model runs 4 training batches in train mode "
                                    "first; training is untouched), for cold and the arm alike; targets are cold's "
@@ -483,20 +491,34 @@ def _copy_bound_lines(results, rows, run) -> list[str]:
              "trained to its plateau: more than any parent can hand over) and trains it again under the same "
              f"recipe (Adam from fresh moments at the peak learning rate {run.lr:g}, cosine decay over the budget), "
              "read like the arms. Its steps to target are what this recipe allows a warm start at best.", "",
-             "| seed | family | trials | steps to target: cold / copy / keeper (its warmed trials) | "
-             "accuracy at the first evaluation: copy / cold's final |", "|---|---|---|---|---|"]
+             "The copy-recipe column restarts the same copies under keeper's recipe for a preserved warm "
+             "(`keeper.recipe`: the learning rate starts at 0.1x and ramps to the schedule over the first quarter).",
+             "",
+             "| seed | family | trials | steps to target: cold / copy / copy-recipe / keeper / keeper-recipe (keeper's "
+             "warmed trials) | accuracy at the first evaluation: copy / copy-recipe / cold's final |",
+             "|---|---|---|---|---|"]
     bounds = []
     for seed in seeds:
         cold = [r.read_with_running_statistics() for r in results["cold"][seed]]
         copy = [r.read_with_running_statistics() for r in results["copy"][seed]]
         keeper = results["keeper"][seed]
         cs, ws, ks = rows["copy"][seed]["cold_steps"], rows["copy"][seed]["arm_steps"], rows["keeper"][seed]["arm_steps"]
+        steps = {a: rows[a][seed]["arm_steps"] if seed in rows.get(a, {}) else None
+                 for a in ("copy-recipe", "keeper-recipe")}
+        first = ([r.read_with_running_statistics().accuracies[0] for r in results["copy-recipe"][seed]]
+                 if steps["copy-recipe"] else None)
+
+        def total(arm_steps: list[int] | None, idx: list[int]) -> str:
+            return str(sum(arm_steps[i] for i in idx)) if arm_steps else "-"
+
         for fam in sorted({r.family for r in cold}):
             idx = [i for i, r in enumerate(keeper) if r.family == fam and r.parent]
             if idx:
+                first_recipe = f"{np.mean([first[i] for i in idx]):.3f}" if first else "-"
                 lines.append(f"| {seed} | {fam} | {len(idx)} | {sum(cs[i] for i in idx)} / {sum(ws[i] for i in idx)}"
-                             f" / {sum(ks[i] for i in idx)} | {np.mean([copy[i].accuracies[0] for i in idx]):.3f} / "
-                             f"{np.mean([cold[i].final_accuracy for i in idx]):.3f} |")
+                             f" / {total(steps['copy-recipe'], idx)} / {sum(ks[i] for i in idx)} / "
+                             f"{total(steps['keeper-recipe'], idx)} | {np.mean([copy[i].accuracies[0] for i in idx]):.3f} / "
+                             f"{first_recipe} / {np.mean([cold[i].final_accuracy for i in idx]):.3f} |")
         # keeper's trials without a parent count as they were; each warmed one as the copy needed
         bound = sum(cs) / sum(ks[i] if not r.parent else ws[i] for i, r in enumerate(keeper))
         bounds.append(f"seed {seed}: {bound:.2f}x (keeper {rows['keeper'][seed]['speedup']:.2f}x, "

@@ -381,8 +381,10 @@ def test_the_copy_bound_restarts_each_cold_trained_model_from_its_final_weights(
     run = NasRun(steps=60, eval_every=20, num_samples=1200, concurrency=2, precise_bn=False)
     cold = run_arm("cold", specs, run, str(tmp_path), seed=0)
     copy = run_arm("copy", specs, replace(run, lr=0.0), str(tmp_path), seed=0)
+    # the same copies under keeper's recipe (a factor on a zero rate: the plumbing, not the recipe, is checked)
+    copy_recipe = run_arm("copy-recipe", specs, replace(run, lr=0.0), str(tmp_path), seed=0)
     data = mnist1d_dataset(seed=run.data_seed, num_samples=run.num_samples)
-    for c, k in zip(cold, copy):
+    for c, k in [*zip(cold, copy), *zip(cold, copy_recipe)]:
         torch.manual_seed(c.index)  # every arm's initial weights for seed 0 (keeper_bench.nas)
         untrained = evaluate(build(specs[c.index]), data)
         assert untrained != c.final_accuracy  # the check below tells the two starts apart
