@@ -213,8 +213,9 @@ def _write(args, run, specs, results, arm_walls, wall, load, plan, done, torch_v
         if arm == "cold":
             continue
         for name, how in readings.items():
+            # a seed whose cold arm is still to run (--rerun cold) has nothing to be read against yet
             tables[name][arm] = {seed: summarize(results["cold"][seed], recs, run, **how)
-                                 for seed, recs in by_seed.items()}
+                                 for seed, recs in by_seed.items() if seed in results["cold"]}
     plateau = {seed: plateau_check(recs) for seed, recs in results["cold"].items()}
     progress = {"arm_runs_done": done, "arm_runs_planned": len(plan), "complete": final,
                 "plan": [[s, a] for s, a in plan]}
