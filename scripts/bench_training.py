@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="rewrite the report and figures from a bench_training.json this script wrote, run nothing")
     p.add_argument("--copy-seeds", type=int, default=None,
                    help="seeds of the copy bound (default: as many as --seeds; 0: none)")
+    p.add_argument("--copy-recipe-seeds", type=int, default=None,
+                   help="seeds of the copy bound under keeper's recipe (default: --copy-seeds)")
     p.add_argument("--resume", metavar="JSON",
                    help="a bench_training.json of this setting: its finished (arm, seed) runs are kept and the rest "
                         "of the plan runs (the copy bound needs the cold runs' weights: pass their --workdir)")
@@ -103,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             for arm in (headline if seed < args.seeds else ["cold"])]
     plan += [(seed, arm) for seed in range(args.baseline_seeds) for arm in baselines]
     # the copy bounds (keeper_bench.nas.BOUNDS), after the cold arm of their seed
+    bound_seeds = {"copy": args.copy_seeds,
+                   "copy-recipe": args.copy_seeds if args.copy_recipe_seeds is None else args.copy_recipe_seeds}
     plan += [(seed, bound) for bound in BOUNDS
-             for seed in range(min(args.copy_seeds, max(args.seeds, args.baseline_seeds)))]
+             for seed in range(min(bound_seeds[bound], max(args.seeds, args.baseline_seeds)))]
     if args.estimate:
         print(_estimate(specs, run, plan))
         return 0
