@@ -73,6 +73,65 @@ def test_slicing_and_crossing_structures_do_not_preserve(parent, child):
         assert a.structure == 1.0  # same blocks, only sliced
 
 
+VGG1 = {**VGG, "depths": [1, 1]}  # a stage of one conv: deepened, its old conv feeds the new one, not the head
+
+
+@pytest.mark.parametrize("child", [{**VGG1, "depths": [2, 2]}, _wide({**VGG1, "depths": [2, 2]}),
+                                   _wide({**VGG1, "depths": [2, 2], "kernel": 5})],
+                         ids=["deeper", "wider deeper", "wider deeper kernel"])
+def test_deepened_plain_chain_preserves_function_with_full_structure(child):
+    """The new conv-BatchNorm-ReLU starts as the identity: its ReLU meets the stage's earlier ReLU's outputs."""
+    a = _assess(VGG1, child)
+    assert a.preserved, a.why
+    assert a.structure == 1.0
+
+
+class _ConvChain(torch.nn.Module):
+    """conv-BatchNorm-activation per width, a mean over positions, a Linear head."""
+
+    def __init__(self, widths, act=torch.nn.ReLU):
+        super().__init__()
+        layers, cin = [], 1
+        for w in widths:
+            layers += [torch.nn.Conv1d(cin, w, 3, padding=1), torch.nn.BatchNorm1d(w), act()]
+            cin = w
+        self.body = torch.nn.Sequential(*layers)
+        self.head = torch.nn.Linear(cin, 5)
+
+    def forward(self, x):
+        return self.head(self.body(x).mean(-1))
+
+
+@pytest.mark.parametrize("child, act, exact", [([8, 8, 16, 16], torch.nn.ReLU, True),
+                                               ([8, 8, 16], torch.nn.GELU, False),
+                                               ([1, 8, 16], torch.nn.ReLU, False)],
+                         ids=["relu after relu", "gelu after gelu", "relu on the input"])
+def test_a_chain_insert_is_preserved_only_where_its_activation_changes_nothing(child, act, exact):
+    """An identity conv brings its activation along: a ReLU on a ReLU's outputs changes nothing, a GELU on a
+    GELU's does, and so does a ReLU on the raw input (the new conv before the first one)."""
+    from keeper_bench.hf_growth import warm_deviation
+
+    torch.manual_seed(0)
+    parent, grown = _ConvChain([8, 16], act).eval(), randomize(_ConvChain(child, act), 1).eval()
+    with quiet():
+        r = warm_deviation(parent, grown, (torch.randn(4, 1, 16),), dynamo=False)
+    assert r.preserved == exact
+    assert (r.warm <= 1e-4) == exact, f"deviation {r.warm:.2e}"  # the claim, where made, is exact; else it would lie
+
+
+def test_widened_deepened_plain_chain_child_warms_from_its_only_relative(tmp_path):
+    """The zoo holds one VGG; the child is 2x wider with one more conv per stage (similarity below the floor)."""
+    zoo = _zoo(tmp_path, vgg=(VGG1, 0.8))
+    child = _wide({**VGG1, "depths": [2, 2]})
+    model, x = randomize(families.build(child), 3).eval(), families.example_input(child, 4)
+    with quiet():
+        r = warm_start(model, families.example_input(child), zoo, noise=0.0)
+    assert r.parent == "vgg" and r.preserved and r.score < zoo.config.selection.floor, r.reason
+    with torch.no_grad():
+        want, got = _model(VGG1, seed=len("vgg")).eval()(x), model.eval()(x)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-4
+
+
 def _zoo(tmp_path, **models):
     zoo = keeper.Zoo(str(tmp_path / "zoo"), keeper.ZooConfig(outlier_z=None))
     for name, (s, acc) in models.items():
