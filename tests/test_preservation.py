@@ -3,6 +3,7 @@ a same-family growth beats a cross-family slice, and a 2x-narrower same-family p
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,6 +85,16 @@ def test_deepened_plain_chain_preserves_function_with_full_structure(child):
     a = _assess(VGG1, child)
     assert a.preserved, a.why
     assert a.structure == 1.0
+
+
+@pytest.mark.parametrize("norm", ["none", "batchnorm"])
+def test_a_new_square_layer_goes_after_the_first_not_onto_the_raw_input(norm):
+    """An MLP whose hidden width equals its input size, deepened: either hidden layer could take the parent's, but
+    a new one first would put its ReLU on the raw input."""
+    mlp = {"family": "mlp", "dim": 1, "in_channels": 1, "num_classes": 5, "input_length": 16, "widths": [16],
+           "norm": norm}
+    a = _assess(mlp, {**mlp, "widths": [16, 16]})
+    assert a.preserved, a.why
 
 
 class _ConvChain(torch.nn.Module):
@@ -246,3 +257,50 @@ def test_preserved_implies_exact(name, run, dynamo, expect):
     if r.preserved:
         assert r.warm <= 1e-4, f"{name}: flagged preserved but deviates {r.warm:.2e} (child's own init {r.init:.2f})"
     assert r.preserved == expect, f"{name}: preserved {r.preserved}, deviation {r.warm:.2e}"
+
+
+def _growth_pair(family, rng, ops):
+    """(parent spec, child spec, growth letters): a small member of ``family`` drawn from ``rng`` and its growth by
+    ``ops`` (where the growth cannot be exact, the nearest spec where it is: see family_growth.growable)."""
+    from keeper_bench import family_growth
+
+    dim = 1 if family == "transformer" else int(rng.choice([1, 2]))
+    common = {"family": family, "dim": dim, "in_channels": 1, "num_classes": 5, "input_length": 16 if dim == 1 else 8}
+    w = int(rng.choice([4, 6, 8]))
+    depths = [int(d) for d in rng.integers(1, 3, int(rng.integers(1, 3)))]
+    widths = [w * 2 ** i for i in range(len(depths))]
+    kernel = int(rng.choice([3, 5]))
+    spec = {
+        "resnet": {"widths": widths, "blocks": depths, "kernel": kernel},
+        "vgg": {"widths": widths, "depths": depths, "kernel": kernel},
+        "mobilenetv2": {"stem_width": w, "widths": widths, "blocks": depths, "kernel": kernel,
+                        "expansion": int(rng.choice([2, 3])), "head_width": 2 * widths[-1]},
+        "transformer": {"d_model": w * len(depths), "heads": len(depths), "ffn": 2 * w * len(depths),
+                        "layers": depths[0], "patch": 4, "pre_ln": bool(rng.random() < 0.5)},
+        "mlp": {"widths": [w * 2] * len(depths), "norm": str(rng.choice(["none", "batchnorm", "layernorm"]))},
+    }[family]
+    parent, ops = family_growth.growable({**common, **spec}, ops)
+    return parent, family_growth.grow(parent, ops), ops
+
+
+@pytest.mark.parametrize("family", families.FAMILIES)
+def test_drawn_growths_choose_their_parent_and_keep_its_function(tmp_path, family):
+    """Widen, deepen, grow kernels, all together and a drawn few of them, over residual, plain-chain, depthwise,
+    transformer and MLP families (seeded draws): the zoo's parent is chosen over a more accurate model of another
+    family, flagged preserved, and the warmed child computes its function."""
+    rng = np.random.default_rng(families.FAMILIES.index(family))
+    drawn = str(rng.choice(["w", "d", "k", "wd", "wk", "dk"]))
+    for i, ops in enumerate(["wdk", drawn]):
+        parent, child, ops = _growth_pair(family, rng, ops)
+        other = RESNET if family == "vgg" else VGG
+        zoo = keeper.Zoo(str(tmp_path / f"zoo{i}"), keeper.ZooConfig(outlier_z=None))
+        zoo.register(_onnx(parent), 0.8, "parent")
+        zoo.register(_onnx(other), 0.99, "other")
+        model = randomize(families.build(child), 5).eval()
+        with quiet():
+            r = warm_start(model, families.example_input(child), zoo, noise=0.0)
+        assert r.parent == "parent" and r.preserved, f"{ops} {parent} -> {child}: {r.reason}"
+        x = families.example_input(parent, 4)
+        with torch.no_grad():
+            want, got = _model(parent).eval()(x), model.eval()(x)
+        assert float((got - want).abs().max() / want.abs().max()) <= 1e-4, f"{ops} {parent} -> {child}"
