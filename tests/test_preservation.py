@@ -176,12 +176,30 @@ def test_cross_family_slice_loses_to_same_family_growth(tmp_path):
     cands = {c.name: c for c in zoo.candidates(load_graph(_onnx(child)))}
     assert cands["resnet"].score > cands["vgg"].score
     assert cands["resnet"].structure < 1.0 and not cands["resnet"].preserved
-    legacy = keeper.selection.choose_parent(cands.values(), keeper.selection.SelectionPolicy(preserve=False,
-                                                                                             structure=False))
+    legacy = keeper.selection.choose_parent(cands.values(), keeper.selection.SelectionPolicy(
+        preserve=False, structure=False, cross_structure=True))
     assert legacy is not None and legacy.name == "resnet"  # what similarity alone picked
     with quiet():
         r = zoo.warm(_onnx(child), noise=0.0)
     assert r.parent == "vgg" and r.preserved
+
+
+def test_a_cross_family_parent_is_used_only_when_a_probe_or_the_switch_vouches_for_it(tmp_path):
+    """A VGG child whose zoo holds only a ResNet (fit above the floor, structure below 1, not preserved): cold,
+    saying why, unless a data probe prefers the ResNet to the cold init or the policy allows it."""
+    zoo = _zoo(tmp_path, resnet=(_wide(RESNET, 4), 0.95))
+    child = _onnx(_wide(VGG))
+    with quiet():
+        cold = zoo.warm(child, noise=0.0)
+        probed = zoo.warm(child, noise=0.0, probe=lambda r: 0.0 if r.parent else 1.0)
+        refused = zoo.warm(child, noise=0.0, probe=lambda r: 1.0 if r.parent else 0.0)
+    assert cold.parent is None and "across block structures" in cold.reason, cold.reason
+    assert cold.candidates[0]["name"] == "resnet" and cold.candidates[0]["structure"] < 1.0
+    assert probed.parent == "resnet" and refused.parent is None
+    loose = keeper.Zoo(zoo.uri, keeper.ZooConfig(outlier_z=None, selection=keeper.selection.SelectionPolicy(
+        cross_structure=True)))
+    with quiet():
+        assert loose.warm(child, noise=0.0).parent == "resnet"
 
 
 def test_lineage_across_structures_ranks_last(tmp_path):
