@@ -60,9 +60,15 @@ def reason_of(choice: ParentChoice) -> str:
     if choice.parent is None:
         if choice.models == 0 and not choice.candidates:
             return "the zoo holds no model yet; the child keeps its own weights"
+        if choice.qualified:  # every qualifying candidate maps across block structures (SelectionPolicy)
+            top = choice.candidates[0]
+            return (f"{top.name!r} (similarity {top.score:.3f}, structure {top.structure:.3f}) maps layers across "
+                    "block structures without preserving function, and no data probe vouched for it: such parents "
+                    "gained nothing over cold in keeper's benchmarks; the child keeps its own weights (a probe, or "
+                    "selection cross_structure: true, lets it be used)")
         return (f"no candidate preserves function or has a fit (similarity x structure) of at least the floor "
                 f"{choice.floor}; the child keeps its own weights")
-    best = choice.candidates[0]
+    best = next(c for c in choice.candidates if c.name == choice.parent)
     if best.preserved:
         return f"the child grows from {best.name!r} without losing its function"
     return (f"{best.name!r} has the best fit ({best.fit:.3f} = similarity {best.score:.3f} x structure "

@@ -57,6 +57,7 @@ class Kind(enum.IntEnum):
     TRANSPOSE = 19
     REDUCE = 20
     OTHER = 21
+    RECTIFIER = 22    # ReLU: an activation that leaves its own outputs as they are
 
     @property
     def label(self) -> str:
@@ -110,6 +111,9 @@ class Traits:
             keeper records as activations).
         normalizes: the layer divides its input by the input's own statistics, so an input scaled by s reads the
             same (LayerNorm; a BatchNorm in eval mode uses fixed statistics and does not).
+        rectifies: a weightless nonlinearity whose outputs are >= 0 and which leaves inputs >= 0 as they are
+            (ReLU): a second one on its output, with only sign-keeping nodes between, changes nothing.
+        keeps_sign: a weightless node whose output is >= 0 wherever its inputs are (pools, shape ops, ReLU).
     """
 
     name: str
@@ -125,6 +129,8 @@ class Traits:
     affine: bool = False
     proportional: bool = False
     normalizes: bool = False
+    rectifies: bool = False
+    keeps_sign: bool = False
 
 
 TRAITS: Mapping[Kind, Traits] = MappingProxyType({
@@ -142,14 +148,16 @@ TRAITS: Mapping[Kind, Traits] = MappingProxyType({
     Kind.MUL: Traits("mul"),
     Kind.CONCAT: Traits("concat", merge=Merge.CONCAT),
     Kind.SPLIT: Traits("split"),
-    Kind.POOL: Traits("pool", nonlinear=True),
+    Kind.POOL: Traits("pool", nonlinear=True, keeps_sign=True),
     Kind.ACTIVATION: Traits("activation", nonlinear=True, proportional=True),
     Kind.MATMUL: Traits("matmul"),
     Kind.SOFTMAX: Traits("softmax"),
-    Kind.RESHAPE: Traits("reshape", proportional=True),
-    Kind.TRANSPOSE: Traits("transpose", proportional=True),
+    Kind.RESHAPE: Traits("reshape", proportional=True, keeps_sign=True),
+    Kind.TRANSPOSE: Traits("transpose", proportional=True, keeps_sign=True),
     Kind.REDUCE: Traits("reduce"),
     Kind.OTHER: Traits("other"),
+    # an activation like any other to matching, channel groups and the transforms; preservation tells it apart
+    Kind.RECTIFIER: Traits("rectifier", nonlinear=True, proportional=True, rectifies=True, keeps_sign=True),
 })
 
 

@@ -188,11 +188,14 @@ def _skip_costs(graph: LayerGraph, stream: Stream | None = None,
     """A new layer costs nothing to leave unmatched when it can start as an identity (square conv/linear,
     depthwise conv, BatchNorm) or sits inside a residual branch (whose last layer is zeroed, so the branch adds
     nothing: a block of the residual stream that an add closes, :mod:`keeper.graph.stream`); any other new layer
-    breaks the function, so it should rather be matched when inheritance is equal."""
+    breaks the function, so it should rather be matched when inheritance is equal. So does one fed straight by the
+    graph input with a nonlinearity before the next layer: its activation would act on the raw input (an MLP whose
+    first hidden width equals its input size, deepened: the new layer goes after the first, not before it)."""
     k, s = graph.layer_kind, graph.shape
     square = s[:, 0] == s[:, 1]
     free = _IDENTITY_ANY_SHAPE[k] | (_IDENTITY_IF_SQUARE[k] & square)
     succs = succs if succs is not None else graph.successors()
+    free &= ~_on_the_raw_input(graph, succs)
     stream = stream or residual_stream(graph)
     for li, node in enumerate(graph.layer_node.tolist()):
         if free[li]:
@@ -204,6 +207,26 @@ def _skip_costs(graph: LayerGraph, stream: Stream | None = None,
         else:
             free[li] = _inside_residual_branch(node, succs, graph.kind)
     return np.where(free, 0, _SKIP_NOT_IDENTITY).astype(np.int64)
+
+
+def _on_the_raw_input(graph: LayerGraph, succs: list[list[int]]) -> np.ndarray:
+    """Per layer: fed by the graph input along a single path of weightless nodes, and followed by a nonlinearity
+    before the next layer other than a norm, a merge, a fork or the output."""
+    layer_of = _layer_of(graph)
+    through = _between_layers(graph, layer_of)
+    preds = graph.predecessor_lists()
+    nonlinear = _NONLINEAR_MASK[graph.kind].tolist()
+    down = through.copy()
+    down[graph.layer_node] = _AFFINE[graph.layer_kind]  # norms, scales and shifts: on to the activation after them
+    through, down = through.tolist(), down.tolist()
+    out = np.zeros(graph.num_layers, dtype=bool)
+    for li, node in enumerate(graph.layer_node.tolist()):
+        end, stopped, _ = walk(node, preds, through)
+        if stopped or preds[end]:
+            continue  # fed by a layer, a merge or several inputs
+        end, stopped, passed = walk(node, succs, down)
+        out[li] = any(nonlinear[v] for v in passed) or (not stopped and end != node and nonlinear[end])
+    return out
 
 
 def _inside_residual_branch(node: int, succs: list[list[int]], kind: np.ndarray, limit: int = 256) -> bool:
@@ -232,6 +255,7 @@ _IDENTITY_IF_SQUARE = kind_mask(lambda t: t.identity is not None and t.identity.
 _MERGE_MASK = kind_mask(lambda t: t.merge is not None)
 _RESIDUAL_KINDS = kinds_where(lambda t: t.merge is Merge.SUM)
 _NONLINEAR_MASK = kind_mask(lambda t: t.nonlinear)
+_AFFINE = kind_mask(lambda t: t.affine)
 
 # Tie-break costs the DP reads per layer (keeper.matching_kernels: second to inherited elements, and bounded there)
 _EDGE_INSIDE = 8

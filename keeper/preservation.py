@@ -14,16 +14,21 @@ parent. This module reads that from the alignment and the two graphs alone, with
 * **preserved**: every parent layer is matched and inherited whole (no element sliced away: widening and odd kernel
   growth only), every matched pair agrees in structure, the child keeps at least the parent's merges, and every
   child layer without a parent can start as the identity (square, stride 1, odd kernel; norms) or belongs to a
-  residual branch made only of new layers (its last layer starts at zero), and every channel group grows in a way
-  the width operators keep exact where its units are read (:mod:`keeper.transforms.exact_width`: a factor that
-  does not divide is refused where a norm, attention or a slice reads the units; attention heads must clone
-  whole). These are the cases :mod:`keeper.transforms` makes exact, so the child then computes the parent's
-  function (with ``noise=0``).
+  residual branch made only of new layers (its last layer starts at zero). Roles look through both, so a deepened
+  plain chain keeps its roles (a VGG stage's old conv that fed the head now feeds the new conv). A new identity in a
+  chain brings no nonlinearity the parent has not: what follows it up to the next layer is what followed the
+  inherited layer before it, once a ReLU that only repeats a ReLU is dropped (:func:`inserted_why`: a
+  conv-BatchNorm-ReLU after a ReLU is the identity, after a GELU or on the raw input it is not). Every channel
+  group grows in a way the width operators keep exact where its units are read
+  (:mod:`keeper.transforms.exact_width`: a factor that does not divide is refused where a norm, attention or a
+  slice reads the units; attention heads must clone whole). These are the cases :mod:`keeper.transforms` makes
+  exact, so the child then computes the parent's function (with ``noise=0``).
 
 Invariant: ``assess(p, c, align(p, c))`` is ``preserved`` for a child that only widens (by integer factors, or by
-any factor where nothing reads the units together), deepens by identity-able layers or new residual blocks, or
-grows odd kernels relative to ``p``; it is never ``preserved`` when some parent element is not inherited or some
-growth is not exact by construction (then the warmed child does not compute the parent's function).
+any factor where nothing reads the units together), deepens by new residual blocks or by identity-able layers that
+bring no activation or a ReLU onto a ReLU's outputs, or grows odd kernels relative to ``p``; it is never
+``preserved`` when some parent element is not inherited or some growth is not exact by construction (then the
+warmed child does not compute the parent's function).
 """
 
 from __future__ import annotations
@@ -64,7 +69,8 @@ class Assessment:
     why: str = ""
 
 
-def layer_roles(g: LayerGraph, fresh: tuple[set[int], set[int]] = (set(), set())) -> tuple[np.ndarray, np.ndarray]:
+def layer_roles(g: LayerGraph, fresh: tuple[set[int], set[int]] = (set(), set()),
+                inserted: frozenset[int] = frozenset()) -> tuple[np.ndarray, np.ndarray]:
     """Per layer: (what feeds it, what it feeds) as codes equal across graphs when the layers sit alike.
 
     Feeds: the kind of the nearest non-norm layer upstream (through norms, activations, pools, reshapes), or a
@@ -75,6 +81,9 @@ def layer_roles(g: LayerGraph, fresh: tuple[set[int], set[int]] = (set(), set())
     ``fresh``: (residual adds, nodes of their branches) for branches made only of new layers (they add zero): the
     walks pass through such an add along its skip input and ignore the branch, so a new residual block leaves its
     neighbours' roles as they were in the parent.
+
+    ``inserted``: nodes of new layers that start as the identity in a chain (a deepened VGG stage's new conv): the
+    walks pass through them as through norms, so the layers around them keep their parent roles.
     """
     adds, skip = fresh
     layer_of = np.full(g.num_nodes, -1, dtype=np.int64)
@@ -86,6 +95,8 @@ def layer_roles(g: LayerGraph, fresh: tuple[set[int], set[int]] = (set(), set())
     # the walks pass through weightless nodes and norms, not merges; a fresh branch joins at its add, whose skip
     # input is the path
     up_through = [k not in _MERGES and (at < 0 or k in _NORMS) for k, at in zip(kind, layer_of.tolist())]
+    for v in inserted:
+        up_through[v] = True
     down_through = list(up_through)
     for a in adds:
         up_through[a], down_through[a] = len(up[a]) == 1, True
@@ -162,9 +173,43 @@ def assess(parent: LayerGraph, child: LayerGraph, alignment: Alignment,
     pairs = np.asarray(alignment.pairs)
     new = pairs < 0
     fresh, adds, nodes = _fresh_branches(child, new) if new.any() else (set(), set(), set())
-    (pf, pi), (cf, ci) = roles if roles is not None else (layer_roles(parent), layer_roles(child))
+    inserted = frozenset(int(child.layer_node[c]) for c in np.flatnonzero(new).tolist()
+                         if c not in fresh and _identity_able(child, c))
+    proles, croles = roles if roles is not None else (layer_roles(parent), layer_roles(child))
     if adds:  # new residual blocks: the child's roles as if they were not there
-        cf, ci = layer_roles(child, (adds, nodes))
+        croles = layer_roles(child, (adds, nodes))
+    structure, why = _pairs_fit(parent, child, pairs, proles, croles)
+    looked = (1.0, "")
+    if inserted:
+        # new identities in chains are looked through too, so the layers around them keep their parent roles; an
+        # alignment that does not keep the function keeps the structure it had without (slicing fits do not move)
+        looked = _pairs_fit(parent, child, pairs, proles, layer_roles(child, (adds, nodes), inserted))
+        why = looked[1]
+    if not why:
+        unmatched = np.setdiff1d(np.arange(parent.num_layers), pairs[pairs >= 0])
+        if unmatched.size:
+            why = f"parent layer {_name(parent, int(unmatched[0]))} has no counterpart in the child"
+    if not why and int(np.isin(child.kind, sorted(_MERGES)).sum()) < int(np.isin(parent.kind, sorted(_MERGES)).sum()):
+        why = "the child has fewer merges (residual adds, concatenations) than the parent"
+    if not why:
+        for c in np.flatnonzero(new).tolist():
+            if c not in fresh and not _identity_able(child, c):
+                why = f"new child layer {_name(child, c)} cannot start as the identity"
+                break
+    if not why and inserted:
+        why = inserted_why(parent, child, pairs, inserted)
+    if not why:
+        why = inexact_width(parent, child, pairs)
+    if not why and inserted:
+        structure = looked[0]
+    return Assessment(not why, float(structure), why)
+
+
+def _pairs_fit(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, proles: tuple[np.ndarray, np.ndarray],
+               croles: tuple[np.ndarray, np.ndarray]) -> tuple[float, str]:
+    """(structure, the first reason a matched pair breaks the function or "") of the alignment ``pairs`` under
+    the two graphs' layer roles."""
+    (pf, pi), (cf, ci) = proles, croles
     total, agreed = 0, 0.0
     why = ""
     for c, p in enumerate(pairs.tolist()):
@@ -186,21 +231,95 @@ def assess(parent: LayerGraph, child: LayerGraph, alignment: Alignment,
             why = f"child layer {_name(child, c)} crops parent layer {_name(parent, p)}'s kernel"
         if not why and np.any((ck - pk) % 2 == 1):
             why = f"child layer {_name(child, c)} grows its kernel by an even amount (no centre to keep)"
-    structure = agreed / total if total > 0 else 0.0
-    if not why:
-        unmatched = np.setdiff1d(np.arange(parent.num_layers), pairs[pairs >= 0])
-        if unmatched.size:
-            why = f"parent layer {_name(parent, int(unmatched[0]))} has no counterpart in the child"
-    if not why and int(np.isin(child.kind, sorted(_MERGES)).sum()) < int(np.isin(parent.kind, sorted(_MERGES)).sum()):
-        why = "the child has fewer merges (residual adds, concatenations) than the parent"
-    if not why:
-        for c in np.flatnonzero(new).tolist():
-            if c not in fresh and not _identity_able(child, c):
-                why = f"new child layer {_name(child, c)} cannot start as the identity"
+    return (agreed / total if total > 0 else 0.0), why
+
+
+def inserted_why(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, inserted: frozenset[int]) -> str:
+    """Why new identity layers in chains (``inserted``: their nodes) do not leave the parent's function ("" when
+    they do).
+
+    A new layer that starts as the identity is a wire, but the nodes it brings along may not be: a deepened VGG
+    stage's conv-BatchNorm-ReLU puts a second ReLU after the stage's first, which changes nothing only because a
+    ReLU's outputs are >= 0; a GELU there would change them. So, from the nearest inherited layer upstream of each
+    new one (its *anchor*, reached along a single path), what the values meet up to the next layer (:func:`_tail`)
+    must be what they meet after the anchor's parent layer, once the new layers are looked through and a rectifier
+    that only repeats one before it is dropped. A new layer with no such anchor (after a fork, a merge or the graph
+    input) may bring along nothing that is not dropped.
+    """
+    cg, pg = _Chain(child, inserted), _Chain(parent, frozenset())
+    for v in sorted(inserted):
+        anchor = cg.anchor(v)
+        if anchor is None or pairs[cg.layer_of[anchor]] < 0:
+            if cg.tail(v, cg.rectified(v)):
+                return f"new child layer {_name(child, int(cg.layer_of[v]))} brings a nonlinearity the parent has not"
+            continue
+        p = int(pairs[cg.layer_of[anchor]])
+        if cg.tail(anchor) != pg.tail(int(parent.layer_node[p])):
+            return (f"new child layer {_name(child, int(cg.layer_of[v]))} brings a nonlinearity after child layer "
+                    f"{_name(child, int(cg.layer_of[anchor]))} that parent layer {_name(parent, p)} is not followed by")
+    return ""
+
+
+_RECTIFIES = kinds_where(lambda t: t.rectifies)
+_KEEPS_SIGN = kinds_where(lambda t: t.keeps_sign)
+_SHAPE_ONLY = kinds_where(lambda t: t.keeps_sign and not t.nonlinear)  # reshapes, transposes: no trace in a tail
+
+
+class _Chain:
+    """The single-path walks of :func:`inserted_why` over one graph; ``looked_through``: nodes of new identity
+    layers, which leave no trace."""
+
+    def __init__(self, g: LayerGraph, looked_through: frozenset[int]):
+        self.layer_of = np.full(g.num_nodes, -1, dtype=np.int64)
+        self.layer_of[g.layer_node] = np.arange(g.num_layers)
+        self.kind = g.kind.tolist()
+        self.preds, self.succs = g.predecessor_lists(), g.successors()
+        self.through = looked_through
+
+    def _layer(self, v: int) -> bool:  # an inherited layer other than a norm
+        return self.layer_of[v] >= 0 and v not in self.through and self.kind[v] not in _NORMS
+
+    def anchor(self, v: int) -> int | None:
+        """The node of the nearest inherited non-norm layer upstream of ``v`` whose output reaches ``v`` along a
+        single path (norms, weightless nodes and looked-through layers passed); None at a fork, a merge or an
+        input first."""
+        while len(self.preds[v]) == 1:
+            v = self.preds[v][0]
+            if len(self.succs[v]) != 1 or self.kind[v] in _MERGES:
+                return None
+            if self._layer(v):
+                return v
+        return None
+
+    def rectified(self, v: int) -> bool:
+        """Whether ``v``'s input is a rectifier's output, through sign-keeping nodes and looked-through layers."""
+        while len(self.preds[v]) == 1:
+            v = self.preds[v][0]
+            if self.kind[v] in _RECTIFIES:
+                return True
+            if not (v in self.through or (self.layer_of[v] < 0 and self.kind[v] in _KEEPS_SIGN)):
+                return False
+        return False
+
+    def tail(self, v: int, rectified: bool = False) -> tuple[int, ...]:
+        """The kinds of the norms and weightless nodes that ``v``'s output meets, in order, up to the next
+        inherited non-norm layer, a merge, a fork or the output. Shape ops and looked-through layers leave no
+        trace, nor does a rectifier after a rectifier with only sign-keeping nodes between (``rectified``: ``v``'s
+        own input counts as a rectifier's output)."""
+        out: list[int] = []
+        signed = rectified  # the values are a rectifier's outputs, sign-keeping nodes since
+        while len(self.succs[v]) == 1 and len(self.preds[self.succs[v][0]]) == 1:
+            v = self.succs[v][0]
+            k = self.kind[v]
+            if self._layer(v):
                 break
-    if not why:
-        why = inexact_width(parent, child, pairs)
-    return Assessment(not why, float(structure), why)
+            if v in self.through or (k in _SHAPE_ONLY and self.layer_of[v] < 0):
+                continue
+            if k in _RECTIFIES and signed:
+                continue
+            out.append(k)
+            signed = k in _RECTIFIES or (signed and k in _KEEPS_SIGN and self.layer_of[v] < 0)
+        return tuple(out)
 
 
 def _name(g: LayerGraph, i: int) -> str:

@@ -14,18 +14,29 @@ blocks). Similarity counts elements, not function, so the choice optimises, in t
    blocks onto blocks. Candidates whose fit is below ``policy.floor`` never become parents.
 3. **Accuracy among the nearly-as-good**: the objective's range ``[floor, 1]`` is cut into ``policy.buckets``
    equal-width buckets and the most accurate model of the highest non-empty bucket wins (as ModelKeeper does).
+4. **Across block structures only when vouched for.** A candidate whose alignment maps layers across block
+   structures (``structure < 1``: another family, a chain onto residual branches, GPT-2 onto Llama) and that does
+   not preserve function stays ranked, so a data probe scores it against the cold init, but it is never the
+   parent on its own (``policy.cross_structure`` False, the default): without a probe the best candidate that
+   preserves function or maps block onto block is the parent, else the child starts cold. Measured, such parents
+   did not earn their place: in ``reports/bench_choice.md`` (seed 0) the four VGGs warmed from ResNets needed
+   680 steps against cold's 720 (1.06x), one of them slower than cold, and their warm starts kept later VGGs from
+   their preserved parents (a model warmed across structures is not clean); on a GPU language stream a Llama
+   warmed from a GPT-2 (similarity 0.74) started at a lower loss yet saved no steps to target (850 against 800).
 
 A candidate that is not ``clean`` (its own lineage holds a warm start across block structures, see
 :meth:`keeper.zoo.Zoo.register`) ranks below every clean one: a model trained from a bad warm start must not
 become everyone's parent. Coverage guards against a parent many times larger than the child: any large weight
 matrix contains a block of the child's shape, so such a parent "covers" a small child completely by slicing, yet
 the sliced blocks carry none of its function; candidates whose coverage is below ``policy.min_coverage`` are
-considered only when no candidate clears it. ``SelectionPolicy(preserve=False, structure=False)`` is the choice of
-earlier versions (similarity buckets, then accuracy).
+considered only when no candidate clears it. ``SelectionPolicy(preserve=False, structure=False,
+cross_structure=True)`` is the choice of earlier versions (similarity buckets, then accuracy).
 
 Invariants:
-    * the result is ``None`` exactly when no candidate is clean and preserved and none has fit ``>= policy.floor``
-      (with ``preserve=False``: none has fit ``>= policy.floor``);
+    * the result is ``None`` exactly when no candidate is clean and preserved and none with structure 1 has fit
+      ``>= policy.floor`` (with ``preserve=False``: none with structure 1 has fit ``>= policy.floor``; with
+      ``cross_structure``: none has, whatever its structure);
+    * a candidate that is not preserved and has structure below 1 is the result only with ``cross_structure``;
     * a clean preserved candidate, when there is one, wins over every candidate that is not preserved;
     * the result has coverage ``>= policy.min_coverage`` whenever an eligible candidate does;
     * among those considered, the result lies in the highest non-empty bucket (accuracy-aware) or has the
@@ -162,15 +173,16 @@ SHOWN = 5
 
 def make_choice(candidates: Iterable[Candidate], policy: "SelectionPolicy", uri: str, noise: float, seed: int,
                 models: int = 0) -> ParentChoice:
-    """The :class:`ParentChoice` for ``candidates`` under ``policy``: the best ranked one (None when none
-    qualifies), the qualifying ones in rank order, then the others by score, at least :data:`SHOWN` and at least
-    ``policy.probe_top`` of them."""
+    """The :class:`ParentChoice` for ``candidates`` under ``policy``: the best ranked one that may be the parent
+    without a probe (:meth:`SelectionPolicy.stands_alone`; None when none does), the qualifying ones in rank order
+    (a probe scores the first ``probe_top``, those across block structures included), then the others by score,
+    at least :data:`SHOWN` and at least ``policy.probe_top`` of them."""
     cands = list(candidates)
     ranked = rank_parents(cands, policy)
     rest = sorted((c for c in cands if c not in ranked), key=lambda c: (-c.score, c.name))
     keep = max(SHOWN, policy.probe_top)
     listed = tuple((ranked + rest)[:keep])
-    best = ranked[0] if ranked else None
+    best = next((c for c in ranked if policy.stands_alone(c)), None)
     return ParentChoice(best.name if best else None, float(best.score) if best else 0.0, uri, float(noise),
                         int(seed), listed, int(policy.probe_top), min(len(ranked), keep), float(policy.floor),
                         int(models))
@@ -190,6 +202,9 @@ class SelectionPolicy:
             score and rank first (False: they compete on their objective like the rest).
         structure: the objective is ``score * structure`` (False: ``score`` alone, whatever the blocks).
         probe_top: how many of the best-ranked candidates a data probe transforms and scores (>= 1).
+        cross_structure: a candidate mapped across block structures (structure below 1) that does not preserve
+            function may be the parent without a data probe (False: it stays ranked for a probe, which scores it
+            against the cold init, but is never chosen on its own; see the module docstring for why).
     """
 
     floor: float = 0.3
@@ -199,6 +214,7 @@ class SelectionPolicy:
     preserve: bool = True
     structure: bool = True
     probe_top: int = 3
+    cross_structure: bool = False
 
     def __post_init__(self) -> None:
         if not _is_real(self.floor) or not 0.0 <= self.floor <= 1.0:
@@ -212,7 +228,7 @@ class SelectionPolicy:
         if not _is_real(self.min_coverage) or not 0.0 <= self.min_coverage <= 1.0:
             raise KeeperError(f"selection min_coverage {self.min_coverage!r}: expected a fraction in [0, 1]; "
                               "0 turns the coverage rule off")
-        for key in ("preserve", "structure"):
+        for key in ("preserve", "structure", "cross_structure"):
             if not isinstance(getattr(self, key), bool):
                 raise KeeperError(f"selection {key} {getattr(self, key)!r}: expected True or False")
         if not isinstance(self.probe_top, numbers.Integral) or isinstance(self.probe_top, bool) or self.probe_top < 1:
@@ -228,6 +244,11 @@ class SelectionPolicy:
         """Whether ``c`` may become a parent at all: preserved and clean (with ``preserve``), or objective at or
         above the floor."""
         return (self.preserve and c.preserved and c.clean) or self.objective(c) >= self.floor
+
+    def stands_alone(self, c: Candidate) -> bool:
+        """Whether ``c``, once it qualifies, may be the parent without a data probe: it preserves function or maps
+        block onto block (structure 1), or ``cross_structure`` allows any."""
+        return self.cross_structure or c.preserved or c.structure >= 1.0
 
     def bucket(self, score: float) -> int:
         """The bucket of ``score``: 0 just above the floor, ``buckets - 1`` at similarity 1.
@@ -276,12 +297,14 @@ def rank_parents(candidates: Iterable[Candidate], policy: SelectionPolicy = Sele
 
 
 def choose_parent(candidates: Iterable[Candidate], policy: SelectionPolicy = SelectionPolicy()) -> Candidate | None:
-    """The candidate to warm-start from, or None when none qualifies (see :func:`rank_parents`).
+    """The candidate to warm-start from without a data probe, or None when none qualifies (see
+    :func:`rank_parents`).
 
     A clean candidate the child grows from without losing its function wins over any that merely has elements to
     slice; among the rest, the objective (``score * structure``) is bucketed over ``[floor, 1]`` and the most
     accurate of the highest non-empty bucket wins (accuracy-aware, the default), or the highest objective wins
-    (plain). Candidates below ``policy.min_coverage`` win only when no qualifying one reaches it.
+    (plain). Candidates below ``policy.min_coverage`` win only when no qualifying one reaches it. One mapped across
+    block structures that does not preserve function wins only with ``policy.cross_structure``.
 
     Args:
         candidates: scored zoo models.
@@ -301,6 +324,7 @@ def choose_parent(candidates: Iterable[Candidate], policy: SelectionPolicy = Sel
         >>> vgg, narrow = Candidate("vgg", 1.0, 0.9, structure=0.3), Candidate("narrow", 0.25, 0.8, preserved=True)
         >>> choose_parent([vgg, narrow]).name
         'narrow'
+        >>> choose_parent([vgg]) is None, choose_parent([vgg], SelectionPolicy(cross_structure=True)).name
+        (True, 'vgg')
     """
-    ranked = rank_parents(candidates, policy)
-    return ranked[0] if ranked else None
+    return next((c for c in rank_parents(candidates, policy) if policy.stands_alone(c)), None)

@@ -7,7 +7,7 @@ deeper, bigger-kernel or narrower relatives. Each arm keeps its own zoo, so a ba
 
 * ``cold``: every trial from its own init (the reference);
 * ``similarity``: the choice of earlier versions (similarity buckets then accuracy; floor 0.3), kept as
-  ``SelectionPolicy(preserve=False, structure=False)``;
+  ``SelectionPolicy(preserve=False, structure=False, cross_structure=True)``;
 * ``keeper``: the default choice (preserved function first, similarity x structure, lineage-aware);
 * ``keeper+probe``: the default choice plus a data probe (two training batches, the loss over two SGD steps).
 
@@ -149,7 +149,8 @@ def run(args) -> dict:
         zoos = {}
         tmp = tempfile.mkdtemp(prefix="keeper-bench-choice-")
         for arm in ARMS[1:]:
-            policy = SelectionPolicy(preserve=False, structure=False) if arm == "similarity" else SelectionPolicy()
+            policy = (SelectionPolicy(preserve=False, structure=False, cross_structure=True) if arm == "similarity"
+                      else SelectionPolicy())
             zoos[arm] = keeper.Zoo(os.path.join(tmp, arm.replace("+", "-")),
                                    keeper.ZooConfig(selection=policy, outlier_z=None))
         for i, (label, spec, offer) in enumerate(specs):

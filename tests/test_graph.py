@@ -319,7 +319,7 @@ def test_structural_nodes_and_edges():
              helper.make_node("Concat", ["m0", "m1"], ["c"], axis=1),
              helper.make_node("Add", ["c", "a"], ["y"])]
     g = load_graph(_model(nodes, {"halves": np.array([4, 4], np.int64), "w0": _rand(4, 4), "w1": _rand(4, 4)}))
-    assert [Kind.NAMES[int(k)] for k in g.kind] == ["activation", "split", "linear", "linear", "concat", "add"]
+    assert [Kind.NAMES[int(k)] for k in g.kind] == ["rectifier", "split", "linear", "linear", "concat", "add"]
     preds = [g.predecessors(i).tolist() for i in range(g.num_nodes)]
     assert preds == [[], [0], [1], [1], [2, 3], [0, 4]]
     assert g.layer_node.tolist() == [2, 3]

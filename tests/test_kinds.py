@@ -22,7 +22,7 @@ import nets
 # Stored graphs hold these codes (int8): renumbering one would misread every zoo on disk.
 STORED_CODES = {"CONV": 1, "DWCONV": 2, "CONVT": 3, "LINEAR": 4, "BATCHNORM": 5, "LAYERNORM": 6, "EMBEDDING": 7,
                 "PARAM": 8, "ADD": 10, "MUL": 11, "CONCAT": 12, "SPLIT": 13, "POOL": 14, "ACTIVATION": 15,
-                "MATMUL": 16, "SOFTMAX": 17, "RESHAPE": 18, "TRANSPOSE": 19, "REDUCE": 20, "OTHER": 21}
+                "MATMUL": 16, "SOFTMAX": 17, "RESHAPE": 18, "TRANSPOSE": 19, "REDUCE": 20, "OTHER": 21, "RECTIFIER": 22}
 
 
 def test_every_kind_has_traits_and_codes_are_stable():

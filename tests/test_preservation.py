@@ -3,6 +3,7 @@ a same-family growth beats a cross-family slice, and a 2x-narrower same-family p
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -73,6 +74,75 @@ def test_slicing_and_crossing_structures_do_not_preserve(parent, child):
         assert a.structure == 1.0  # same blocks, only sliced
 
 
+VGG1 = {**VGG, "depths": [1, 1]}  # a stage of one conv: deepened, its old conv feeds the new one, not the head
+
+
+@pytest.mark.parametrize("child", [{**VGG1, "depths": [2, 2]}, _wide({**VGG1, "depths": [2, 2]}),
+                                   _wide({**VGG1, "depths": [2, 2], "kernel": 5})],
+                         ids=["deeper", "wider deeper", "wider deeper kernel"])
+def test_deepened_plain_chain_preserves_function_with_full_structure(child):
+    """The new conv-BatchNorm-ReLU starts as the identity: its ReLU meets the stage's earlier ReLU's outputs."""
+    a = _assess(VGG1, child)
+    assert a.preserved, a.why
+    assert a.structure == 1.0
+
+
+@pytest.mark.parametrize("norm", ["none", "batchnorm"])
+def test_a_new_square_layer_goes_after_the_first_not_onto_the_raw_input(norm):
+    """An MLP whose hidden width equals its input size, deepened: either hidden layer could take the parent's, but
+    a new one first would put its ReLU on the raw input."""
+    mlp = {"family": "mlp", "dim": 1, "in_channels": 1, "num_classes": 5, "input_length": 16, "widths": [16],
+           "norm": norm}
+    a = _assess(mlp, {**mlp, "widths": [16, 16]})
+    assert a.preserved, a.why
+
+
+class _ConvChain(torch.nn.Module):
+    """conv-BatchNorm-activation per width, a mean over positions, a Linear head."""
+
+    def __init__(self, widths, act=torch.nn.ReLU):
+        super().__init__()
+        layers, cin = [], 1
+        for w in widths:
+            layers += [torch.nn.Conv1d(cin, w, 3, padding=1), torch.nn.BatchNorm1d(w), act()]
+            cin = w
+        self.body = torch.nn.Sequential(*layers)
+        self.head = torch.nn.Linear(cin, 5)
+
+    def forward(self, x):
+        return self.head(self.body(x).mean(-1))
+
+
+@pytest.mark.parametrize("child, act, exact", [([8, 8, 16, 16], torch.nn.ReLU, True),
+                                               ([8, 8, 16], torch.nn.GELU, False),
+                                               ([1, 8, 16], torch.nn.ReLU, False)],
+                         ids=["relu after relu", "gelu after gelu", "relu on the input"])
+def test_a_chain_insert_is_preserved_only_where_its_activation_changes_nothing(child, act, exact):
+    """An identity conv brings its activation along: a ReLU on a ReLU's outputs changes nothing, a GELU on a
+    GELU's does, and so does a ReLU on the raw input (the new conv before the first one)."""
+    from keeper_bench.hf_growth import warm_deviation
+
+    torch.manual_seed(0)
+    parent, grown = _ConvChain([8, 16], act).eval(), randomize(_ConvChain(child, act), 1).eval()
+    with quiet():
+        r = warm_deviation(parent, grown, (torch.randn(4, 1, 16),), dynamo=False)
+    assert r.preserved == exact
+    assert (r.warm <= 1e-4) == exact, f"deviation {r.warm:.2e}"  # the claim, where made, is exact; else it would lie
+
+
+def test_widened_deepened_plain_chain_child_warms_from_its_only_relative(tmp_path):
+    """The zoo holds one VGG; the child is 2x wider with one more conv per stage (similarity below the floor)."""
+    zoo = _zoo(tmp_path, vgg=(VGG1, 0.8))
+    child = _wide({**VGG1, "depths": [2, 2]})
+    model, x = randomize(families.build(child), 3).eval(), families.example_input(child, 4)
+    with quiet():
+        r = warm_start(model, families.example_input(child), zoo, noise=0.0)
+    assert r.parent == "vgg" and r.preserved and r.score < zoo.config.selection.floor, r.reason
+    with torch.no_grad():
+        want, got = _model(VGG1, seed=len("vgg")).eval()(x), model.eval()(x)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-4
+
+
 def _zoo(tmp_path, **models):
     zoo = keeper.Zoo(str(tmp_path / "zoo"), keeper.ZooConfig(outlier_z=None))
     for name, (s, acc) in models.items():
@@ -106,12 +176,30 @@ def test_cross_family_slice_loses_to_same_family_growth(tmp_path):
     cands = {c.name: c for c in zoo.candidates(load_graph(_onnx(child)))}
     assert cands["resnet"].score > cands["vgg"].score
     assert cands["resnet"].structure < 1.0 and not cands["resnet"].preserved
-    legacy = keeper.selection.choose_parent(cands.values(), keeper.selection.SelectionPolicy(preserve=False,
-                                                                                             structure=False))
+    legacy = keeper.selection.choose_parent(cands.values(), keeper.selection.SelectionPolicy(
+        preserve=False, structure=False, cross_structure=True))
     assert legacy is not None and legacy.name == "resnet"  # what similarity alone picked
     with quiet():
         r = zoo.warm(_onnx(child), noise=0.0)
     assert r.parent == "vgg" and r.preserved
+
+
+def test_a_cross_family_parent_is_used_only_when_a_probe_or_the_switch_vouches_for_it(tmp_path):
+    """A VGG child whose zoo holds only a ResNet (fit above the floor, structure below 1, not preserved): cold,
+    saying why, unless a data probe prefers the ResNet to the cold init or the policy allows it."""
+    zoo = _zoo(tmp_path, resnet=(_wide(RESNET, 4), 0.95))
+    child = _onnx(_wide(VGG))
+    with quiet():
+        cold = zoo.warm(child, noise=0.0)
+        probed = zoo.warm(child, noise=0.0, probe=lambda r: 0.0 if r.parent else 1.0)
+        refused = zoo.warm(child, noise=0.0, probe=lambda r: 1.0 if r.parent else 0.0)
+    assert cold.parent is None and "across block structures" in cold.reason, cold.reason
+    assert cold.candidates[0]["name"] == "resnet" and cold.candidates[0]["structure"] < 1.0
+    assert probed.parent == "resnet" and refused.parent is None
+    loose = keeper.Zoo(zoo.uri, keeper.ZooConfig(outlier_z=None, selection=keeper.selection.SelectionPolicy(
+        cross_structure=True)))
+    with quiet():
+        assert loose.warm(child, noise=0.0).parent == "resnet"
 
 
 def test_lineage_across_structures_ranks_last(tmp_path):
@@ -187,3 +275,50 @@ def test_preserved_implies_exact(name, run, dynamo, expect):
     if r.preserved:
         assert r.warm <= 1e-4, f"{name}: flagged preserved but deviates {r.warm:.2e} (child's own init {r.init:.2f})"
     assert r.preserved == expect, f"{name}: preserved {r.preserved}, deviation {r.warm:.2e}"
+
+
+def _growth_pair(family, rng, ops):
+    """(parent spec, child spec, growth letters): a small member of ``family`` drawn from ``rng`` and its growth by
+    ``ops`` (where the growth cannot be exact, the nearest spec where it is: see family_growth.growable)."""
+    from keeper_bench import family_growth
+
+    dim = 1 if family == "transformer" else int(rng.choice([1, 2]))
+    common = {"family": family, "dim": dim, "in_channels": 1, "num_classes": 5, "input_length": 16 if dim == 1 else 8}
+    w = int(rng.choice([4, 6, 8]))
+    depths = [int(d) for d in rng.integers(1, 3, int(rng.integers(1, 3)))]
+    widths = [w * 2 ** i for i in range(len(depths))]
+    kernel = int(rng.choice([3, 5]))
+    spec = {
+        "resnet": {"widths": widths, "blocks": depths, "kernel": kernel},
+        "vgg": {"widths": widths, "depths": depths, "kernel": kernel},
+        "mobilenetv2": {"stem_width": w, "widths": widths, "blocks": depths, "kernel": kernel,
+                        "expansion": int(rng.choice([2, 3])), "head_width": 2 * widths[-1]},
+        "transformer": {"d_model": w * len(depths), "heads": len(depths), "ffn": 2 * w * len(depths),
+                        "layers": depths[0], "patch": 4, "pre_ln": bool(rng.random() < 0.5)},
+        "mlp": {"widths": [w * 2] * len(depths), "norm": str(rng.choice(["none", "batchnorm", "layernorm"]))},
+    }[family]
+    parent, ops = family_growth.growable({**common, **spec}, ops)
+    return parent, family_growth.grow(parent, ops), ops
+
+
+@pytest.mark.parametrize("family", families.FAMILIES)
+def test_drawn_growths_choose_their_parent_and_keep_its_function(tmp_path, family):
+    """Widen, deepen, grow kernels, all together and a drawn few of them, over residual, plain-chain, depthwise,
+    transformer and MLP families (seeded draws): the zoo's parent is chosen over a more accurate model of another
+    family, flagged preserved, and the warmed child computes its function."""
+    rng = np.random.default_rng(families.FAMILIES.index(family))
+    drawn = str(rng.choice(["w", "d", "k", "wd", "wk", "dk"]))
+    for i, ops in enumerate(["wdk", drawn]):
+        parent, child, ops = _growth_pair(family, rng, ops)
+        other = RESNET if family == "vgg" else VGG
+        zoo = keeper.Zoo(str(tmp_path / f"zoo{i}"), keeper.ZooConfig(outlier_z=None))
+        zoo.register(_onnx(parent), 0.8, "parent")
+        zoo.register(_onnx(other), 0.99, "other")
+        model = randomize(families.build(child), 5).eval()
+        with quiet():
+            r = warm_start(model, families.example_input(child), zoo, noise=0.0)
+        assert r.parent == "parent" and r.preserved, f"{ops} {parent} -> {child}: {r.reason}"
+        x = families.example_input(parent, 4)
+        with torch.no_grad():
+            want, got = _model(parent).eval()(x), model.eval()(x)
+        assert float((got - want).abs().max() / want.abs().max()) <= 1e-4, f"{ops} {parent} -> {child}"

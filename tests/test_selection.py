@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keeper.errors import KeeperError
-from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage, rank_parents
+from keeper.chooser import reason_of
+from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage, make_choice, rank_parents
 
 unit = st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 0.3, 0.5, 0.95, 1.0]))
 candidates = st.lists(st.builds(Candidate, st.sampled_from("abcdefgh"), unit, unit, unit), max_size=12)
@@ -162,7 +163,7 @@ def test_structure_is_part_of_the_objective():
     cross = Candidate("resnet", 1.0, 0.95, structure=0.5)   # fit 0.5
     same = Candidate("vgg", 0.8, 0.70, structure=1.0)       # fit 0.8
     assert choose_parent([cross, same]).name == "vgg"
-    assert choose_parent([cross, same], SelectionPolicy(structure=False)).name == "resnet"
+    assert choose_parent([cross, same], SelectionPolicy(structure=False, cross_structure=True)).name == "resnet"
     assert choose_parent([Candidate("far", 0.9, 0.9, structure=0.2)]) is None  # fit 0.18 < floor
 
 
@@ -186,10 +187,40 @@ def test_rank_is_order_free_and_preserved_first(rows):
     assert all((c.preserved and c.clean) or c.fit >= 0.3 for c in ranked)
 
 
+# ---------------------------------------------------------------------------------------- across block structures
+
+def test_a_parent_across_block_structures_needs_a_probe_or_the_switch():
+    cross = Candidate("resnet", 1.0, 0.95, structure=0.5)  # fit 0.5 clears the floor; not preserved
+    assert choose_parent([cross]) is None
+    choice = make_choice([cross], SelectionPolicy(), "zoo", 0.0, 0)
+    assert choice.parent is None and choice.ranked() == (cross,)  # still ranked: a probe may score it
+    assert "across block structures" in reason_of(choice) and "'resnet'" in reason_of(choice)
+    assert choose_parent([cross], SelectionPolicy(cross_structure=True)).name == "resnet"
+    same = Candidate("vgg", 0.4, 0.7)  # ranks below it (a lower bucket), yet may be the parent on its own
+    choice = make_choice([cross, same], SelectionPolicy(), "zoo", 0.0, 0)
+    assert [c.name for c in choice.ranked()] == ["resnet", "vgg"] and choice.parent == "vgg"
+    assert reason_of(choice).startswith("'vgg' has the best fit")
+    grown = Candidate("narrow", 0.2, 0.6, structure=1.0, preserved=True)
+    assert choose_parent([cross, grown]).name == "narrow"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1), st.floats(0, 1), st.booleans()), min_size=1, max_size=8))
+def test_without_the_switch_the_parent_preserves_or_maps_block_onto_block(rows):
+    cands = [Candidate(f"m{i}", s, a, structure=t, preserved=p) for i, (s, a, t, p) in enumerate(rows)]
+    best = choose_parent(cands)
+    alone = [c for c in rank_parents(cands) if c.preserved or c.structure >= 1.0]
+    assert best == (alone[0] if alone else None)
+    loose = choose_parent(cands, SelectionPolicy(cross_structure=True))
+    assert loose == (rank_parents(cands)[0] if rank_parents(cands) else None)
+
+
 def test_policy_checks_new_keys():
     with pytest.raises(KeeperError, match="probe_top"):
         SelectionPolicy(probe_top=0)
     with pytest.raises(KeeperError, match="preserve"):
         SelectionPolicy(preserve="yes")
+    with pytest.raises(KeeperError, match="cross_structure"):
+        SelectionPolicy(cross_structure=1)
     with pytest.raises(KeeperError, match="structure"):
         Candidate("x", 0.5, 0.5, structure=1.5)

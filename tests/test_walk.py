@@ -47,7 +47,7 @@ def test_on_a_residual_block_the_walks_find_the_merge_and_the_next_layer():
     after_block = int(g.layer_node[convs[3]])  # conv, 2 in the block, then this one after Add -> Relu
     up = walk(after_block, g.predecessor_lists(), through)
     assert up.stopped and int(g.kind[up.node]) == int(Kind.ADD)
-    assert [int(g.kind[v]) for v in up.passed] == [int(Kind.ACTIVATION)]
+    assert [int(g.kind[v]) for v in up.passed] == [int(Kind.RECTIFIER)]
     stem_norm = int(g.layer_node[convs[0] + 1])  # the stem's BatchNorm feeds a Relu, then forks into the block
     down = walk(stem_norm, g.successors(), through)
     assert not down.stopped and len(g.successors()[down.node]) == 2

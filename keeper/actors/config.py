@@ -98,7 +98,8 @@ class ServiceConfig:
     # parent choice (keeper.selection.SelectionPolicy)
     selection: dict[str, Any] = field(default_factory=lambda: {"floor": 0.3, "buckets": 10, "accuracy_aware": True,
                                                                "min_coverage": 0.3, "preserve": True,
-                                                               "structure": True, "probe_top": 3})
+                                                               "structure": True, "probe_top": 3,
+                                                               "cross_structure": False})
     clustering: ClusteringConfig = field(default_factory=ClusteringConfig)
     timeouts: Timeouts = field(default_factory=Timeouts)
     actors: dict[str, dict[str, Any]] = field(default_factory=lambda: copy.deepcopy(_DEFAULT_ACTORS))
@@ -236,6 +237,6 @@ def _check(cfg: ServiceConfig) -> None:
         SelectionPolicy(**cfg.selection)
     except TypeError as exc:
         raise ConfigError(f"config key 'selection': {exc}; allowed keys: floor, buckets, accuracy_aware, "
-                          "min_coverage, preserve, structure, probe_top") from None
+                          "min_coverage, preserve, structure, probe_top, cross_structure") from None
     except KeeperError as exc:
         raise ConfigError(f"config key 'selection': {exc}") from None

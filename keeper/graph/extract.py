@@ -22,7 +22,7 @@ from keeper.graph.order import canonical_order
 from keeper.graph.reader import ModelReader, value_inputs
 from keeper.graph.rules import NodeInfo, RuleContext, node_info, resolution_step
 from keeper.graph.types import MAX_RANK, LayerGraph
-from keeper.kinds import traits
+from keeper.kinds import Kind, traits
 from keeper.onnx_safety import ModelInput, load_model
 
 __all__ = ["load_graph", "as_graph", "graph_from_proto"]
@@ -77,7 +77,9 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
     absorbed = {id(d.bias_add): i for i, d in enumerate(info) if d.bias_add is not None}
     keep = [i for i, n in enumerate(nodes) if id(n) not in absorbed]
     preds = _predecessors(nodes, keep, absorbed)
-    order = canonical_order(keep, preds, [d.kind for d in info], nodes)
+    # a rectifier orders as any activation: telling ReLU apart must not reorder graphs (nor their alignments)
+    order = canonical_order(keep, preds, [Kind.ACTIVATION if d.kind == Kind.RECTIFIER else d.kind for d in info],
+                            nodes)
     groups = channel_groups(reader, nodes, order, info, const, meta)
     graph = _layout(nodes, info, order, preds, groups)
     graph.unread = _unread(ctx, meta, nodes, graph)

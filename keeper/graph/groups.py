@@ -209,7 +209,7 @@ def _same_axis(w: _Walk, ins: list[str]) -> int | None:
 
 
 # Kinds whose output holds its channels where the (first) data input held them.
-_AXIS_KEPT = (Kind.ACTIVATION, Kind.POOL, Kind.ADD, Kind.MUL, Kind.SOFTMAX, Kind.PARAM, Kind.CONCAT)
+_AXIS_KEPT = (Kind.ACTIVATION, Kind.RECTIFIER, Kind.POOL, Kind.ADD, Kind.MUL, Kind.SOFTMAX, Kind.PARAM, Kind.CONCAT)
 
 
 def _channel_axis(w: _Walk, n: onnx.NodeProto, d: NodeInfo, ins: list[str], g_out: int) -> int | None:
@@ -257,7 +257,8 @@ HANDLERS: Mapping[Kind, Handler] = {
     **{k: _layer for k in Kind if traits(k).weighted},
     Kind.LINEAR: _linear,
     Kind.ADD: _elementwise, Kind.MUL: _elementwise,
-    Kind.ACTIVATION: _pass, Kind.POOL: _pass, Kind.SOFTMAX: _pass, Kind.TRANSPOSE: _pass, Kind.REDUCE: _pass,
+    Kind.ACTIVATION: _pass, Kind.RECTIFIER: _pass, Kind.POOL: _pass, Kind.SOFTMAX: _pass, Kind.TRANSPOSE: _pass,
+    Kind.REDUCE: _pass,
     Kind.SPLIT: _split, Kind.MATMUL: _matmul, Kind.RESHAPE: _reshape, Kind.CONCAT: _concat, Kind.OTHER: _fresh,
 }
 

@@ -228,7 +228,7 @@ WEIGHTLESS: Mapping[str, Kind] = {
     "Split": Kind.SPLIT, "Slice": Kind.SPLIT, "SplitToSequence": Kind.SPLIT, "SequenceAt": Kind.SPLIT,
     "MaxPool": Kind.POOL, "AveragePool": Kind.POOL,
     "GlobalAveragePool": Kind.POOL, "GlobalMaxPool": Kind.POOL, "LpPool": Kind.POOL,
-    "Relu": Kind.ACTIVATION, "LeakyRelu": Kind.ACTIVATION, "Sigmoid": Kind.ACTIVATION, "Tanh": Kind.ACTIVATION,
+    "Relu": Kind.RECTIFIER, "LeakyRelu": Kind.ACTIVATION, "Sigmoid": Kind.ACTIVATION, "Tanh": Kind.ACTIVATION,
     "Gelu": Kind.ACTIVATION, "Erf": Kind.ACTIVATION, "Clip": Kind.ACTIVATION, "Elu": Kind.ACTIVATION,
     "Selu": Kind.ACTIVATION, "HardSigmoid": Kind.ACTIVATION, "HardSwish": Kind.ACTIVATION,
     "Softplus": Kind.ACTIVATION, "Mish": Kind.ACTIVATION, "PRelu": Kind.ACTIVATION, "Dropout": Kind.ACTIVATION,

@@ -38,8 +38,8 @@ from keeper.transforms.correspondence import group_correspondence, packed_groups
 __all__ = ["inexact_width", "StreamGrowth", "stream_growth"]
 
 # weightless kinds that act unit by unit, sum units linearly or only move them (see the module docstring)
-_UNITWISE = frozenset(int(k) for k in (Kind.ACTIVATION, Kind.ADD, Kind.MUL, Kind.POOL, Kind.RESHAPE,
-                                       Kind.TRANSPOSE, Kind.CONCAT))
+_UNITWISE = frozenset(int(k) for k in (Kind.ACTIVATION, Kind.RECTIFIER, Kind.ADD, Kind.MUL, Kind.POOL,
+                                       Kind.RESHAPE, Kind.TRANSPOSE, Kind.CONCAT))
 _READS_TOGETHER = {int(Kind.MATMUL): "a product of two activations over them (attention)",
                    int(Kind.SOFTMAX): "a softmax over them", int(Kind.OTHER): "an op keeper has no rule for"}
 
@@ -226,7 +226,7 @@ def stream_growth(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray,
 
 
 _LINEAR_INPUT = frozenset(int(k) for k in (Kind.RESHAPE, Kind.TRANSPOSE, Kind.REDUCE, Kind.POOL))
-_ON_THE_WAY = _LINEAR_INPUT | {int(Kind.ACTIVATION)}
+_ON_THE_WAY = _LINEAR_INPUT | {int(Kind.ACTIVATION), int(Kind.RECTIFIER)}
 
 
 def _stream_role(g: LayerGraph, li: int, group: int, pairs: np.ndarray, layer_of: np.ndarray,
