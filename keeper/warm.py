@@ -88,8 +88,9 @@ class WarmResult:
 
     def recipe(self, total_steps: int, ramp: float | None = None) -> Recipe:
         """The learning-rate recipe of this warm start for a run of ``total_steps`` optimizer steps
-        (:mod:`keeper.recipe`): a factor that starts low and ramps back to the caller's schedule."""
-        return recipe_for(self.parent, self.score, self.structure, self.preserved, total_steps, ramp)
+        (:mod:`keeper.recipe`): for a restart on the parent's own architecture a factor that starts low and ramps
+        back to the caller's schedule; 1.0 at every step otherwise."""
+        return recipe_for(self.parent, self.score, self.preserved, total_steps, ramp)
 
     def lr_factor(self, step: int, total_steps: int) -> float:
         """The factor to multiply into the learning rate at optimizer step ``step`` (0-based) of a run of

@@ -21,7 +21,7 @@ A bound, not an arm a user could run (``BOUNDS``):
     copy: every trial starts from the final weights of the cold trial of its own architecture and seed (run
         before it in the same work directory) and trains again under the same recipe: more than any parent can
         hand over, so its steps to target are what the recipe allows a warm start at best.
-    copy-recipe: the same copy under keeper's recipe for a preserved warm (an exact copy preserves everything).
+    copy-recipe: the same copy under keeper's recipe for a restart (:mod:`keeper.recipe`).
 
 Budgets: ``NasRun.budgets`` gives each family its own number of steps (the plateau budgets of
 ``scripts/bench_training.py``: cold runs whose test accuracy improves by less than 1% relative over their last 20%
@@ -211,7 +211,7 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
             model.load_state_dict(torch.load(_cold_final(states, seed, i), weights_only=True))
             info = {"parent": f"cold-s{seed}-{i}", "score": 1.0}
             if arm == "copy-recipe":
-                info["recipe"] = recipe_for(info["parent"], 1.0, 1.0, True, budget).as_dict()
+                info["recipe"] = recipe_for(info["parent"], 1.0, True, budget).as_dict()
         elif arm != "cold":
             info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed, budget)
         info.update(warm_seconds=time.perf_counter() - t_warm, warm_cpu_seconds=time.thread_time() - c_warm)

@@ -1,5 +1,6 @@
 """The learning-rate recipe of a warm start (keeper.recipe, torch_support.warm_lr): 1.0 everywhere for a cold
-start, a low start ramping back to the caller's schedule for a warm one, the caller's scheduler untouched."""
+start and for a child that must learn past its parent, a low start ramping back to the caller's schedule for a
+restart (the parent's function whole on its own architecture), the caller's scheduler untouched."""
 
 from __future__ import annotations
 
@@ -30,19 +31,21 @@ def test_a_cold_result_leaves_the_schedule_alone():
         opt.step(), ref_opt.step(), sched.step(), ref.step()
 
 
-def test_a_preserved_warm_starts_low_and_ramps_back():
+def test_a_restart_starts_low_and_ramps_back():
     rec = _result(preserved=True).recipe(1000)
     factors = [rec.factor(s) for s in range(1200)]
-    assert factors[0] == Recipe.PRESERVED_START
+    assert factors[0] == Recipe.RESTART_START
     assert all(a <= b for a, b in zip(factors, factors[1:]))
     assert rec.ramp_steps == 250 and all(f == 1.0 for f in factors[250:])
-    assert "preserved" in rec.why
+    assert "restart" in rec.why
 
 
-@pytest.mark.parametrize("score,structure,start", [(0.9, 1.0, 0.3), (0.5, 0.8, 0.6), (0.2, 0.5, 0.9)])
-def test_another_warm_starts_by_the_published_rule(score, structure, start):
-    rec = recipe_for("p", score, structure, False, 200)
-    assert rec.start == pytest.approx(start) and rec.ramp_steps == 50
+@pytest.mark.parametrize("score,preserved", [(0.9, True), (1.0, False), (0.5, False)])
+def test_a_child_that_must_learn_past_its_parent_keeps_the_schedule(score, preserved):
+    # a growth (preserved, part of the child new), a shrink or a partial transfer: measured slower with a low start
+    rec = recipe_for("p", score, preserved, 200)
+    assert rec.ramp_steps == 0 and all(rec.factor(s) == 1.0 for s in range(250))
+    assert "past its parent" in rec.why
 
 
 def test_the_callers_chainable_scheduler_compounds_as_without_keeper():
@@ -62,14 +65,17 @@ def test_bad_total_steps_are_refused_with_the_fix(bad):
         _result().recipe(bad)
 
 
-def test_warm_start_of_a_grown_model_gets_the_preserved_recipe(tmp_path):
-    def mlp(width):
-        torch.manual_seed(width)
+def test_warm_start_ramps_a_restart_and_leaves_a_growth_alone(tmp_path):
+    def mlp(width, seed=0):
+        torch.manual_seed(seed)
         return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
 
     zoo, x = Zoo(str(tmp_path / "zoo")), torch.randn(2, 8)
     with nets.quiet():
         register(mlp(16), x, zoo, 0.9, name="narrow")
-        result = warm_start(mlp(32), x, zoo, noise=0.0)
-    assert result.parent == "narrow" and result.preserved
-    assert result.lr_factor(0, 500) == Recipe.PRESERVED_START and result.lr_factor(125, 500) == 1.0
+        restart = warm_start(mlp(16, seed=1), x, zoo, noise=0.0)
+        grown = warm_start(mlp(32), x, zoo, noise=0.0)
+    assert restart.parent == "narrow" and restart.preserved and restart.score == 1.0
+    assert restart.lr_factor(0, 500) == Recipe.RESTART_START and restart.lr_factor(125, 500) == 1.0
+    assert grown.parent == "narrow" and grown.preserved and grown.score < 1.0
+    assert grown.lr_factor(0, 500) == 1.0
