@@ -7,8 +7,9 @@ exact copy of a converged model needed 0.23x of its cold run's steps to get back
 
 A child that must learn past its parent (a growth, a transfer onto another architecture) is another matter. The
 same ramp (and, for a partial transfer, the published system's ``max(0.3, 1 - inherited share)`` start) made the
-warmed trials of both training benchmarks slower, not faster: 1.97x against 2.19x on MNIST-1D, 2.65x and 2.02x
-against 2.84x and 2.25x on the language models (``reports/bench_training.md``, ``reports/bench_lm.md``). So:
+language models' warmed trials slower on every seed (2.29x against 2.52x cold's speed, 3 seeds;
+``reports/bench_lm.md``) and MNIST-1D's on two seeds of three (1.96x against 1.92x on average, more trials slower
+than cold; it helped CNNs and cost transformers and MLPs; ``reports/bench_training.md``). So:
 
 * a cold result, or a warm onto another architecture: factor 1 at every step (the user's schedule, untouched);
 * a restart (the parent's function kept whole on a child it covers whole: the same architecture, as a resumed
