@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from keeper.actors.metrics import gc_seconds
 from keeper.actors.snapshot import Shard
 from keeper.errors import ServiceError
 from keeper.matching import MatchArrays, score_many, upper_bounds
@@ -62,7 +64,22 @@ class Matcher:
                 (they could not be chosen anyway).
             live: shard ids still in use; cached shards not in it are dropped.
         """
+        return self.score_timed(child, parts, floor, live)[0]
+
+    def score_timed(self, child: MatchArrays, parts: Sequence[Part], floor: float | None = None,
+                    live: Iterable[str] | None = None) -> tuple[np.ndarray, dict[str, float]]:
+        """:meth:`score`, and where this call's time went: ``fetch_s`` (shards it lacked), ``score_s`` (bounds,
+        packing, alignments), ``gc_s`` (this process's GC pauses meanwhile), ``pairs_n`` (alignments run)."""
+        t0, gc0, pairs0 = time.perf_counter(), gc_seconds(), self.pairs
         self._fetch([(sid, ref) for sid, ref, _ in parts])
+        t1 = time.perf_counter()
+        scores = self._score(child, parts, floor, live)
+        t2 = time.perf_counter()
+        return scores, {"fetch_s": t1 - t0, "score_s": t2 - t1, "gc_s": gc_seconds() - gc0,
+                        "pairs_n": float(self.pairs - pairs0)}
+
+    def _score(self, child: MatchArrays, parts: Sequence[Part], floor: float | None,
+               live: Iterable[str] | None) -> np.ndarray:
         if live is not None:
             keep = set(live) | {sid for sid, _, _ in parts}
             for sid in [s for s in self._shards if s not in keep]:
