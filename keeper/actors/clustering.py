@@ -97,6 +97,9 @@ class ClusterIndex:
         #: adds and removes since the last fit; a caller re-fits in the background once this exceeds a share of N
         self.stale = int(stale)
         self._groups: MemberGroups | None = None
+        #: mean distance of the members to their medoid when the index was fitted (None: not known); the
+        #: reference a caller measures drift against (:func:`keeper.actors.indexing.fit_index` sets it)
+        self.fit_cost: float | None = None
 
     # -- building
     @classmethod

@@ -10,9 +10,12 @@ Invariants:
     * a new instance over the same URI (a restart) serves every stored model: the Zoo reloads the catalog and
       graphs from the store, and the index is fitted again in the background (queries search the zoo whole
       meanwhile);
-    * the index is re-fitted in a background thread, never on a caller's path, once the additions and removals
-      since the last fit exceed ``clustering.recluster_stale`` x N; models that arrive meanwhile join their
-      nearest medoid at once;
+    * a model that arrives joins its nearest medoid at once (k alignments each way, no re-fit) and is in the
+      next view; the index is re-fitted in a background thread, never on a caller's path, once the clusters
+      drift: the additions and removals since the last fit exceed ``clustering.recluster_stale`` x N, or at
+      least ``max(32, N / 100)`` arrivals sit on average ``clustering.recluster_drift`` times farther from
+      their medoid than the fitted members did. A stale index never makes a search inexact (the score bounds
+      find any model the clusters miss), it only makes searches score more models;
     * models other processes register into (or remove from) the store are served within
       :data:`CATALOG_POLL_S` seconds: a background thread lists the catalog that often and takes in what changed
       (:meth:`ZooManager.sync`); :meth:`ZooManager.reload` (``keeper reload``) re-reads everything at once,
@@ -84,6 +87,7 @@ class ZooManager:
         self._sid_of: dict[int, str] = {}
         self._index = None
         self._changes = 0                            # adds + removes since the index snapshot was taken
+        self._drift = [0.0, 0]                       # arrivals' summed distance to their medoid, and their count
         self._fitting: threading.Thread | None = None
         self._fits = 0
         self._fit_error: str | None = None
@@ -122,6 +126,8 @@ class ZooManager:
             medoids = list(self._index.medoid_names)
             d = symmetric_distance([arrays], [self._arrays[m] for m in medoids])[0]
             self._index.add(name, d)
+            self._drift[0] += float(np.min(d))
+            self._drift[1] += 1
         self._dirty = True
 
     def _removed(self, name: str) -> None:
@@ -235,15 +241,25 @@ class ZooManager:
                     self._index, self._relabel = None, True
                 self._dirty = True
                 return
-            due = force or self._index is None or self._changes > c.recluster_stale * n
+            due = force or self._index is None or self._changes > c.recluster_stale * n or self._drifted(n)
             if not due:
                 return
             names = self._live()
             arrays = {k: self._arrays[k] for k in names}
             self._changes = 0
+            self._drift = [0.0, 0]
             self._fitting = threading.Thread(target=self._refit, args=(names, arrays), daemon=True,
                                              name="keeper-recluster")
             self._fitting.start()
+
+    def _drifted(self, n: int) -> bool:
+        """Enough arrivals since the fit sit, on average, ``recluster_drift`` times farther from their medoid than
+        the fitted members did (a new family arriving, say): the clusters no longer describe the zoo."""
+        total, count = self._drift
+        cost = getattr(self._index, "fit_cost", None)
+        if cost is None or count < max(32, n // 100):
+            return False
+        return total / count > self.config.clustering.recluster_drift * max(cost, 1e-3)
 
     def _refit(self, names: list[str], arrays: dict[str, MatchArrays]) -> None:
         c = self.config.clustering
@@ -382,6 +398,8 @@ class ZooManager:
             "fits": self._fits,
             "fit_error": self._fit_error,
             "changes_since_fit": self._changes,
+            "drift": (self._drift[0] / self._drift[1] / max(getattr(index, "fit_cost", None) or 1e-3, 1e-3)
+                      if self._drift[1] and index is not None else None),
             "view": self._view.key,
             "uri": self.zoo.uri,
             "pid": os.getpid(),
