@@ -48,10 +48,11 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from keeper.actors.clustering import two_stage_search  # noqa: E402
-from keeper.actors.indexing import fit_index  # noqa: E402
-from keeper.matching import MatchArrays, PackedParents, score_many, signature, upper_bounds  # noqa: E402
+from keeper.actors.clustering import ClusterIndex, two_stage_search  # noqa: E402
+from keeper.graph import load_graph  # noqa: E402
+from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, upper_bounds  # noqa: E402
 from keeper_bench.families import FAMILIES  # noqa: E402
+from keeper_bench.scale_out import scale_out, scale_section, scale_table, start_cluster  # noqa: E402
 from keeper_bench.synth_zoo import (check_synthesis, export_onnx, make_queries, make_zoo, neighbour,  # noqa: E402
                                     random_spec, spec_key, synth_arrays)
 
@@ -89,17 +90,20 @@ def wait_served(handle, models: int, timeout_s: float = 900.0) -> float:
     return time.perf_counter() - t0
 
 
-def measure(size: int, arrays: list[MatchArrays], handle, queries: list[dict], e2e_children: list[bytes],
-            args) -> dict:
+def measure(size: int, by_name: dict[str, MatchArrays], handle, manager, queries: list[dict],
+            e2e_children: list[bytes], args) -> dict:
+    """The queries through the service, and in one process over the index the service uses (the manager's, read
+    from its view: the same clusters, so the two columns differ by the service's overheads only); ``by_name``:
+    every model the service holds, graph-only and real."""
     import ray
 
-    names = [f"z{i}" for i in range(size)]
-    t0 = time.perf_counter()
-    index = fit_index(names, dict(zip(names, arrays)), fit_sample=args.fit_sample)
-    fit_s = time.perf_counter() - t0
-    packed = PackedParents.pack(arrays)
-    by_name = dict(zip(names, arrays))
-    member_sigs = np.asfortranarray(np.stack([signature(by_name[n]) for n in index.names]))  # index order
+    view = ray.get(manager.view.remote(), timeout=600)
+    names = view.names.tolist()
+    assert set(names) == set(by_name) and view.labels is not None and bool(np.all(view.labels >= 0))
+    index = ClusterIndex(names, view.medoids.tolist(), view.labels.tolist())
+    fit_s = ray.get(manager.stats.remote(), timeout=60)["last_fit"]["seconds"]
+    packed = PackedParents.pack([by_name[n] for n in names])
+    member_sigs = view.sigs  # in view order, which is the index's
     local, brute, service, scored, local_hits, hits, splits, loads = [], [], [], [], 0, 0, [], [load1()]
     for q in queries:
         child = synth_arrays(q)
@@ -117,9 +121,7 @@ def measure(size: int, arrays: list[MatchArrays], handle, queries: list[dict], e
         service.append(time.perf_counter() - t)
         splits.append({**found["phases"], "driver_s": service[-1], "query": len(splits)})
         scored.append(found["scored"])
-        # the service also holds the real models; the best over the synthetic zoo is what recall compares
-        synth = [sc for n, sc in zip(found["names"], found["scores"]) if n in by_name]
-        hits += bool(synth and max(synth) >= best - 1e-12)
+        hits += bool(found["scores"] and max(found["scores"]) >= best - 1e-12)
     loads.append(load1())
     e2e, parents = [], []
     for onnx_bytes in e2e_children:
@@ -137,7 +139,7 @@ def measure(size: int, arrays: list[MatchArrays], handle, queries: list[dict], e
             "warmed": sum(p is not None for p in parents), "models": stats["models"], "load": float(np.mean(loads))}
 
 
-def arrivals(size: int, handle, manager, zoo: list[dict], arrays: list[MatchArrays], queries: list[dict],
+def arrivals(size: int, handle, manager, zoo: list[dict], by_name: dict[str, MatchArrays], queries: list[dict],
              rng: np.random.Generator, args) -> dict:
     """Register ``args.arrivals`` new models into the zoo one at a time (through the manager, as another
     process's registration arrives) and search for each until the search returns it first; then queries against
@@ -147,6 +149,7 @@ def arrivals(size: int, handle, manager, zoo: list[dict], arrays: list[MatchArra
     import ray
 
     keys = {spec_key(s) for s in zoo}
+    arrays = list(by_name.values())
     zoo_packed = PackedParents.pack(arrays)
     fits = ray.get(manager.stats.remote(), timeout=60)["fits"]
     found_s, during, extra = [], [], {}
@@ -173,15 +176,13 @@ def arrivals(size: int, handle, manager, zoo: list[dict], arrays: list[MatchArra
         time.sleep(args.arrival_gap)
     refits = ray.get(manager.stats.remote(), timeout=60)["fits"] - fits
     packed = PackedParents.pack(arrays + list(extra.values()))
-    known = {f"z{i}" for i in range(size)} | set(extra)
     checked = queries[:args.arrival_checks]
     hits = 0
     for q in checked:
         child = synth_arrays(q)
         best = float(np.max(score_many(packed, child)))
         r = ray.get(handle.search.remote(child), timeout=60)
-        got = [sc for n, sc in zip(r["names"], r["scores"]) if n in known]
-        hits += bool(got and max(got) >= best - 1e-12)
+        hits += bool(r["scores"] and max(r["scores"]) >= best - 1e-12)
     ray.get(manager.remove_graph_only.remote(list(extra)), timeout=60)
     print(f"  arrivals: searchable after {pct(found_s, 50) * 1e3:.0f} ms (median), {max(found_s) * 1e3:.0f} ms "
           f"(max) of {len(found_s)}; refits meanwhile {refits}; searches meanwhile p50 {pct(during, 50) * 1e3:.1f} "
@@ -216,7 +217,7 @@ def table(rows: list[dict]) -> str:
 
 
 def index_table(rows: list[dict]) -> str:
-    head = ("| zoo models | index fit (1 process) | manager: fit + first view | front door serves it after "
+    head = ("| zoo models | index fit | manager: models in, fitted, first view | front door serves it after "
             "| manager / front door memory per model | arrival searchable p50 / max | searches meanwhile p50 / p99 "
             "| refits meanwhile | recall@1 after arrivals |")
     lines = [head, "|" + "---|" * 9]
@@ -228,7 +229,7 @@ def index_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1,000 and 2,500 models, fewer queries")
     p.add_argument("--sizes", type=int, nargs="*", help="zoo sizes (default 1000 2500 10000)")
@@ -240,79 +241,116 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arrivals", type=int, default=10, help="models registered one at a time into each zoo")
     p.add_argument("--arrival-gap", type=float, default=0.3, help="seconds between two arrivals")
     p.add_argument("--arrival-checks", type=int, default=10, help="queries checked against brute force after them")
+    p.add_argument("--scale-out", action="store_true",
+                   help="run on a 4-node loopback Cluster and add the scale-out table at the largest size")
+    p.add_argument("--matchers", type=int, nargs="*", default=[1, 2, 4, 8], help="pool sizes of the scale-out table")
+    p.add_argument("--clients", type=int, default=8, help="concurrent clients of the scale-out table")
+    p.add_argument("--client-queries", type=int, default=10, help="searches per client per pool size")
+    p.add_argument("--no-node-loss", dest="node_loss", action="store_false",
+                   help="keep every node in the scale-out table's last row")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", default=None,
                    help="report path (default reports/bench_scale.md; --quick: reports/bench_scale_quick.md)")
     args = p.parse_args(argv)
     args.report = args.report or str(REPORT.with_name("bench_scale_quick.md") if args.quick else REPORT)
-    sizes = args.sizes or ([1000, 2500] if args.quick else [1000, 2500, 10000])
+    args.sizes = args.sizes or ([1000, 2500] if args.quick else [1000, 2500, 10000])
     args.queries = args.queries or (40 if args.quick else 200)
-    n_real = args.real if args.real is not None else (4 if args.quick else 12)
-    rng = np.random.default_rng(args.seed)
+    args.real = args.real if args.real is not None else (4 if args.quick else 12)
+    return args
 
+
+def start_service(args: argparse.Namespace, parents: dict[str, bytes], kids: list[bytes]) -> tuple:
+    """Ray (local, or the loopback cluster with ``--scale-out``) and the service with a graph-only manager, its
+    real parents registered and its workers started; returns (cluster or None, front door, manager)."""
     import ray
 
-    import keeper.actors as ka
     from keeper_bench import graph_only
 
-    print("checking synthetic graphs against real exports ...", flush=True)
-    ok, checked = check_synthesis(np.random.default_rng(args.seed + 1), 5 if args.quick else 15)
-    print(f"  {ok} of {checked} synthetic layer sequences equal their real export", flush=True)
-
-    t = time.perf_counter()
-    zoo = make_zoo(max(sizes), rng)
-    arrays = [synth_arrays(s) for s in zoo]
-    queries = make_queries(zoo, args.queries, rng)
-    print(f"synthesised {len(zoo):,} specs and their arrays in {time.perf_counter() - t:.0f} s", flush=True)
-    # real parents with weights, and real children near them for the end-to-end warms
-    real_specs = [s for s in zoo if s["family"] in ("vgg", "resnet", "mlp")][:n_real]
-    print(f"exporting {n_real} real parents and {n_real} children ...", flush=True)
-    parents = {f"real{i}": export_onnx(s, seed=i) for i, s in enumerate(real_specs)}
-    kids = [export_onnx(neighbour(s, rng) or s, seed=100 + i) for i, s in enumerate(real_specs)]
-
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    cluster, on_head = None, {}
+    if args.scale_out:
+        cluster, on_head = start_cluster()
+    else:
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     zoo_dir = tempfile.mkdtemp(prefix="keeper-bench-zoo-")
     handle = graph_only.start(zoo=zoo_dir, matchers=2, namespace="keeper-bench",
                               clustering={"fit_sample": args.fit_sample, "clusters_to_probe": args.probe,
                                           "early_stop": args.early_stop},
-                              timeouts={"start_s": 120.0})
+                              timeouts={"start_s": 120.0}, **on_head)
     manager = ray.get_actor("keeper-zoo", namespace="keeper-bench")
     for i, (name, blob) in enumerate(parents.items()):
         ray.get(handle.register.remote(blob, 0.8 + 0.01 * i, name), timeout=120)
     for kid in kids[:2]:  # start the matcher and transfer workers
         ray.get(handle.warm.remote(kid), timeout=300)
+    return cluster, handle, manager
+
+
+def grow(handle, manager, names: list[str], arrays: list[MatchArrays], served: int) -> tuple[float, float]:
+    """Hand ``names`` to the manager; seconds until it has fitted and built its first view, and then until the
+    front door serves ``served`` models."""
+    import ray
+
+    t = time.perf_counter()
+    ray.get(manager.add_graph_only.remote(names, arrays), timeout=600)
+    ray.get(manager.wait_index.remote(900.0), timeout=960)
+    ray.get(manager.view.remote(), timeout=600)  # the first view of the new zoo, built by the manager
+    return time.perf_counter() - t, wait_served(handle, served)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    rng = np.random.default_rng(args.seed)
+
+    import ray
+
+    import keeper.actors as ka
+
+    print("checking synthetic graphs against real exports ...", flush=True)
+    ok, checked = check_synthesis(np.random.default_rng(args.seed + 1), 5 if args.quick else 15)
+    print(f"  {ok} of {checked} synthetic layer sequences equal their real export", flush=True)
+    t = time.perf_counter()
+    zoo = make_zoo(max(args.sizes), rng)
+    arrays = [synth_arrays(s) for s in zoo]
+    names = [f"z{i}" for i in range(len(zoo))]
+    queries = make_queries(zoo, args.queries, rng)
+    print(f"synthesised {len(zoo):,} specs and their arrays in {time.perf_counter() - t:.0f} s", flush=True)
+    # real parents with weights, and real children near them for the end-to-end warms
+    real_specs = [s for s in zoo if s["family"] in ("vgg", "resnet", "mlp")][:args.real]
+    parents = {f"real{i}": export_onnx(s, seed=i) for i, s in enumerate(real_specs)}
+    real_arrays = {name: match_arrays(load_graph(blob)) for name, blob in parents.items()}
+    kids = [export_onnx(neighbour(s, rng) or s, seed=100 + i) for i, s in enumerate(real_specs)]
+
+    cluster, handle, manager = start_service(args, parents, kids)
     pids = ray.get(manager.pid.remote(), timeout=60), ray.get(handle.pid.remote(), timeout=60)
     base = [rss_mb(pid) for pid in pids]
-
     rows, have = [], 0
-    for size in sizes:
-        names = [f"z{i}" for i in range(have, size)]
-        t = time.perf_counter()
-        ray.get(manager.add_graph_only.remote(names, arrays[have:size]), timeout=600)
-        ray.get(manager.wait_index.remote(900.0), timeout=960)
-        ray.get(manager.view.remote(), timeout=600)  # the first view of the new zoo, built by the manager
-        manager_fit_s = time.perf_counter() - t
-        served_s = wait_served(handle, size + n_real)
-        print(f"zoo of {size:,} graph-only + {n_real} real models: index fitted and first view built in the manager "
-              f"in {manager_fit_s:.1f} s, served by the front door {served_s:.2f} s later", flush=True)
+    for size in args.sizes:
+        fit_s, served_s = grow(handle, manager, names[have:size], arrays[have:size], size + args.real)
+        print(f"zoo of {size:,} graph-only + {args.real} real models: index fitted and first view built in the "
+              f"manager in {fit_s:.1f} s, served by the front door {served_s:.2f} s later", flush=True)
         have = size
-        row = measure(size, arrays[:size], handle, queries, kids, args)
+        by_name = {**dict(zip(names[:size], arrays[:size])), **real_arrays}
+        row = measure(size, by_name, handle, manager, queries, kids, args)
         mem = [(rss_mb(pid) - b) * 1024 / size for pid, b in zip(pids, base)]  # after queries touched the view
         print(f"  memory per model: manager {mem[0]:.1f} kB, front door {mem[1]:.1f} kB", flush=True)
-        row.update(arrivals(size, handle, manager, zoo, arrays[:size], queries, rng, args))
-        row.update(manager_fit_s=manager_fit_s, served_s=served_s, manager_kb=mem[0], front_kb=mem[1])
+        row.update(arrivals(size, handle, manager, zoo, by_name, queries, rng, args))
+        row.update(manager_fit_s=fit_s, served_s=served_s, manager_kb=mem[0], front_kb=mem[1])
         rows.append(row)
-        print(table([row]).splitlines()[-1], flush=True)
-        print(index_table([row]).splitlines()[-1], flush=True)
+        print(table([row]).splitlines()[-1] + "\n" + index_table([row]).splitlines()[-1], flush=True)
+    md_scale = ""
+    if args.scale_out:
+        print(f"scale-out at {args.sizes[-1]:,} models, {args.clients} concurrent clients ...", flush=True)
+        md_scale = scale_table(scale_out(handle, queries, cluster, args), args.sizes[-1], args.clients)
     ka.shutdown(namespace="keeper-bench")
     ray.shutdown()
+    if cluster is not None:
+        cluster.shutdown()
 
     md, md_index = table(rows), index_table(rows)
-    print("\n" + md + "\n\n" + md_index)
+    print("\n" + md + "\n\n" + md_index + ("\n\n" + md_scale if md_scale else ""))
     cmd = " ".join(["python scripts/bench_scale.py", *(argv if argv is not None else sys.argv[1:])])
     out = Path(args.report)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report(cmd, md, md_index, args, n_real, ok, checked))
+    out.write_text(report(cmd, md, md_index, args, args.real, ok, checked) + scale_section(md_scale, args))
     print(f"\nwrote {out}")
     return 0
 
@@ -327,11 +365,14 @@ actors; **load**: the 1-minute load average during the row's queries; compare ro
 
 - **two-stage (1 process)**: medoids, then the {args.probe} closest clusters (only the best one when a medoid
   scores >= {args.early_stop}), then every other model whose signature bound exceeds the best score found (this
-  makes the search exact), scored in one process on an index fitted the same way; **brute force**: every
-  zoo model scored in one process (the reference of recall@1). {args.queries} queries per size: 80% new
-  neighbours of zoo members, 20% fresh random architectures.
+  makes the search exact), scored in one process on the service's index (read from the manager's view);
+  **brute force**: every zoo model scored in one process (the reference of recall@1). {args.queries} queries
+  per size: 80% new neighbours of zoo members, 20% fresh random architectures.
 - **service search**: `Keeper.search` through the front door and 2 Matcher actors (one batch per matcher per
-  stage), the same queries, sequential; **scored / query**: models aligned per query by the service.
+  stage; stages of at most `clustering.local_below` = 512 alignments, the medoids and the few models the bounds
+  add, are scored in the front door itself), the same queries, sequential; **scored / query**: models aligned
+  per query by the service (those under the selection floor outside the medoid stage are skipped by their
+  bound).
 - **end-to-end warm**: `Keeper.warm(onnx_bytes)` with {n_real} real exported children: parse, two-stage search over
   the whole zoo, parent choice, weight transfer in a Ray task reading the parent from the (local) store, result
   back to the caller.
@@ -345,10 +386,11 @@ actors; **load**: the 1-minute load average during the row's queries; compare ro
 
 {md_index}
 
-- **index fit (1 process)**: `fit_index` in the benchmark's process (FasterPAM on {args.fit_sample} models, the
-  others joined to their nearest medoid: 2k alignments each); **manager: fit + first view**: the zoo's models
-  handed to the manager until its index is fitted and its first view of them is built (shard packing included);
-  **front door serves it after**: until the front door's refresher has taken that view in.
+- **index fit**: the manager's `fit_index` of the whole zoo in its background thread (FasterPAM on
+  {args.fit_sample} models, the others joined to their nearest medoid: 2k alignments each, one core);
+  **manager: models in, fitted, first view**: from handing the zoo's models to the manager until its index is
+  fitted and its first view of them is built (shard packing included); **front door serves it after**: until
+  the front door's refresher has taken that view in.
 - **memory per model**: growth of the resident memory of the manager's and the front door's processes since
   before the graph-only entries, divided by the zoo size (graph-only entries: match arrays, shards, the view and
   the index; stored models add their catalog records).

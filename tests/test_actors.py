@@ -403,7 +403,8 @@ def test_unplaced_matchers_never_hold_a_query(service, tmp_path):
 
     on_head = {"resources": {"head": 0.01}}
     handle = ka.start(zoo=str(tmp_path / "zoo"), namespace="pending-matchers", matchers=2,
-                      actors={"keeper": on_head, "zoo_manager": on_head, "matcher": {"resources": {"head": 1.0}}})
+                      actors={"keeper": on_head, "zoo_manager": on_head, "matcher": {"resources": {"head": 1.0}}},
+                      clustering={"local_below": 0})  # every stage goes to the pool, which must not wait
     try:
         get(handle.register.remote(mlp_onnx([32, 16, 10], seed=1), 0.9, "p"))
         t0 = time.monotonic()

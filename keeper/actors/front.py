@@ -447,11 +447,18 @@ class Keeper:
         """Scores of the view positions ``pos``, split into one batch per matcher."""
         if not pos.shape[0]:
             return np.zeros(0)
-        requests, order = batches(state, child, pos, self.pool.size, floor)
         t = time.perf_counter()
-        results = self.pool.map(requests, deadline, method="score_timed")
+        if pos.shape[0] <= self.config.clustering.local_below:
+            # a small stage (the medoids, the few models the bounds add): a matcher's round trip costs more
+            requests, order = batches(state, child, pos, 1, floor)
+            results = [self._local.score_timed(*requests[0])]
+            phase = "local"
+        else:
+            requests, order = batches(state, child, pos, self.pool.size, floor)
+            results = self.pool.map(requests, deadline, method="score_timed")
+            phase = "pool"
         if clock is not None:
-            clock.add("pool", time.perf_counter() - t)
+            clock.add(phase, time.perf_counter() - t)
             clock.add("stages_n", 1)
             for k in ("fetch_s", "score_s", "gc_s"):  # the slowest matcher of the stage is what the query waits on
                 clock.add(f"matcher_{k}", max(r[1][k] for r in results))

@@ -90,6 +90,7 @@ class ZooManager:
         self._drift = [0.0, 0]                       # arrivals' summed distance to their medoid, and their count
         self._fitting: threading.Thread | None = None
         self._fits = 0
+        self._fit_s: tuple[float, int] | None = None   # the last fit: seconds, models
         self._fit_error: str | None = None
         self._view: View = View.empty(f"{self._token}-0", self.zoo.uri)
         self._dirty = True
@@ -263,6 +264,7 @@ class ZooManager:
 
     def _refit(self, names: list[str], arrays: dict[str, MatchArrays]) -> None:
         c = self.config.clustering
+        t0 = time.perf_counter()
         try:
             index = fit_index(names, arrays, k=c.k, fit_sample=c.fit_sample, seed=c.seed + self._fits)
         except Exception as exc:  # the old index (or a whole-zoo search) keeps serving; stats() shows why
@@ -283,6 +285,7 @@ class ZooManager:
             self._index = index if len(index.medoid_names) else None
             self._relabel = True
             self._fits += 1
+            self._fit_s = (time.perf_counter() - t0, len(names))
             self._fit_error = None
             self._dirty = True
         self._maybe_refit()
@@ -396,6 +399,7 @@ class ZooManager:
             "shards": len(self._shards),
             "fitting": bool(self._fitting is not None and self._fitting.is_alive()),
             "fits": self._fits,
+            "last_fit": ({"seconds": self._fit_s[0], "models": self._fit_s[1]} if self._fit_s else None),
             "fit_error": self._fit_error,
             "changes_since_fit": self._changes,
             "drift": (self._drift[0] / self._drift[1] / max(getattr(index, "fit_cost", None) or 1e-3, 1e-3)
