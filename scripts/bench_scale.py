@@ -78,12 +78,14 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def wait_served(handle, models: int, timeout_s: float = 900.0) -> float:
-    """Seconds until the front door's view holds ``models`` models (its refresher takes views in the background)."""
+def wait_served(handle, manager, models: int, timeout_s: float = 900.0) -> float:
+    """Seconds until the front door serves the manager's current view of ``models`` models (its refresher takes
+    views in the background)."""
     import ray
 
     t0 = time.perf_counter()
-    while ray.get(handle.stats.remote(), timeout=60)["models"] != models:
+    key = ray.get(manager.stats.remote(), timeout=60)["view"]
+    while (s := ray.get(handle.stats.remote(), timeout=60))["models"] != models or s["view"] != key:
         if time.perf_counter() - t0 > timeout_s:
             raise RuntimeError(f"the front door did not serve {models} models within {timeout_s:.0f} s")
         time.sleep(0.02)
@@ -159,7 +161,8 @@ def arrivals(size: int, handle, manager, zoo: list[dict], by_name: dict[str, Mat
             continue
         keys.add(spec_key(spec))
         name, arr = f"arrival{size}-{len(extra)}", synth_arrays(spec)
-        if float(np.max(score_many(zoo_packed, arr))) >= 1.0 - 1e-12:
+        if float(np.max(score_many(zoo_packed, arr))) >= 1.0 - 1e-12 or (
+                extra and float(np.max(score_many(list(extra.values()), arr))) >= 1.0 - 1e-12):
             continue
         t0 = time.perf_counter()
         ray.get(manager.add_graph_only.remote([name], [arr]), timeout=60)
@@ -293,7 +296,7 @@ def grow(handle, manager, names: list[str], arrays: list[MatchArrays], served: i
     ray.get(manager.add_graph_only.remote(names, arrays), timeout=600)
     ray.get(manager.wait_index.remote(900.0), timeout=960)
     ray.get(manager.view.remote(), timeout=600)  # the first view of the new zoo, built by the manager
-    return time.perf_counter() - t, wait_served(handle, served)
+    return time.perf_counter() - t, wait_served(handle, manager, served)
 
 
 def main(argv: list[str] | None = None) -> int:
