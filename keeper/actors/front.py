@@ -400,7 +400,11 @@ class Keeper:
                     for sid in v.shards}
             self._state = SearchState.build(v, refs)
             self.metrics.zoo_size(v.n)
-            return True
+        try:  # the shards of new arrivals, fetched here rather than by the first query that scores them locally
+            self._local.prefetch([(sid, ref) for sid, ref in refs.items() if sid not in old.refs])
+        except (ServiceError, RayError):
+            pass  # a query fetches it then
+        return True
 
     def _refresher(self) -> None:
         """The view refresher (a daemon thread): queries read a state at most ``VIEW_POLL_S`` (plus one build)

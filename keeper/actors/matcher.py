@@ -104,6 +104,11 @@ class Matcher:
             pairs += int(todo.shape[0])
         return (np.concatenate(out) if out else np.zeros(0, dtype=np.float64)), pairs
 
+    def prefetch(self, refs: Sequence[tuple[str, Any]]) -> None:
+        """Fetch the shards ``refs`` (shard id, ObjectRef) not cached yet, ahead of the batches that need them."""
+        with self._lock:
+            self._fetch(refs)
+
     def _fetch(self, refs: Sequence[tuple[str, Any]]) -> None:
         missing = {sid: ref for sid, ref in refs if sid not in self._shards}
         if not missing:
