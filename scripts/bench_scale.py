@@ -52,7 +52,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from keeper.actors.clustering import ClusterIndex, two_stage_search  # noqa: E402
 from keeper.graph import load_graph  # noqa: E402
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, upper_bounds  # noqa: E402
-from keeper_bench.families import FAMILIES  # noqa: E402
 from keeper_bench.scale_out import scale_out, scale_section, scale_table, start_cluster  # noqa: E402
 from keeper_bench.synth_zoo import (check_synthesis, export_onnx, make_queries, make_zoo, neighbour,  # noqa: E402
                                     random_spec, spec_key, synth_arrays)
@@ -175,7 +174,10 @@ def arrivals(size: int, handle, manager, zoo: list[dict], by_name: dict[str, Mat
     fits = ray.get(manager.stats.remote(), timeout=60)["fits"]
     found_s, during, extra = [], [], {}
     while len(extra) < args.arrivals:
-        spec = random_spec(rng, str(rng.choice(FAMILIES)))
+        # wider than any zoo model (widths up to 384), so that no zoo model covers it whole: at 100,000 models
+        # nearly every random spec of the zoo's ranges is covered, and drawing them until one is not stalls
+        spec = random_spec(rng, "mlp")
+        spec["widths"] = [int(w) for w in rng.choice([512, 768, 1024, 1536], len(spec["widths"]))]
         if spec_key(spec) in keys:
             continue
         keys.add(spec_key(spec))
