@@ -438,9 +438,12 @@ def upper_bounds(parent_signatures: np.ndarray, child: GraphLike | MatchArrays,
     """Cheap filter: an upper bound of ``similarity(parent_k, child)`` for every row of ``parent_signatures``.
 
     A bound below a threshold means the parent definitely scores below it; a bound above promises nothing.
+    Only the child's non-empty bins are read (the others add ``min(parent, 0) = 0``), so a column-major
+    (Fortran-ordered) ``parent_signatures`` of a large zoo costs a few columns, not all of them.
     """
     a = _scored(child, rules)
     sc = signature(a)
     if a.total <= 0:
         return np.zeros(parent_signatures.shape[0])
-    return np.minimum(np.minimum(parent_signatures, sc[None, :]).sum(axis=1) / a.total, 1.0)
+    nz = np.flatnonzero(sc)
+    return np.minimum(np.minimum(parent_signatures[:, nz], sc[nz]).sum(axis=1) / a.total, 1.0)

@@ -14,10 +14,8 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Sequence
 
-import numpy as np
 
 from keeper.actors.config import ConfigInput, load_config
 from keeper.actors.manager import ZooManager
@@ -63,6 +61,7 @@ class GraphOnlyManager(ZooManager):
                 if bulk:  # the re-fit below places them; skip k alignments each
                     self._arrays[n], self._accuracy[n] = a, float(acc)
                     self._pending.append(n)
+                    self._t_added.add(n)
                     self._changes += 1
                     self._dirty = True
                 else:
@@ -112,11 +111,8 @@ class GraphOnlyManager(ZooManager):
         self._graph_only.pop(name, None)
         super()._removed(name)
 
-    def _publish(self) -> None:
-        super()._publish()
-        if self._graph_only:
-            weighted = ~np.isin(self._view.names, np.array(list(self._graph_only), dtype=str))
-            self._view = dataclasses.replace(self._view, weighted=weighted)
+    def _weighted(self, name: str) -> bool:
+        return name not in self._graph_only
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()

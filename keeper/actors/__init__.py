@@ -16,9 +16,9 @@ Example:
 
 Modules: :mod:`config` (settings), :mod:`launcher` (the one place Ray options are applied), :mod:`front` (Keeper),
 :mod:`client` (ServiceClient), :mod:`manager` (ZooManager), :mod:`matcher` and :mod:`pool` (scoring),
-:mod:`snapshot` (Shard, View), :mod:`indexing` (k-medoids fit), :mod:`clustering` (the index and the exact
-two-stage search), :mod:`remote` (the bounded wait),
-:mod:`metrics`, :mod:`cli` (``keeper serve | scale | stats``).
+:mod:`snapshot` (Shard, View, ViewTable), :mod:`indexing` (k-medoids fit), :mod:`clustering` (the index and the
+exact two-stage search), :mod:`viewsearch` (the front door's search state and plan), :mod:`remote` (the bounded
+wait), :mod:`metrics` (and QueryClock), :mod:`cli` (``keeper serve | scale | stats``).
 """
 
 from keeper.actors.client import ServiceClient

@@ -22,14 +22,14 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import kmedoids
 import numpy as np
 
 from keeper.errors import KeeperError, ModelNotFoundError
 
-__all__ = ["ClusterIndex", "two_stage_search", "default_k"]
+__all__ = ["ClusterIndex", "MemberGroups", "two_stage_search", "search_positions", "default_k"]
 
 
 def default_k(n: int) -> int:
@@ -96,6 +96,10 @@ class ClusterIndex:
         self._pos = pos
         #: adds and removes since the last fit; a caller re-fits in the background once this exceeds a share of N
         self.stale = int(stale)
+        self._groups: MemberGroups | None = None
+        #: mean distance of the members to their medoid when the index was fitted (None: not known); the
+        #: reference a caller measures drift against (:func:`keeper.actors.indexing.fit_index` sets it)
+        self.fit_cost: float | None = None
 
     # -- building
     @classmethod
@@ -185,6 +189,7 @@ class ClusterIndex:
             c = int(np.argmin(d))
         self._labels.append(c)
         self.stale += 1
+        self._groups = None
         return c
 
     def remove(self, name: str) -> None:
@@ -208,6 +213,7 @@ class ClusterIndex:
         self._medoids = [m - 1 if m > p else m for m in self._medoids]
         self._pos = {n: i for i, n in enumerate(self._names)}
         self.stale += 1
+        self._groups = None
 
     # -- reading
     @property
@@ -224,7 +230,21 @@ class ClusterIndex:
         """Members of ``cluster`` (its medoid included), in index order."""
         if not _is_int(cluster) or not 0 <= cluster < len(self._medoids):
             raise KeeperError(f"cluster index: no cluster {cluster!r}; expected 0..{len(self._medoids) - 1}")
-        return [n for n, lab in zip(self._names, self._labels) if lab == cluster]
+        return [self._names[i] for i in self.groups().members(np.array([cluster])).tolist()]
+
+    def labels(self) -> np.ndarray:
+        """The cluster id of every member, in index order (int64; a fresh array)."""
+        return np.array(self._labels, dtype=np.int64)
+
+    def medoid_positions(self) -> np.ndarray:
+        """The position in :attr:`names` of each cluster's medoid, by cluster id (int64; a fresh array)."""
+        return np.array(self._medoids, dtype=np.int64)
+
+    def groups(self) -> "MemberGroups":
+        """The members of every cluster as positions (kept until the next add or remove)."""
+        if self._groups is None:
+            self._groups = MemberGroups.of(self.labels(), len(self._medoids))
+        return self._groups
 
     def cluster_of(self, name: str) -> int:
         """The cluster id of ``name``."""
@@ -280,7 +300,8 @@ def two_stage_search(index: ClusterIndex, score: Callable[[Sequence[str]], np.nd
     (``score`` is expected to fan out in parallel, so one large batch beats several small ones). With
     ``bounds``, a last call scores every member not scored yet whose bound exceeds the best score found so far:
     no member scores above its bound, so the best member is always found (the search is exact; on keeper's
-    scale benchmark that costs 2-7 more alignments per query on average).
+    scale benchmark that costs 2-7 more alignments per query on average). :func:`search_positions` is the same
+    plan over member positions (what the service runs).
 
     Args:
         index: the zoo's clusters.
@@ -304,28 +325,84 @@ def two_stage_search(index: ClusterIndex, score: Callable[[Sequence[str]], np.nd
         >>> names[int(np.argmax(s))]
         'd'
     """
+    names = index.names
+    if bounds is not None:
+        bounds = np.asarray(bounds, dtype=np.float64).reshape(-1)
+        if bounds.shape[0] != len(index):
+            raise KeeperError(f"two-stage search: {bounds.shape[0]} bounds for an index of {len(index)} members; "
+                              "pass one bound per member, in the order of index.names")
+    pos, scores = search_positions(index.labels(), index.medoid_positions(), lambda p: score([names[i] for i in p]),
+                                   clusters_to_probe=clusters_to_probe, early_stop=early_stop,
+                                   brute_force_below=brute_force_below, bounds=bounds, groups=index.groups())
+    return [names[i] for i in pos.tolist()], scores
+
+
+class MemberGroups(NamedTuple):
+    """The members of every cluster: cluster ``c`` holds positions ``order[starts[c]:starts[c + 1]]``, ascending.
+    Positions labelled below 0 (in no cluster) are in none."""
+
+    order: np.ndarray    # int64 (members,)
+    starts: np.ndarray   # int64 (clusters + 1,)
+
+    @classmethod
+    def of(cls, labels: np.ndarray, clusters: int) -> "MemberGroups":
+        labels = np.asarray(labels, dtype=np.int64)
+        order = np.argsort(labels, kind="stable")
+        return cls(order.astype(np.int64), np.searchsorted(labels[order], np.arange(clusters + 1)).astype(np.int64))
+
+    def members(self, clusters: np.ndarray) -> np.ndarray:
+        """Positions of the members of ``clusters``, cluster after cluster."""
+        parts = [self.order[self.starts[c]:self.starts[c + 1]] for c in np.asarray(clusters).tolist()]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def search_positions(labels: np.ndarray, medoids: np.ndarray, score: Callable[[np.ndarray], np.ndarray], *,
+                     clusters_to_probe: int = 3, early_stop: float = 0.95, brute_force_below: int = 64,
+                     bounds: np.ndarray | None = None,
+                     groups: MemberGroups | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`two_stage_search` over positions ``0 .. len(labels) - 1``, in numpy (no per-member Python).
+
+    Args:
+        labels: the cluster of every position (int); below 0: in no cluster, found through ``bounds`` only.
+        medoids: the position of each cluster's medoid, by cluster id.
+        score: maps an int64 array of positions to their scores, in order.
+        bounds: an upper bound of every position's score; None skips the last call.
+        groups: ``MemberGroups.of(labels, len(medoids))``, when the caller keeps it across queries.
+        clusters_to_probe, early_stop, brute_force_below: as for :func:`two_stage_search`.
+
+    Returns:
+        ``(positions, scores)``: every position scored, once each, in the order of :func:`two_stage_search`.
+    """
     _check_plan(clusters_to_probe, brute_force_below, early_stop)
     scored = functools.partial(_scored, score)
-    if len(index) == 0:
-        return [], np.zeros(0, dtype=np.float64)
-    if len(index) < brute_force_below:
-        names = index.names
-        return names, scored(names)
-    medoids = index.medoid_names
+    labels = np.asarray(labels)
+    n = labels.shape[0]
+    medoids = np.asarray(medoids, dtype=np.int64).reshape(-1)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, dtype=np.float64)
+    if n < brute_force_below or medoids.shape[0] == 0:
+        every = np.arange(n, dtype=np.int64)
+        return every, scored(every)
     medoid_scores = scored(medoids)
     # a NaN (a failed score) ranks last instead of poisoning the order
     ranked = np.argsort(-np.nan_to_num(medoid_scores, nan=-np.inf), kind="stable")
-    best = float(medoid_scores[ranked[0]])
-    probe = ranked[:1] if best >= early_stop else ranked[:clusters_to_probe]
-    is_medoid = set(medoids)
-    rest = [n for c in probe for n in index.members(int(c)) if n not in is_medoid]
-    names, scores = medoids + rest, (np.concatenate([medoid_scores, scored(rest)]) if rest else medoid_scores)
+    probe = ranked[:1] if float(medoid_scores[ranked[0]]) >= early_stop else ranked[:clusters_to_probe]
+    seen = np.zeros(n, dtype=bool)
+    seen[medoids] = True
+    rest = (groups or MemberGroups.of(labels, medoids.shape[0])).members(probe)
+    rest = rest[~seen[rest]]
+    pos, scores = medoids, medoid_scores
+    if rest.shape[0]:
+        pos, scores = np.concatenate([pos, rest]), np.concatenate([scores, scored(rest)])
     if bounds is None:
-        return names, scores
-    last = _above_bounds(index, bounds, names, scores)
-    if not last:
-        return names, scores
-    return names + last, np.concatenate([scores, scored(last)])
+        return pos, scores
+    seen[rest] = True
+    found = float(np.max(np.nan_to_num(scores, nan=-np.inf)))
+    # no position scores above its bound: one bounded by the best found cannot beat it, the others are all that can
+    last = np.flatnonzero((np.asarray(bounds, dtype=np.float64).reshape(-1) > found) & ~seen)
+    if not last.shape[0]:
+        return pos, scores
+    return np.concatenate([pos, last]), np.concatenate([scores, scored(last)])
 
 
 def _scored(score: Callable[[Sequence[str]], np.ndarray], names: list[str]) -> np.ndarray:
@@ -345,15 +422,3 @@ def _check_plan(clusters_to_probe: object, brute_force_below: object, early_stop
         raise KeeperError(f"two-stage search: brute_force_below={brute_force_below!r}; expected an integer >= 0")
     if not isinstance(early_stop, numbers.Real) or math.isnan(early_stop):
         raise KeeperError(f"two-stage search: early_stop={early_stop!r}; expected a score (above 1 disables it)")
-
-
-def _above_bounds(index: ClusterIndex, bounds: np.ndarray, names: list[str], scores: np.ndarray) -> list[str]:
-    """Members not in ``names`` whose bound is strictly above the best of ``scores``: no member scores above its
-    bound, so one bounded by the best found cannot beat it, and the others are all that can."""
-    bounds = np.asarray(bounds, dtype=np.float64).reshape(-1)
-    if bounds.shape[0] != len(index):
-        raise KeeperError(f"two-stage search: {bounds.shape[0]} bounds for an index of {len(index)} members; "
-                          "pass one bound per member, in the order of index.names")
-    found = float(np.max(np.nan_to_num(scores, nan=-np.inf)))
-    seen = set(names)
-    return [index.names[i] for i in np.flatnonzero(bounds > found).tolist() if index.names[i] not in seen]

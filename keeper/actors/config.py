@@ -61,7 +61,9 @@ class ClusteringConfig:
     early_stop: float = 1.0           # a medoid scoring this probes its cluster alone (1.0: lossless, see yaml)
     brute_force_below: int = 64       # smaller zoos are scored whole
     recluster_stale: float = 0.2      # re-cluster in the background once adds/removes since the fit exceed this x N
+    recluster_drift: float = 1.5      # ... or once arrivals sit this much farther from their medoid than the fit's
     fit_sample: int = 1000            # k-medoids runs on at most this many models; the rest join their nearest medoid
+    local_below: int = 512            # a stage of at most this many alignments is scored in the front door itself
     seed: int = 0
 
 
@@ -224,6 +226,10 @@ def _check(cfg: ServiceConfig) -> None:
         raise bad("clustering.early_stop", "a score in (0, 1]", c.early_stop)
     if not 0.0 < float(c.recluster_stale):
         raise bad("clustering.recluster_stale", "a fraction > 0", c.recluster_stale)
+    if not isinstance(c.local_below, int) or c.local_below < 0:
+        raise bad("clustering.local_below", "an integer >= 0", c.local_below)
+    if not 1.0 <= float(c.recluster_drift):
+        raise bad("clustering.recluster_drift", "a ratio >= 1", c.recluster_drift)
     if not isinstance(c.fit_sample, int) or c.fit_sample < 2:
         raise bad("clustering.fit_sample", "an integer >= 2", c.fit_sample)
     for name, value in dataclasses.asdict(cfg.timeouts).items():

@@ -1,12 +1,15 @@
 """Keeper: the front door of the service. Every job talks to it: ``ray.get(keeper.warm.remote(onnx_bytes))``.
 
-A query parses the child once, refreshes the zoo View from the ZooManager (one small call; a manager that is
-restarting is not waited for: the last view keeps serving), plans the two-stage search (medoids first, then the
-members of the closest clusters, early stop), scores each stage in parallel on the Matcher pool (one batch per
-matcher), assesses the candidates as the embedded zoo does (preserved function, structure, lineage; the parents'
-graphs come from the store, cached per view), picks the parent with the selection policy, and hands the weight
-transfer to a Ray task that reads the parent straight from the store. The child's LayerGraph travels to that task
-as flat arrays, so a warm parses and extracts the child once.
+A query parses the child once, reads the current search state (a refresher thread takes in the ZooManager's
+newest View every ``VIEW_POLL_S`` seconds and builds the state off the query path, so no query waits on the manager
+or on a view of a large zoo being built; a write routed through this door takes its view in before it returns),
+plans the exact two-stage search (medoids first, then the members of the closest clusters, then any model whose
+signature bound beats the best found; :mod:`keeper.actors.viewsearch`), scores each stage in parallel on the Matcher
+pool (one batch per matcher; ``search`` reports where the time went), assesses the candidates as the embedded zoo
+does (preserved function, structure, lineage; the parents' graphs come from the store, cached per view), picks the
+parent with the selection policy, and hands the weight transfer to a Ray task that reads the parent straight from
+the store. The child's LayerGraph travels to that task as flat arrays, so a warm parses and extracts the child
+once.
 
 Data path and sizes: parents' weights never pass through this actor. ``warm`` waits for the transfer task and
 returns its WarmResult, so the *child's* warmed weights pass through this actor once (the size of the child's
@@ -26,20 +29,19 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from keeper import chooser
-from keeper.actors.clustering import ClusterIndex, two_stage_search
 from keeper.actors.config import ServiceConfig
 from keeper.actors.matcher import Matcher
-from keeper.actors.metrics import ServiceMetrics
+from keeper.actors.metrics import QueryClock, ServiceMetrics
 from keeper.actors.pool import MatcherPool
 from keeper.actors.remote import Demand, demand_of, get, shortfall
-from keeper.actors.snapshot import View
+from keeper.actors.viewsearch import SearchState, batches, plan
 from keeper.errors import ServiceError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds
@@ -58,6 +60,8 @@ _CHOICE_CACHE = 1024
 _PARENT_CACHE = 256
 #: A view refresh that cannot reach the manager within this many seconds serves the last view instead.
 _VIEW_WAIT_S = 5.0
+#: Seconds between two looks at the manager's view: how far behind it a query's view may be (plus one build).
+VIEW_POLL_S = 0.2
 #: After a failed refresh, queries use the last view without asking for this many seconds.
 _VIEW_BACKOFF_S = 2.0
 
@@ -87,10 +91,10 @@ class Keeper:
         self._transfer_need = demand_of("the weight-transfer task", "transfer", config.actor_options("transfer"))
         self._matcher_need = demand_of("a matcher", "matcher", config.actor_options("matcher"))
         self._local = Matcher(fetch_timeout_s=config.timeouts.batch_s)
-        self.pool = MatcherPool(spawn_matcher, config.matchers, config.timeouts.batch_s, self._local.score)
+        self.pool = MatcherPool(spawn_matcher, config.matchers, config.timeouts.batch_s, self._local.score_timed)
         self.metrics = ServiceMetrics(config.name)
         self.metrics.matchers(config.matchers)
-        self._state = _State(View.empty(), None, frozenset(), {})
+        self._state = SearchState.empty()
         self._view_lock = threading.Lock()
         self._view_backoff_until = 0.0
         self._stats_lock = threading.Lock()
@@ -102,6 +106,9 @@ class Keeper:
         self._choices: collections.OrderedDict[tuple, dict] = collections.OrderedDict()
         self._parents: collections.OrderedDict[str, tuple] = collections.OrderedDict()
         self._parents_key = ""
+        self._closed = threading.Event()
+        self._pulled = False
+        threading.Thread(target=self._refresher, daemon=True, name="keeper-view-refresher").start()
 
     # ------------------------------------------------------------------------------------------- public API
     def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> WarmResult:
@@ -182,10 +189,11 @@ class Keeper:
         if not isinstance(child, MatchArrays):
             child = match_arrays(as_graph(child))
         t0 = time.perf_counter()
-        _, (names, scores, scored) = self._search_fresh(child, two_stage)
+        clock = QueryClock()
+        _, (names, scores, scored) = self._search_fresh(child, two_stage, clock)
         order = np.argsort(-scores, kind="stable")
         return {"names": [names[i] for i in order], "scores": scores[order].tolist(), "scored": scored,
-                "seconds": time.perf_counter() - t0}
+                "seconds": time.perf_counter() - t0, "phases": clock.split()}
 
     def register(self, model: ModelInput, accuracy: float, name: str | None = None,
                  weights: bytes | None = None, lineage: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -202,10 +210,12 @@ class Keeper:
         with self._stats_lock:
             self.registers += 1
         self._view_backoff_until = 0.0
+        self._pull()  # the caller's next query sees the model (one small call when another pull took it in)
         return rec
 
     def remove(self, name: str) -> None:
         self._manager_call("remove", self.config.timeouts.register_s, name)
+        self._pull()
 
     def reload(self) -> dict[str, Any]:
         """Re-read the whole zoo from the store now: models other processes registered, removed or updated (the
@@ -316,7 +326,7 @@ class Keeper:
                 self._choices.popitem(last=False)
         return choice
 
-    def _candidates(self, graph: LayerGraph, child: MatchArrays, state: "_State", names: list[str],
+    def _candidates(self, graph: LayerGraph, child: MatchArrays, state: SearchState, names: list[str],
                     scores: np.ndarray) -> list[Candidate]:
         """The candidates the search returned, plus every weighted model that may qualify by preserved function,
         assembled as the embedded zoo assembles them (:func:`keeper.candidates.assess_found`)."""
@@ -332,8 +342,8 @@ class Keeper:
             redo = [str(n) for n, q, w in zip(view.names, ok, view.weighted)
                     if q and w and found.get(str(n), -1.0) < floor]
             if redo:
-                exact = self._score(child, view, state.refs, redo, time.monotonic() + self.config.timeouts.query_s,
-                                    None)
+                exact = self._score(child, state, view.positions(redo),
+                                    time.monotonic() + self.config.timeouts.query_s, None)
                 found.update(zip(redo, (float(s) for s in exact)))
         pos = dict(zip(found, view.positions(list(found)))) if found else {}
         found = {n: s for n, s in found.items() if view.weighted[pos[n]]}  # graph-only entries are never parents
@@ -364,108 +374,102 @@ class Keeper:
                     self._parents.popitem(last=False)
         return entry
 
-    def _refresh(self, force: bool = False) -> "_State":
-        """The newest view the manager can give within a short bound, else the last one."""
-        if not force and time.monotonic() < self._view_backoff_until:
-            return self._state
+    def _refresh(self, force: bool = False) -> SearchState:
+        """The state queries read. Without ``force`` it never waits: the refresher thread keeps it within
+        ``VIEW_POLL_S`` of the manager's view. With ``force`` (after a write this door routed, a shard that could
+        not be read, ``fresh=True``) it asks the manager now, within a short bound, else keeps the last one."""
+        if force or not self._pulled:  # a new front door takes its first view in before its first answer
+            self._pull(force=force)
+        return self._state
+
+    def _pull(self, force: bool = False) -> bool:
+        """Take the manager's newest view, if it is new, and build its SearchState; False when the manager could
+        not answer within the bound (the last state keeps serving)."""
         with self._view_lock:
             old = self._state
             try:
                 v = ray.get(self.manager.view.remote(None if force else old.view.key),
                             timeout=min(_VIEW_WAIT_S, self.config.timeouts.control_s))
             except (GetTimeoutError, RayActorError):
-                self._view_backoff_until = time.monotonic() + _VIEW_BACKOFF_S
-                return old
+                return False
+            self._pulled = True
             if v is None:
-                return old
-            # shard objects are fetched once, by reference: this actor owns them and never reads them
+                return True
+            # shard objects are fetched once, by reference: this actor owns them and hands them to matchers
             refs = {sid: (old.refs[sid] if sid in old.refs and not force else self.manager.shard.remote(sid))
                     for sid in v.shards}
-            index = ClusterIndex.from_arrays(v.index) if v.index else None
-            medoids = frozenset(index.medoid_names) if index is not None else frozenset()
-            self._state = _State(v, index, medoids, refs, _member_sigs(v, index))
+            self._state = SearchState.build(v, refs)
             self.metrics.zoo_size(v.n)
-            return self._state
+        try:  # the shards of new arrivals, fetched here rather than by the first query that scores them locally
+            self._local.prefetch([(sid, ref) for sid, ref in refs.items() if sid not in old.refs])
+        except (ServiceError, RayError):
+            pass  # a query fetches it then
+        return True
 
-    def _search_fresh(self, child: MatchArrays, two_stage: bool) -> tuple["_State", tuple]:
-        """Search on the newest view; once more on a forced refresh when a shard could not be read."""
+    def _refresher(self) -> None:
+        """The view refresher (a daemon thread): queries read a state at most ``VIEW_POLL_S`` (plus one build)
+        behind the manager's view, and never wait for the manager or for a new state to be built."""
+        while not self._closed.wait(_VIEW_BACKOFF_S if time.monotonic() < self._view_backoff_until else VIEW_POLL_S):
+            try:
+                ok = self._pull()
+            except RayError:  # a manager restarting answers later: keep serving the last state
+                ok = False
+            if not ok:
+                self._view_backoff_until = time.monotonic() + _VIEW_BACKOFF_S
+
+    def _search_fresh(self, child: MatchArrays, two_stage: bool,
+                      clock: QueryClock | None = None) -> tuple[SearchState, tuple]:
+        """Search on the current state; once more on a forced refresh when a shard could not be read."""
+        clock = clock or QueryClock()
         state = self._refresh()
         try:
-            return state, self._search(child, state, two_stage)
+            return state, self._search(child, state, two_stage, clock)
         except RayError:
             # a matcher could not read a shard (its object lost, or compacted away): fetch them all again
-            state = self._refresh(force=True)
-            return state, self._search(child, state, two_stage)
+            with clock.phase("refresh"):
+                state = self._refresh(force=True)
+            return state, self._search(child, state, two_stage, clock)
 
-    def _search(self, child: MatchArrays, state: "_State", two_stage: bool) -> tuple[list[str], np.ndarray, int]:
+    def _search(self, child: MatchArrays, state: SearchState, two_stage: bool,
+                clock: QueryClock) -> tuple[list[str], np.ndarray, int]:
         """(names, scores, how many were scored) of the candidates the plan visited."""
-        view = state.view
-        if view.n == 0:
-            return [], np.zeros(0), 0
         deadline = time.monotonic() + self.config.timeouts.query_s
         scored = [0]
 
-        def score(names: list[str]) -> np.ndarray:
-            names = list(names)
-            scored[0] += len(names)
-            # medoid-only calls rank clusters and need exact scores; other calls only feed the choice, so
-            # parents below the selection floor need no alignment
-            exact = bool(names) and state.medoids.issuperset(names)
-            return self._score(child, view, state.refs, names, deadline, None if exact else self.policy.floor)
+        def score(pos: np.ndarray, exact: bool) -> np.ndarray:
+            scored[0] += int(pos.shape[0])
+            # parents below the selection floor need no alignment, except where scores rank clusters
+            return self._score(child, state, pos, deadline, None if exact else self.policy.floor, clock)
 
         c = self.config.clustering
-        if not two_stage or state.index is None or view.n < c.brute_force_below:
-            names = view.names.tolist()
-            return names, score(names), scored[0]
-        # score bounds make the search exact: a member outside the probed clusters is aligned too when its
-        # signature bound exceeds the best score the clusters gave
-        bounds = upper_bounds(state.member_sigs, child) if state.member_sigs is not None else None
-        names, scores = two_stage_search(state.index, score, clusters_to_probe=c.clusters_to_probe,
-                                         early_stop=c.early_stop, brute_force_below=c.brute_force_below,
-                                         bounds=bounds)
-        return list(names), np.asarray(scores, dtype=np.float64), scored[0]
+        pos, scores = plan(state, child, score, clusters_to_probe=c.clusters_to_probe, early_stop=c.early_stop,
+                           brute_force_below=c.brute_force_below, two_stage=two_stage, clock=clock)
+        return state.view.names[pos].tolist(), np.asarray(scores, dtype=np.float64), scored[0]
 
-    def _score(self, child: MatchArrays, view: View, refs: dict[str, Any], names: list[str], deadline: float,
-               floor: float | None) -> np.ndarray:
-        """Scores of ``names`` (all in ``view``), split into one batch per matcher."""
-        if not names:
+    def _score(self, child: MatchArrays, state: SearchState, pos: np.ndarray, deadline: float,
+               floor: float | None, clock: QueryClock | None = None) -> np.ndarray:
+        """Scores of the view positions ``pos``, split into one batch per matcher."""
+        if not pos.shape[0]:
             return np.zeros(0)
-        pos = view.positions(names)
-        batches = max(1, min(self.pool.size, len(names)))
-        # contiguous chunks of equal parent counts; within a chunk one part per shard
-        requests, order = [], []
-        for chunk in np.array_split(np.arange(len(names)), batches):
-            p = pos[chunk]
-            parts = []
-            for s in np.unique(view.shard[p]):
-                sel = chunk[view.shard[p] == s]
-                sid = view.shards[int(s)]
-                parts.append((sid, refs[sid], view.row[pos[sel]]))
-                order.append(sel)
-            requests.append((child, parts, floor, view.shards))
-        results = self.pool.map(requests, deadline)
-        out = np.zeros(len(names), dtype=np.float64)
-        out[np.concatenate(order)] = np.concatenate([np.asarray(r, dtype=np.float64) for r in results])
+        t = time.perf_counter()
+        if pos.shape[0] <= self.config.clustering.local_below:
+            # a small stage (the medoids, the few models the bounds add): a matcher's round trip costs more
+            requests, order = batches(state, child, pos, 1, floor)
+            results = [self._local.score_timed(*requests[0])]
+            phase = "local"
+        else:
+            requests, order = batches(state, child, pos, self.pool.size, floor)
+            results = self.pool.map(requests, deadline, method="score_timed")
+            phase = "pool"
+        if clock is not None:
+            clock.add(phase, time.perf_counter() - t)
+            clock.add("stages_n", 1)
+            for k in ("fetch_s", "score_s", "gc_s"):  # the slowest matcher of the stage is what the query waits on
+                clock.add(f"matcher_{k}", max(r[1][k] for r in results))
+            clock.add("pairs_n", sum(r[1]["pairs_n"] for r in results))
+        out = np.zeros(pos.shape[0], dtype=np.float64)
+        out[np.concatenate(order)] = np.concatenate([np.asarray(r[0], dtype=np.float64) for r in results])
         return out
-
-
-class _State(NamedTuple):
-    """What one query reads, swapped as a whole: the view, its index, its medoids, its shard references, and
-    the signatures of the index's members in index order (None without an index, or with one behind the view)."""
-
-    view: View
-    index: Any
-    medoids: frozenset
-    refs: dict
-    member_sigs: np.ndarray | None = None
-
-
-def _member_sigs(view: View, index: Any) -> np.ndarray | None:
-    if index is None or view.n == 0:
-        return None
-    members = np.asarray(index.names, dtype=view.names.dtype)
-    pos = np.minimum(view.positions(members), view.n - 1)
-    return view.sigs[pos] if bool(np.all(view.names[pos] == members)) else None
 
 
 def _as_bytes(model: ModelInput, weights_apart: bool = False) -> bytes:

@@ -5,7 +5,8 @@ Similarity is directed (parent -> child); the clustering distance is its symmetr
 most ``fit_sample`` models; the others join their nearest medoid (``ClusterIndex.add``), which costs ``k``
 alignments each instead of ``N``. k defaults to ``round(sqrt(N))`` as in ModelKeeper.
 
-Invariant: the returned index holds exactly the names given, each in one cluster.
+Invariant: the returned index holds exactly the names given, each in one cluster; its ``fit_cost`` is the mean
+distance of the members other than medoids to their medoid (the reference of the manager's drift criterion).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def fit_index(names: Sequence[str], arrays: dict[str, MatchArrays], *, k: int | 
     np.fill_diagonal(dist, 0.0)
     kk = min(k or default_k(len(names)), len(sample))
     index = ClusterIndex.fit(sample, dist, k=kk)
+    # the medoids (distance 0) left out: arrivals are compared with the members a medoid has to describe
+    own = np.ones(len(sample), dtype=bool)
+    own[index.medoid_positions()] = False
+    costs = [dist[own][:, index.medoid_positions()].min(axis=1)] if len(index) else []
     in_sample = set(sample)
     rest = [n for n in names if n not in in_sample]
     if rest:
@@ -69,4 +74,8 @@ def fit_index(names: Sequence[str], arrays: dict[str, MatchArrays], *, k: int | 
         d = symmetric_distance([arrays[n] for n in rest], [arrays[m] for m in medoids])
         for name, row in zip(rest, d):
             index.add(name, row)
+        costs.append(d.min(axis=1))
+    index.stale = 0
+    every = np.concatenate(costs) if costs else np.zeros(0)
+    index.fit_cost = float(np.mean(every)) if every.size else None
     return index

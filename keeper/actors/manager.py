@@ -10,9 +10,12 @@ Invariants:
     * a new instance over the same URI (a restart) serves every stored model: the Zoo reloads the catalog and
       graphs from the store, and the index is fitted again in the background (queries search the zoo whole
       meanwhile);
-    * the index is re-fitted in a background thread, never on a caller's path, once the additions and removals
-      since the last fit exceed ``clustering.recluster_stale`` x N; models that arrive meanwhile join their
-      nearest medoid at once;
+    * a model that arrives joins its nearest medoid at once (k alignments each way, no re-fit) and is in the
+      next view; the index is re-fitted in a background thread, never on a caller's path, once the clusters
+      drift: the additions and removals since the last fit exceed ``clustering.recluster_stale`` x N, or at
+      least ``max(32, N / 100)`` arrivals sit on average ``clustering.recluster_drift`` times farther from
+      their medoid than the fitted members did. A stale index never makes a search inexact (the score bounds
+      find any model the clusters miss), it only makes searches score more models;
     * models other processes register into (or remove from) the store are served within
       :data:`CATALOG_POLL_S` seconds: a background thread lists the catalog that often and takes in what changed
       (:meth:`ZooManager.sync`); :meth:`ZooManager.reload` (``keeper reload``) re-reads everything at once,
@@ -34,9 +37,9 @@ import numpy as np
 
 from keeper.actors.config import ServiceConfig
 from keeper.actors.indexing import fit_index, symmetric_distance
-from keeper.actors.snapshot import Shard, View
+from keeper.actors.snapshot import Entry, Shard, View, ViewTable
 from keeper.errors import KeeperError, ModelNotFoundError, ServiceError, StoreError
-from keeper.matching import SIGNATURE_SIZE, MatchArrays, match_arrays
+from keeper.matching import MatchArrays, match_arrays
 from keeper.onnx_safety import ModelInput
 from keeper.zoo import Zoo
 
@@ -76,10 +79,18 @@ class ZooManager:
         self._shards: dict[str, Shard] = {}
         self._retired: dict[str, Shard] = {}         # the generation before the last compaction
         self._pending: list[str] = []                # added, not yet in a shard
+        self._table: ViewTable | None = None         # the last published columns (None: build them whole)
+        self._t_added: set[str] = set()              # added since the table, removed since the table
+        self._t_removed: set[str] = set()
+        self._relabel = True                         # the index changed beyond the additions: read every label
+        self._serial: dict[str, int] = {}            # shard id -> serial number, and back
+        self._sid_of: dict[int, str] = {}
         self._index = None
         self._changes = 0                            # adds + removes since the index snapshot was taken
+        self._drift = [0.0, 0]                       # arrivals' summed distance to their medoid, and their count
         self._fitting: threading.Thread | None = None
         self._fits = 0
+        self._fit_s: tuple[float, int] | None = None   # the last fit: seconds, models
         self._fit_error: str | None = None
         self._view: View = View.empty(f"{self._token}-0", self.zoo.uri)
         self._dirty = True
@@ -94,6 +105,8 @@ class ZooManager:
             self._clean.clear()
             self._pending = []
             self._index = None
+            self._table, self._relabel = None, True
+            self._t_added, self._t_removed = set(), set()
             for rec in self.zoo:
                 self._arrays[rec.name] = match_arrays(self.zoo.graph(rec.name))
                 self._accuracy[rec.name] = float(rec.accuracy)
@@ -109,10 +122,13 @@ class ZooManager:
         self._clean[name] = clean
         self._pending.append(name)
         self._changes += 1
+        self._t_added.add(name)
         if self._index is not None:
             medoids = list(self._index.medoid_names)
             d = symmetric_distance([arrays], [self._arrays[m] for m in medoids])[0]
             self._index.add(name, d)
+            self._drift[0] += float(np.min(d))
+            self._drift[1] += 1
         self._dirty = True
 
     def _removed(self, name: str) -> None:
@@ -122,9 +138,14 @@ class ZooManager:
         self._loc.pop(name, None)
         if name in self._pending:
             self._pending.remove(name)
+        if name in self._t_added:
+            self._t_added.discard(name)
+        else:
+            self._t_removed.add(name)
         self._changes += 1
         if self._index is not None and name in self._index:
-            self._index.remove(name)
+            self._index.remove(name)  # may renumber clusters
+            self._relabel = True
             if not len(self._index.medoid_names):
                 self._index = None
         self._dirty = True
@@ -217,21 +238,33 @@ class ZooManager:
             if self._fitting is not None and self._fitting.is_alive():
                 return
             if n < max(c.brute_force_below, 2):
-                self._index = None
+                if self._index is not None:
+                    self._index, self._relabel = None, True
                 self._dirty = True
                 return
-            due = force or self._index is None or self._changes > c.recluster_stale * n
+            due = force or self._index is None or self._changes > c.recluster_stale * n or self._drifted(n)
             if not due:
                 return
             names = self._live()
             arrays = {k: self._arrays[k] for k in names}
             self._changes = 0
+            self._drift = [0.0, 0]
             self._fitting = threading.Thread(target=self._refit, args=(names, arrays), daemon=True,
                                              name="keeper-recluster")
             self._fitting.start()
 
+    def _drifted(self, n: int) -> bool:
+        """Enough arrivals since the fit sit, on average, ``recluster_drift`` times farther from their medoid than
+        the fitted members did (a new family arriving, say): the clusters no longer describe the zoo."""
+        total, count = self._drift
+        cost = getattr(self._index, "fit_cost", None)
+        if cost is None or count < max(32, n // 100):
+            return False
+        return total / count > self.config.clustering.recluster_drift * max(cost, 1e-3)
+
     def _refit(self, names: list[str], arrays: dict[str, MatchArrays]) -> None:
         c = self.config.clustering
+        t0 = time.perf_counter()
         try:
             index = fit_index(names, arrays, k=c.k, fit_sample=c.fit_sample, seed=c.seed + self._fits)
         except Exception as exc:  # the old index (or a whole-zoo search) keeps serving; stats() shows why
@@ -250,7 +283,9 @@ class ZooManager:
                 for name, row in zip(late, d):
                     index.add(name, row)
             self._index = index if len(index.medoid_names) else None
+            self._relabel = True
             self._fits += 1
+            self._fit_s = (time.perf_counter() - t0, len(names))
             self._fit_error = None
             self._dirty = True
         self._maybe_refit()
@@ -265,50 +300,73 @@ class ZooManager:
 
     # -- reads
     def _publish(self) -> None:
-        """Pack pending models into a new shard, compact when needed, and build the view (lock held)."""
+        """Pack pending models into a new shard, compact when needed, and build the view (lock held). The
+        columns change by the additions and removals since the last publish (:class:`ViewTable`), so a publish
+        after an arrival costs numpy work over N, not a Python loop over every model."""
         if self._pending:
-            sid = self._new_sid()
-            self._shards[sid] = Shard.build(sid, [self._arrays[n] for n in self._pending])
-            for row, n in enumerate(self._pending):
-                self._loc[n] = (sid, row)
+            self._add_shard(self._pending)
             self._pending = []
-        rows = sum(s.n for s in self._shards.values())
-        if len(self._shards) > _MAX_SHARDS or (rows and 1 - len(self._loc) / rows > _MAX_DEAD_SHARE):
-            self._compact()
-        names = self._live()
-        shard_ids = tuple(sorted({self._loc[n][0] for n in names}))
-        pos = {sid: i for i, sid in enumerate(shard_ids)}
+        moved = self._compact()
+        index, t = self._index, self._table
+        if t is None:
+            t = ViewTable.build({n: self._entry(n) for n in self._arrays})
+            self._relabel = True
+        else:
+            if self._t_added or self._t_removed:
+                labels = {n: index.cluster_of(n) for n in self._t_added if n in index} if index is not None else {}
+                t = t.changed({n: self._entry(n) for n in self._t_added}, sorted(self._t_removed), labels)
+            if moved:
+                t = t.moved(moved, np.array([self._serial[self._loc[n][0]] for n in moved], np.int64),
+                            np.array([self._loc[n][1] for n in moved], np.int64))
+        if self._relabel:
+            t = t.relabel(index)
+        self._table, self._relabel = t, False
+        self._t_added, self._t_removed = set(), set()
+        serials, shard = np.unique(t.serial, return_inverse=True)
         self._seq += 1
         self._view = View(
-            key=f"{self._token}-{self._seq}",
-            names=np.array(names, dtype=str),
-            accuracy=np.array([self._accuracy[n] for n in names], dtype=np.float64),
-            weighted=np.ones(len(names), dtype=bool),  # every model the manager holds has stored weights
-            clean=np.array([self._clean.get(n, True) for n in names], dtype=bool),
-            params=np.array([self._arrays[n].total for n in names], dtype=np.int64),
-            shard=np.array([pos[self._loc[n][0]] for n in names], dtype=np.int32),
-            row=np.array([self._loc[n][1] for n in names], dtype=np.int64),
-            sigs=(np.stack([self._shards[self._loc[n][0]].sigs[self._loc[n][1]] for n in names]) if names
-                  else np.zeros((0, SIGNATURE_SIZE), np.int64)),
-            shards=shard_ids,
-            index=self._index.to_arrays() if self._index is not None else {},
-            uri=self.zoo.uri)
+            key=f"{self._token}-{self._seq}", names=t.names, accuracy=t.accuracy, weighted=t.weighted,
+            clean=t.clean, params=t.params, shard=shard.astype(np.int32), row=t.row, sigs=t.sigs,
+            shards=tuple(self._sid_of[int(x)] for x in serials.tolist()),
+            labels=t.labels if index is not None else None, medoids=t.medoid_positions(index), uri=self.zoo.uri)
         self._dirty = False
 
-    def _new_sid(self) -> str:
-        self._seq += 1
-        return f"{self._token}-s{self._seq}"
+    def _entry(self, name: str) -> Entry:
+        sid, row = self._loc[name]
+        return (self._accuracy[name], self._weighted(name), self._clean.get(name, True), self._arrays[name].total,
+                self._serial[sid], row, self._shards[sid].sigs[row])
 
-    def _compact(self) -> None:
-        names = self._live()
-        self._retired = dict(self._shards)
-        self._shards = {}
+    def _weighted(self, name: str) -> bool:
+        """Whether ``name`` has stored weights (every model this class holds has; subclasses may hold others)."""
+        return True
+
+    def _add_shard(self, names: list[str]) -> None:
+        self._seq += 1
+        sid = f"{self._token}-s{self._seq}"
+        self._serial[sid] = self._seq
+        self._sid_of[self._seq] = sid
+        self._shards[sid] = Shard.build(sid, [self._arrays[n] for n in names])
+        for row, n in enumerate(names):
+            self._loc[n] = (sid, row)
+
+    def _compact(self) -> list[str]:
+        """Re-pack when the shards are too many or too dead; returns the names that moved. Past a quarter of
+        dead rows every live model is re-packed; past ``_MAX_SHARDS`` only the small shards (recent arrivals)
+        are merged, so a steady stream of arrivals never re-packs the whole zoo."""
+        rows = sum(s.n for s in self._shards.values())
+        whole = bool(rows) and 1 - len(self._loc) / rows > _MAX_DEAD_SHARE
+        if not whole and len(self._shards) <= _MAX_SHARDS:
+            return []
+        small = set(self._shards) if whole else {sid for sid, s in self._shards.items() if s.n < _SHARD_MODELS}
+        if len(small) < 2 and not whole:
+            return []
+        names = sorted(n for n, (sid, _) in self._loc.items() if sid in small)
+        self._retired = {sid: self._shards.pop(sid) for sid in small}
+        for sid in small:
+            self._sid_of.pop(self._serial.pop(sid), None)
         for start in range(0, len(names), _SHARD_MODELS):
-            chunk = names[start:start + _SHARD_MODELS]
-            sid = self._new_sid()
-            self._shards[sid] = Shard.build(sid, [self._arrays[n] for n in chunk])
-            for row, n in enumerate(chunk):
-                self._loc[n] = (sid, row)
+            self._add_shard(names[start:start + _SHARD_MODELS])
+        return names
 
     def view(self, known: str | None = None) -> View | None:
         """The current View, or None when it is still ``known``. Never waits long for a write in progress."""
@@ -341,8 +399,11 @@ class ZooManager:
             "shards": len(self._shards),
             "fitting": bool(self._fitting is not None and self._fitting.is_alive()),
             "fits": self._fits,
+            "last_fit": ({"seconds": self._fit_s[0], "models": self._fit_s[1]} if self._fit_s else None),
             "fit_error": self._fit_error,
             "changes_since_fit": self._changes,
+            "drift": (self._drift[0] / self._drift[1] / max(getattr(index, "fit_cost", None) or 1e-3, 1e-3)
+                      if self._drift[1] and index is not None else None),
             "view": self._view.key,
             "uri": self.zoo.uri,
             "pid": os.getpid(),

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
+import time
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from keeper.actors.metrics import gc_seconds
 from keeper.actors.snapshot import Shard
 from keeper.errors import ServiceError
 from keeper.matching import MatchArrays, score_many, upper_bounds
@@ -39,6 +42,7 @@ class Matcher:
     def __init__(self, fetch_timeout_s: float = 30.0):
         self.fetch_timeout_s = float(fetch_timeout_s)
         self._shards: dict[str, Shard] = {}
+        self._lock = threading.Lock()
         self.batches = 0
         self.pairs = 0
         _warm_up()
@@ -62,14 +66,33 @@ class Matcher:
                 (they could not be chosen anyway).
             live: shard ids still in use; cached shards not in it are dropped.
         """
-        self._fetch([(sid, ref) for sid, ref, _ in parts])
-        if live is not None:
-            keep = set(live) | {sid for sid, _, _ in parts}
-            for sid in [s for s in self._shards if s not in keep]:
-                del self._shards[sid]
-        out = []
-        for sid, _, rows in parts:
-            shard = self._shards[sid]
+        return self.score_timed(child, parts, floor, live)[0]
+
+    def score_timed(self, child: MatchArrays, parts: Sequence[Part], floor: float | None = None,
+                    live: Iterable[str] | None = None) -> tuple[np.ndarray, dict[str, float]]:
+        """:meth:`score`, and where this call's time went: ``fetch_s`` (shards it lacked), ``score_s`` (bounds,
+        packing, alignments), ``gc_s`` (this process's GC pauses meanwhile), ``pairs_n`` (alignments run).
+        Safe from several threads at once (the front door scores small stages itself this way)."""
+        t0, gc0 = time.perf_counter(), gc_seconds()
+        with self._lock:
+            self._fetch([(sid, ref) for sid, ref, _ in parts])
+            shards = {sid: self._shards[sid] for sid, _, _ in parts}
+            if live is not None:
+                keep = set(live) | set(shards)
+                for sid in [s for s in self._shards if s not in keep]:
+                    del self._shards[sid]
+        t1 = time.perf_counter()
+        scores, pairs = self._score(child, [(shards[sid], rows) for sid, _, rows in parts], floor)
+        t2 = time.perf_counter()
+        self.pairs += pairs
+        self.batches += 1
+        return scores, {"fetch_s": t1 - t0, "score_s": t2 - t1, "gc_s": gc_seconds() - gc0, "pairs_n": float(pairs)}
+
+    @staticmethod
+    def _score(child: MatchArrays, parts: Sequence[tuple[Shard, np.ndarray]],
+               floor: float | None) -> tuple[np.ndarray, int]:
+        out, pairs = [], 0
+        for shard, rows in parts:
             rows = np.asarray(rows, dtype=np.int64)
             scores = np.zeros(rows.shape[0], dtype=np.float64)
             todo = np.arange(rows.shape[0])
@@ -78,9 +101,13 @@ class Matcher:
             if todo.shape[0]:
                 scores[todo] = score_many(shard.pack(rows[todo]), child)
             out.append(scores)
-            self.pairs += int(todo.shape[0])
-        self.batches += 1
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.float64)
+            pairs += int(todo.shape[0])
+        return (np.concatenate(out) if out else np.zeros(0, dtype=np.float64)), pairs
+
+    def prefetch(self, refs: Sequence[tuple[str, Any]]) -> None:
+        """Fetch the shards ``refs`` (shard id, ObjectRef) not cached yet, ahead of the batches that need them."""
+        with self._lock:
+            self._fetch(refs)
 
     def _fetch(self, refs: Sequence[tuple[str, Any]]) -> None:
         missing = {sid: ref for sid, ref in refs if sid not in self._shards}
