@@ -289,7 +289,7 @@ def _space(arm: str, run: PbtRun, seed: int) -> tuple[dict, int]:
         table = [{**t, "width": w, "blocks": b} for t in table]
     space = {"index": tune.grid_search(list(range(n)))}
     for key in ("width", "blocks", "lr"):
-        space[key] = tune.sample_from(lambda spec, key=key: table[spec.config.index][key])
+        space[key] = tune.sample_from(lambda config, key=key: table[config["index"]][key])
     return space, n
 
 
