@@ -259,6 +259,35 @@ def test_callback_checks_its_arguments_and_checkpoints():
             checkpoint_onnx(d, None, "trial t", lambda: (build(wrong), example_input(wrong)))
 
 
+def test_a_checkpoint_older_than_its_trials_architecture_is_read_with_its_own(tmp_path, monkeypatch):
+    """Population-based training may change a trial's width after a checkpoint: the template beside it is then the
+    trial's latest architecture's, and both the callback and a trial restoring the checkpoint use the checkpoint's
+    own, found in the zoo's store by its signature."""
+    from keeper.selection import ParentChoice
+    from keeper.torch_support import start, trial
+    from keeper.torch_support.export import export_graph
+    from keeper.torch_support.templates import architecture_template, save_template, template_apart
+    from keeper.tune_integration.checkpoint import checkpoint_model
+
+    old, new = _spec([16]), _spec([24])
+    state = build(old).state_dict()
+    torch.save(state, tmp_path / "model.pt")
+    latest = architecture_template(export_graph(build(new), example_input(new)))
+    own = architecture_template(export_graph(build(old), example_input(old)))
+    with pytest.raises(KeeperError, match="another architecture"):
+        checkpoint_model(str(tmp_path), latest, "trial t")
+    graph, weights = checkpoint_model(str(tmp_path), latest, "trial t", find=lambda s: own)
+    assert graph == template_apart(own, state)[0] and len(weights) == len(state)
+
+    uri = str(tmp_path / "zoo")
+    save_template(uri, own, state)
+    monkeypatch.setattr(trial, "checkpoint_state", lambda trainable=None: (state, latest, "checkpoint c of t"))
+    module = build(_spec([32]))
+    exported = export_graph(module, example_input(_spec([32])))
+    result, failed = start._restore_checkpoint(module, exported, ParentChoice(None, 0.0, uri, 0.0, 0), 0.0, None)
+    assert not failed and result.parent == "checkpoint c of t" and result.preserved, (failed, result)
+
+
 def test_warm_start_outside_a_service_says_how_to_start_one(tmp_path):
     spec = _spec([16])
     with pytest.raises(KeeperError, match="KeeperCallback"):

@@ -143,11 +143,19 @@ def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, n
     if found is None:
         return None, ""
     state, template, what = found
+    noise = choice.noise if noise is None else noise
     try:
         if template is None and choice.uri:  # a Ray Train worker's trial directory is not beside its checkpoint
             template = find_template(choice.uri, state)
-        return restore(module, exported, state, template, what, choice.noise if noise is None else noise,
-                       choice.seed), ""
+        try:
+            return restore(module, exported, state, template, what, noise, choice.seed), ""
+        except KeeperError:
+            # the template beside the checkpoint is its trial's latest architecture, which population-based
+            # training may have changed since this checkpoint: the zoo's store keeps one per architecture
+            stored = find_template(choice.uri, state) if choice.uri else None
+            if stored is None or stored == template:
+                raise
+            return restore(module, exported, state, stored, what, noise, choice.seed), ""
     except (KeeperError, StoreError) as exc:
         log.warning("keeper: %s could not be restored into the trial's model (%s); it starts from the zoo instead",
                     what, exc)

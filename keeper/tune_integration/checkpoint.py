@@ -38,7 +38,7 @@ def checkpoint_onnx(directory: str, template: bytes | None, what: str,
                     find: Callable[[dict], bytes | None] | None = None) -> bytes:
     """ONNX bytes with the trained weights of the checkpoint in ``directory`` (models under ONNX's 2 GB; see
     :func:`checkpoint_model` for any size). Arguments and errors as :func:`checkpoint_model`."""
-    model, weights = checkpoint_model(directory, template, what, builder, find)
+    model, weights, _ = _checkpoint_model(directory, template, what, builder, find)
     if weights is None:
         return model
     return write_weights(load_model(model, what=what, weights_apart=True), weights).SerializeToString()
@@ -60,16 +60,32 @@ def checkpoint_model(directory: str, template: bytes | None, what: str,
         KeeperError: no accepted file in ``directory``, or nothing tells the architecture, or the state_dict
             does not fit it.
     """
+    model, weights, _ = _checkpoint_model(directory, template, what, builder, find)
+    return model, weights
+
+
+def _checkpoint_model(directory: str, template: bytes | None, what: str,
+                      builder: Callable[[], tuple[Any, Any]] | None,
+                      find: Callable[[dict], bytes | None] | None) -> tuple[bytes, dict | None, bool]:
+    """:func:`checkpoint_model`, and whether the model's architecture is ``template``'s (False when the template
+    did not fit the checkpoint and the architecture came from ``find`` or ``builder``)."""
     onnx_path = os.path.join(directory, "model.onnx")
     if os.path.exists(onnx_path):
         with open(onnx_path, "rb") as f:
-            return f.read(), None
+            return f.read(), None, False
     state = read_state_dict(directory, what)
     if state is None:
         raise KeeperError(f"{what}: the checkpoint holds none of {CHECKPOINT_FILES}; save the model's state_dict "
                           "as model.pt in the directory passed to tune.Checkpoint.from_directory")
-    return template_apart(template if template is not None else _template_of(directory, what, builder, find, state),
-                          state, what)
+    if template is not None:
+        try:
+            return (*template_apart(template, state, what), True)
+        except KeeperError:
+            if find is None and builder is None:
+                raise
+            # the trial changed architecture after this checkpoint (population-based training mutates width or
+            # depth): the template in its directory is its latest architecture's; the checkpoint's is looked up
+    return (*template_apart(_template_of(directory, what, builder, find, state), state, what), False)
 
 
 def _template_of(directory: str, what: str, builder: Callable[[], tuple[Any, Any]] | None,
@@ -102,9 +118,11 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
         template = None  # warm_start ran elsewhere (a Ray Train worker): the zoo's store has it by signature
     lineage = _read_lineage(storage_fs, f"{trial_fs_path}/{LINEAGE_FILE}", what)
     with checkpoint.as_directory() as directory:
-        model, weights = checkpoint_model(directory, template, what,
-                                          (lambda: builder(config)) if builder is not None else None,
-                                          find=(lambda state: find_template(zoo_uri, state)) if zoo_uri else None)
+        model, weights, own = _checkpoint_model(directory, template, what,
+                                                (lambda: builder(config)) if builder is not None else None,
+                                                (lambda state: find_template(zoo_uri, state)) if zoo_uri else None)
+    if template is not None and not own:
+        lineage = None  # the lineage beside the template tells the trial's latest warm start, not this checkpoint's
     need = Demand(f"registering {what} (timeouts.register_s)", actor=handle)
     # weights apart as safetensors bytes: no ONNX 2 GB bound, and plain bytes on the wire
     blob = None if weights is None else weights_bytes(weights)
