@@ -266,7 +266,11 @@ def test_a_checkpoint_older_than_its_trials_architecture_is_read_with_its_own(tm
     from keeper.selection import ParentChoice
     from keeper.torch_support import start, trial
     from keeper.torch_support.export import export_graph
-    from keeper.torch_support.templates import architecture_template, save_template, template_apart
+    from keeper.torch_support.templates import (
+        architecture_template,
+        save_template,
+        template_apart,
+    )
     from keeper.tune_integration.checkpoint import checkpoint_model
 
     old, new = _spec([16]), _spec([24])
@@ -421,10 +425,12 @@ def test_the_copy_bound_restarts_each_cold_trained_model_from_its_final_weights(
         assert k.accuracies == [c.final_accuracy] * len(k.accuracies), (c.accuracies, k.accuracies)
 
 
-def _pbt_trainable(service: dict):
+def _pbt_trainable(service: dict, marker: str | None = None, fail_once: str | None = None):
     """A population member: an MLP of the config's width and depth, one warm_start line (which restores whatever
     checkpoint the trial starts from, any architecture), short training rounds, a checkpoint per round that
-    records the loss it was saved at."""
+    records the loss it was saved at (and its trial; ``restored`` says whether the file ``marker`` existed when the
+    trial started); the width-16 member raises the first time it starts from a checkpoint, when ``fail_once``
+    names a file that does not exist yet."""
 
     def trainable(config: dict) -> None:
         import json
@@ -453,6 +459,10 @@ def _pbt_trainable(service: dict):
                 with open(os.path.join(cd, "meta.json")) as f:
                     source = json.load(f)
         start, opt = loss(), torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+        restored = bool(marker and os.path.exists(marker))
+        if fail_once and source and config["width"] == 16 and not os.path.exists(fail_once):
+            open(fail_once, "w").close()
+            raise RuntimeError("this member fails once on purpose")
         for rnd in range(config["rounds"]):
             for _ in range(10):
                 opt.zero_grad()
@@ -462,9 +472,11 @@ def _pbt_trainable(service: dict):
             with tempfile.TemporaryDirectory() as d:
                 torch.save(model.state_dict(), os.path.join(d, "model.pt"))
                 with open(os.path.join(d, "meta.json"), "w") as f:
-                    json.dump({"loss": now, "width": config["width"], "depth": config["depth"]}, f)
+                    json.dump({"loss": now, "width": config["width"], "depth": config["depth"],
+                               "trial": tune.get_context().get_trial_id()}, f)
                 metrics = {"neg_loss": -now, "parent": warm.parent or "", "preserved": bool(warm.preserved),
-                           "start_loss": start, "source": json.dumps(source) if rnd == 0 and source else ""}
+                           "start_loss": start, "source": json.dumps(source) if rnd == 0 and source else "",
+                           "restored": restored}
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
     return trainable
 
@@ -512,3 +524,51 @@ def test_keeper_pbt_exploits_across_architectures(tmp_path):
         assert row["parent"].startswith("checkpoint"), row["parent"]
         if row["preserved"]:  # the clone's function, up to the default symmetry-breaking noise
             assert abs(row["start_loss"] - source["loss"]) <= 0.05 * source["loss"] + 1e-3, (source, row)
+
+
+@pytest.mark.slow  # > 20 s on two idle cores
+def test_keeper_pbt_resumes_after_tuner_restore(tmp_path):
+    """A KeeperPBT run with a member that fails once is restored with Tuner.restore(resume_errored=True): it
+    finishes with no errored trial, and the restored member starts from its checkpoint through warm_start (exactly
+    on its own architecture, by keeper's transforms on another)."""
+    import json
+
+    from keeper.tune_integration import KeeperPBT
+
+    service = _service(tmp_path)
+    marker = str(tmp_path / "restored")
+    trainable = _pbt_trainable(service, marker, fail_once=str(tmp_path / "failed"))
+
+    def validate(config):
+        if config["width"] < 4 or config["depth"] < 1:
+            raise ValueError(f"width {config['width']} / depth {config['depth']} builds no MLP")
+
+    pbt = KeeperPBT(time_attr="training_iteration", perturbation_interval=1, quantile_fraction=0.5, synch=True,
+                    hyperparam_mutations={"lr": [0.01, 0.05, 0.2]}, architecture_keys=("width", "depth"),
+                    validate=validate)
+    space = {"width": tune.grid_search([8, 16]), "depth": 1, "lr": 0.05, "rounds": 1000}
+    cb = KeeperCallback(metric="neg_loss", mode="max", config=service)
+    grid = tune.Tuner(trainable, param_space=space,
+                      tune_config=tune.TuneConfig(scheduler=pbt, metric="neg_loss", mode="max"),
+                      run_config=tune.RunConfig(name="pbt-restore", storage_path=str(tmp_path / "results"),
+                                                stop={"training_iteration": 4}, callbacks=[cb], verbose=0)).fit()
+    assert len(grid.errors) == 1, grid.errors
+    open(marker, "w").close()
+    grid = tune.Tuner.restore(str(tmp_path / "results" / "pbt-restore"), trainable, resume_errored=True).fit()
+    assert not grid.errors
+    resumed = 0
+    for result in grid:
+        assert result.metrics["training_iteration"] == 4, result.metrics
+        history = result.metrics_dataframe
+        after = history[history["restored"]]
+        if not len(after):
+            continue
+        resumed += 1
+        row = after.iloc[0]
+        assert row["source"] and row["parent"].startswith("checkpoint"), row.to_dict()
+        source = json.loads(row["source"])
+        if (source["width"], source["depth"]) == (row["config/width"], row["config/depth"]):
+            assert row["start_loss"] == pytest.approx(source["loss"], rel=1e-6), (source, row.to_dict())
+        else:
+            assert row["preserved"] and row["start_loss"] == pytest.approx(source["loss"], rel=0.05), source
+    assert resumed == 1, "the errored member, and only it, trained again after the restore"

@@ -16,7 +16,8 @@ architectures:
   construction, each in ``base_config`` when given; every explored config is checked before its trial runs, redrawn
   up to :attr:`KeeperPBT.MAX_REDRAWS` times, and otherwise the trial's own architecture is kept (logged).
 
-Everything else is Tune's PBT (same arguments, same behaviour); a same-architecture exploit stays a plain copy.
+Everything else is Tune's PBT (same arguments, same behaviour, except that in synchronous mode a trial that errs no
+longer leaves the rest of the population paused forever); a same-architecture exploit stays a plain copy.
 """
 
 from __future__ import annotations
@@ -78,6 +79,31 @@ class KeeperPBT(PopulationBasedTraining):
         except Exception as exc:  # noqa: BLE001 - validate is the user's: any exception means invalid
             return f"{type(exc).__name__}: {exc}"
         return None
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        trial = super().choose_trial_to_run(tune_controller)
+        if trial is None and self._synch and self._stalled(tune_controller):
+            trial = super().choose_trial_to_run(tune_controller)
+        return trial
+
+    def _stalled(self, tune_controller: Any) -> bool:
+        """In synchronous mode a trial waits, paused, until every live trial reaches the next perturbation point;
+        a trial that errs never does, and Tune's PBT then leaves the others paused forever (the experiment hangs).
+        When nothing runs and every waiting trial is at the point, it moves on so they resume (that round's exploit
+        is skipped; ``Tuner.restore(..., resume_errored=True)`` brings the errored trial back). True when moved."""
+        from ray.tune.experiment import Trial
+
+        trials = tune_controller.get_trials()
+        waiting = [t for t in trials if t.status in (Trial.PAUSED, Trial.PENDING) and t in self._trial_state]
+        if not waiting or any(t.status == Trial.RUNNING for t in trials):
+            return False
+        times = [self._trial_state[t].last_train_time for t in waiting]
+        if min(times) < self._next_perturbation_sync:
+            return False
+        log.warning("KeeperPBT: the population waits at time %s for trials that will not report (errored); it "
+                    "resumes without that round's exploit", self._next_perturbation_sync)
+        self._next_perturbation_sync = max(self._next_perturbation_sync + self._perturbation_interval, max(times))
+        return True
 
     def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict, dict]:
         why = None
