@@ -21,7 +21,8 @@ parent. This module reads that from the alignment and the two graphs alone, with
   conv-BatchNorm-ReLU after a ReLU is the identity, after a GELU or on the raw input it is not). Every channel
   group grows in a way the width operators keep exact where its units are read
   (:mod:`keeper.transforms.exact_width`: a factor that does not divide is refused where a norm, attention or a
-  slice reads the units; attention heads must clone whole). These are the cases :mod:`keeper.transforms` makes
+  slice reads the units, unless the stream grows LEMON's way under pre-norms or the units are whole heads cloned;
+  heads must keep their size). These are the cases :mod:`keeper.transforms` makes
   exact, so the child then computes the parent's function (with ``noise=0``).
 
 Invariant: ``assess(p, c, align(p, c))`` is ``preserved`` for a child that only widens (by integer factors, or by

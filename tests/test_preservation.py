@@ -223,8 +223,8 @@ def test_lineage_across_structures_ranks_last(tmp_path):
 # Integer and non-dividing factors, every kind of reader (LayerNorm, RMSNorm written out in ops, packed and plain
 # attention, depthwise blocks, a chunk along channels). ``expect``: the flag exactness by construction requires
 # (True: a claim the rules must make, so refusing everything fails; False: a growth the operators do not keep).
-# Pre-LN streams grown by a factor that does not divide are exact (StreamGrowth, uneven head cloning); post-LN
-# streams, RMSNorm streams and plain (unpacked) attention by such a factor are not claimed.
+# Pre-norm streams grown by a factor that does not divide are exact (StreamGrowth under LayerNorms and RMSNorms,
+# whole heads cloned, packed or not, a relative-position bias table with them); post-LN streams are not claimed.
 # TorchScript, plus dynamo where it writes the readers differently; scripts/bench_growth.py walks them all.
 def _family(growth):
     from keeper_bench import family_growth
@@ -260,7 +260,15 @@ WALK = [
     ("gpt2 d_model 32 -> 48, heads 4 -> 6", _hf("gpt2", {}, dict(d=48, heads=6, ffn=96)), False, True),
     ("gpt2 d_model 48 -> 64, heads 6 -> 8", _hf("gpt2", dict(d=48, heads=6, ffn=96), dict(d=64, heads=8, ffn=128)),
      True, True),
-    ("llama d_model x1.5, kv heads 2 -> 3", _hf("llama", {}, dict(d=48, heads=6, kv_heads=3, ffn=96)), True, False),
+    ("llama d_model x1.5, kv heads 2 -> 3", _hf("llama", {}, dict(d=48, heads=6, kv_heads=3, ffn=96)), True, True),
+    ("llama d_model x1.5, kv heads 2 -> 3, torchscript", _hf("llama", {}, dict(d=48, heads=6, kv_heads=3, ffn=96)),
+     False, True),
+    ("llama heads 4 -> 8 of half the size", _hf("llama", {}, dict(heads=8, kv_heads=4)), False, False),
+    ("gpt2 heads 4 -> 8 of half the size (packed)", _hf("gpt2", {}, dict(heads=8)), False, False),
+    ("t5 d_model x1.5, relative-position bias heads 4 -> 6", _hf("t5-encoder", {}, dict(d=48, heads=6, ffn=96)),
+     False, True),
+    ("vit d_model x1.5 (class token, conv patches)", _hf("vit", {}, dict(d=48, heads=6, ffn=96)), True, True),
+    ("bert d_model x1.5 (post-LN)", _hf("bert", {}, dict(d=48, heads=6, ffn=96)), False, False),
     ("llama d_model x2", _hf("llama", {}, dict(d=64, heads=8, kv_heads=4, ffn=128)), True, True),
     ("convnext channels x1.5", _hf("convnext", {}, dict(d=12)), False, False),
     ("branchnet width x2", _net("branchnet", dict(width=16), dict(width=32)), False, False),

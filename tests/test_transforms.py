@@ -31,7 +31,7 @@ def test_widening_a_linear_pair_preserves_its_function(p_in, p_hid, grow, seed):
     w1, b1 = rng.normal(size=(p_hid, p_in)), rng.normal(size=p_hid)
     w2 = rng.normal(size=(3, p_hid))
     before = (w1.copy(), b1.copy(), w2.copy())
-    m = unit_map(p_hid, p_hid + grow, seed=seed)
+    m = unit_map(p_hid, p_hid + grow)
     w1c, b1c = take_units(w1, m, 0), take_units(b1, m, 0)
     w2c = take_inputs(w2, m, p_hid, 1)
     x = rng.normal(size=(5, p_in))
@@ -42,16 +42,30 @@ def test_widening_a_linear_pair_preserves_its_function(p_in, p_hid, grow, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(parent=st.integers(1, 20), child=st.integers(1, 30), seed=st.integers(0, 9))
-def test_unit_map_keeps_every_parent_unit_when_growing_and_is_deterministic(parent, child, seed):
-    m = unit_map(parent, child, np.arange(parent, dtype=float), seed=seed, key=3)
+@given(parent=st.integers(1, 20), child=st.integers(1, 30))
+def test_unit_map_keeps_every_parent_unit_when_growing_and_clones_whole_heads(parent, child):
+    m = unit_map(parent, child, np.arange(parent, dtype=float))
     assert len(m) == child and m.min() >= 0 and m.max() < parent
     if child >= parent:
         assert set(m.tolist()) == set(range(parent))
         assert np.array_equal(m[:parent], np.arange(parent))
+        counts = np.bincount(m, minlength=parent)
+        assert counts.max() - counts.min() <= 1 and np.all(np.diff(counts) <= 0)  # the first units once more
     else:  # shrinking keeps the most important units, in order
         assert np.array_equal(m, np.arange(parent - child, parent))
-    assert np.array_equal(m, unit_map(parent, child, np.arange(parent, dtype=float), seed=seed, key=3))
+
+
+@settings(max_examples=40, deadline=None)
+@given(head=st.integers(1, 6), heads=st.integers(1, 6), more=st.integers(1, 9), groups=st.sampled_from([1, 2]))
+def test_unit_map_clones_whole_heads_and_keeps_grouped_key_value_heads_paired(head, heads, more, groups):
+    # q with ``heads * groups`` heads reading kv head ``h // groups``; both grow by the same factor, heads kept
+    hp, hc = heads * groups, (heads + more) * groups
+    q = unit_map(hp * head, hc * head).reshape(hc, head)
+    kv = unit_map(heads * head, (heads + more) * head).reshape(heads + more, head)
+    for h in range(hc):
+        parent_q = q[h, 0] // head
+        assert np.array_equal(q[h], parent_q * head + np.arange(head))  # a whole parent head
+        assert kv[h // groups, 0] // head == parent_q // groups  # the clone of the kv head its parent read
 
 
 @settings(max_examples=80, deadline=None)
@@ -61,8 +75,8 @@ def test_fused_take_equals_the_two_step_path(p_out, c_out, p_in, c_in, kernel, d
     rng = np.random.default_rng(seed)
     w = rng.normal(size=(p_out, p_in) + kernel).astype(np.float32)
     before = w.copy()
-    units = unit_map(p_out, c_out, rng.random(p_out), seed=seed, key=1)
-    inputs = unit_map(p_in, c_in, rng.random(p_in), seed=seed, key=2)
+    units = unit_map(p_out, c_out, rng.random(p_out))
+    inputs = unit_map(p_in, c_in, rng.random(p_in))
     if rng.random() < 0.3:  # arbitrary maps too, not only unit_map's identity-prefix ones
         units = rng.integers(0, p_out, c_out)
     fused = take_units_and_inputs(w, units, inputs, p_in if divide else None)
@@ -98,7 +112,7 @@ def test_integer_growth_keeps_layernorm_and_rmsnorm_and_the_next_layer(p, factor
     x, gamma, beta = rng.normal(size=(rows, p)) * 3 + 1, rng.uniform(0.5, 1.5, p), rng.normal(size=p)
     w = rng.normal(size=(out, p))
     before = (x.copy(), gamma.copy(), beta.copy(), w.copy())
-    m = unit_map(p, p * factor, seed=seed)
+    m = unit_map(p, p * factor)
     assert np.array_equal(np.bincount(m, minlength=p), np.full(p, factor))  # every unit equally often
     xc, gc, bc = take_units(x, m, 1), take_units(gamma, m, 0), take_units(beta, m, 0)
     wc = take_inputs(w, m, p, 1)

@@ -33,13 +33,15 @@ __all__ = ["ChannelGroups", "channel_groups", "HANDLERS", "handler"]
 @dataclass(frozen=True)
 class ChannelGroups:
     """Compacted groups: sizes (-1 unknown or inconsistent), composite parts in CSR form, each layer's (input,
-    output) group (-1 for none), and the ``attrs["packed"]`` of packed projections by data node."""
+    output) group (-1 for none), the ``attrs["packed"]`` of packed projections by data node, and the number of
+    heads of groups reshaped into heads ``(..., heads, units / heads)`` (one q, k or v projection's output)."""
 
     sizes: list[int]
     parts_indptr: list[int]
     parts: list[int]
     layer_groups: dict[int, tuple[int, int]]
     packed: dict[int, dict[str, Any]]
+    heads: dict[int, int]
 
 
 class _Walk:
@@ -54,6 +56,7 @@ class _Walk:
         self.channel_axis: dict[str, int] = {}
         self.layer_groups: dict[int, tuple[int, int]] = {}
         self.packed = PackedProjections(reader, nodes, info, self.uf, self.tensor_group)
+        self.heads: list[tuple[int, int]] = []  # (group, heads) for each reshape of a group into heads
 
     def group_in(self, name: str) -> int:
         """The group of tensor ``name``; a fresh group when no node produced it (a graph input)."""
@@ -111,7 +114,8 @@ def _fresh(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out
 
 
 def _split(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int | None:
-    """A part of a packed projection takes its part group; any other slice opens a group."""
+    """A part of a packed projection takes its part group, a slice over positions its input's group; any other
+    slice opens a group."""
     pk = w.packed
     if n.op_type == "Gather" and (pg := pk.gathered_part(n)) is not None:
         return pg
@@ -121,6 +125,8 @@ def _split(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out
         for o, pg in zip(n.output, pgs):
             w.tensor_group[o] = pg
         return None
+    if n.op_type == "Gather" and ins and _off_channels(w, ins[0], [int(attr(n, "axis", 0))]):
+        return w.group_in(ins[0])  # a position taken (a class token): the same units
     if n.op_type == "Slice" and ins and _off_channels(w, ins[0], _slice_axes(w.reader, n)):
         return w.group_in(ins[0])  # a crop or one half of a roll over positions: the same units
     return w.uf.new()
@@ -177,7 +183,29 @@ def _reshape(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], o
             return g
         return uf.new()
     a, b = w.reader.shapes.get(ins[0]), w.reader.shapes.get(out or "")
-    return w.group_in(ins[0]) if _keeps_channels(a, b) else uf.new()
+    if n.op_type == "Reshape":
+        _record_heads(w, n, ins[0], a, b)
+    keeps = _keeps_channels(a, b) or _keeps_leading(a, b, w.channel_axis.get(ins[0]))
+    return w.group_in(ins[0]) if keeps else uf.new()
+
+
+def _keeps_leading(a: tuple | None, b: tuple | None, ax: int | None) -> bool:
+    """A reshape keeps the channel group when the channels are on a leading axis (after the batch) that it keeps
+    with every axis before it, reshaping only the axes after: ``(B, C, H, W) -> (B, C, H * W)``."""
+    if not a or not b or ax is None or ax < 1 or len(a) <= ax + 1 or len(b) <= ax:
+        return False
+    return all(x == y and x > 0 for x, y in zip(a[1:ax + 1], b[1:ax + 1]))
+
+
+def _record_heads(w: _Walk, n: onnx.NodeProto, name: str, a: tuple | None, b: tuple | None) -> None:
+    """Record the heads of a reshape of a tensor holding its units on the last axis into ``(..., heads, units /
+    heads)``: one more axis, the last a divisor of the units (q, k or v split into heads)."""
+    if w.channel_axis.get(name) != -1 or (a and b and len(b) != len(a) + 1):
+        return
+    g, last = w.uf.find(w.group_in(name)), reshape_last_dim(w.reader, n)
+    size = int(w.uf.size[g])
+    if 0 < last < size and size % last == 0 and (not b or b[-2] in (size // last, -1, 0)):
+        w.heads.append((g, size // last))
 
 
 def _concat(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
@@ -234,6 +262,9 @@ def _channel_axis(w: _Walk, n: onnx.NodeProto, d: NodeInfo, ins: list[str], g_ou
         return -1 if moved == len(perm) - 1 else moved
     if d.kind == Kind.RESHAPE and kept and first == -1:
         return -1  # a reshape keeps the group only when it keeps the last axis (or cannot tell)
+    shapes = w.reader.shapes
+    if d.kind == Kind.RESHAPE and kept and _keeps_leading(shapes.get(ins[0]), shapes.get(n.output[0]), first):
+        return first
     if d.kind == Kind.SPLIT and n.op_type == "Slice" and kept:
         return first
     return None
@@ -297,4 +328,11 @@ def channel_groups(reader: ModelReader, nodes: Sequence[onnx.NodeProto], order: 
                     w.channel_axis[o] = ax
     c = w.uf.compact()
     remap = {i: (c.ids[a] if a >= 0 else -1, c.ids[b] if b >= 0 else -1) for i, (a, b) in w.layer_groups.items()}
-    return ChannelGroups(c.sizes, c.parts_indptr, c.parts, remap, w.packed.attrs())
+    heads: dict[int, int] = {}
+    for g, h in w.heads:  # a group split into heads two ways has no head count
+        if w.uf.parts.get(w.uf.find(g)):
+            continue  # a packed projection's (..., parts, units) view, found packed later: its parts hold the heads
+        g = c.ids[w.uf.find(g)]
+        heads[g] = h if heads.get(g, h) == h else 0
+    return ChannelGroups(c.sizes, c.parts_indptr, c.parts, remap, w.packed.attrs(),
+                         {g: h for g, h in heads.items() if h > 0})

@@ -234,6 +234,7 @@ WEIGHTLESS: Mapping[str, Kind] = {
     "Softplus": Kind.ACTIVATION, "Mish": Kind.ACTIVATION, "PRelu": Kind.ACTIVATION, "Dropout": Kind.ACTIVATION,
     "Identity": Kind.ACTIVATION, "Cast": Kind.ACTIVATION, "Sqrt": Kind.ACTIVATION, "Pow": Kind.ACTIVATION,
     "Neg": Kind.ACTIVATION, "Exp": Kind.ACTIVATION, "Log": Kind.ACTIVATION, "Abs": Kind.ACTIVATION,
+    "Reciprocal": Kind.ACTIVATION, "Rsqrt": Kind.ACTIVATION,
     "Max": Kind.ADD, "Min": Kind.ADD, "Where": Kind.OTHER,
     "MatMul": Kind.MATMUL, "Softmax": Kind.SOFTMAX, "LogSoftmax": Kind.SOFTMAX,
     "Reshape": Kind.RESHAPE, "Flatten": Kind.RESHAPE, "Squeeze": Kind.RESHAPE, "Unsqueeze": Kind.RESHAPE,

@@ -94,12 +94,13 @@ class LayerGraph:
     # learned tables read by lookups (positions, relative-position biases, class tokens) and ``unread``, 5 channel
     # groups kept through slices and concatenations along positions (a roll, patch merging) and attrs["scales"] of
     # a PARAM Mul, 6 the canonical order's last tie-break comparing numbers in names as numbers, 7 ReLU as its own
-    # kind (RECTIFIER; the canonical order still reads it as an activation). A stored graph of an
+    # kind (RECTIFIER; the canonical order still reads it as an activation), 8 attrs["heads"] of a projection whose
+    # output is reshaped into heads (q, k, v computed apart). A stored graph of an
     # older version is re-extracted from its model (see
     # keeper.stored.graph_from_blob). Bump it with any change to what extraction records (kinds, shapes, groups and
     # their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md
     # ("Foundation") says when.
-    FORMAT = 7
+    FORMAT = 8
 
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",
                "params", "conv_groups", "in_group", "out_group", "in_level", "out_level", "group_size",

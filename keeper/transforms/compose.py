@@ -27,7 +27,7 @@ from keeper.matching import Alignment
 from keeper.onnx_weights import canonical, layer_arrays, to_source
 from keeper.transforms.correspondence import group_correspondence, packed_groups
 from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
-from keeper.transforms.exact_width import StreamGrowth, stream_growth
+from keeper.transforms.stream_width import StreamGrowth, stream_growth
 from keeper.transforms.kernel import fit_kernel
 from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
 
@@ -55,8 +55,8 @@ class Transfer:
 class _GroupMaps:
     """Child channel group -> parent unit index per child unit, chosen once per group."""
 
-    def __init__(self, parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, parent_layers: list, seed: int):
-        self.parent, self.child, self.seed = parent, child, seed
+    def __init__(self, parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, parent_layers: list):
+        self.parent, self.child = parent, child
         self.parent_layers = parent_layers
         self.corr = group_correspondence(parent, child, pairs)
         # groups grown by a factor that does not divide under LayerNorms: copied units first, then mean units
@@ -107,13 +107,13 @@ class _GroupMaps:
                 cs, ps = int(self.child.group_size[cp]), int(self.parent.group_size[pp])
                 if cs <= 0 or ps <= 0:
                     return None
-                maps.append(unit_map(ps, cs, self._ranking(pp, cs, ps), seed=self.seed, key=pp) + offset)
+                maps.append(unit_map(ps, cs, self._ranking(pp, cs, ps)) + offset)
                 offset += ps
             return np.concatenate(maps)
         cs, ps = int(self.child.group_size[cg]), int(self.parent.group_size[pg])
         if cs <= 0 or ps <= 0 or len(cparts) or len(pparts):
             return None
-        return unit_map(ps, cs, self._ranking(pg, cs, ps), seed=self.seed, key=pg)
+        return unit_map(ps, cs, self._ranking(pg, cs, ps))
 
     def _packed_map(self, cg: int, pg: int, cparts: list[int], pparts: list[int]) -> np.ndarray | None:
         """Per-part maps of a packed projection, head by head when both sides have the same number of heads, whole
@@ -153,7 +153,7 @@ class _GroupMaps:
                         rank += imp[offs[second]:offs[second + 1]]
             hs, hcs = ps // h, cs // h
             if rank is None or hcs >= hs:  # growing (or equal): one map serves every head, one generator drawn
-                head = unit_map(hs, hcs, seed=self.seed, key=pg * 1009 + j)
+                head = unit_map(hs, hcs)
                 maps.append(np.concatenate([head + k * hs for k in range(h)]))
             else:  # shrinking: each head keeps its own most important units
                 maps.append(np.concatenate([unit_map(hs, hcs, rank[k * hs:(k + 1) * hs]) + k * hs
@@ -398,7 +398,7 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
         parent_inits / child_inits: initializer name -> array, as read from each model (memory-mapped arrays
             are read tensor by tensor; a child tensor's values are read only where the child keeps them).
         noise: relative std of Gaussian noise added to each warmed weight tensor (0 keeps the function).
-        seed: seeds the unit maps and the noise.
+        seed: seeds the noise.
         sink: when given, called with (key, array in the child's dtype) for each child tensor once made, and
             ``weights`` stays empty (streaming to a file).
 
@@ -407,7 +407,7 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
     """
     P = layer_arrays(parent, parent_inits)
     pairs = np.asarray(alignment.pairs)
-    maps = _GroupMaps(parent, child, pairs, P, seed)
+    maps = _GroupMaps(parent, child, pairs, P)
     rng = np.random.default_rng(seed)
     tails = new_branch_tails(child, pairs < 0)
     writers = tensor_writers(child, pairs >= 0)
@@ -453,19 +453,20 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
 
 def _stream_units(v: np.ndarray, out: StreamGrowth | None, into: StreamGrowth | None, kind: int, role: str,
                   layer: int) -> np.ndarray:
-    """A tensor built on a grown stream's copied units, completed with its mean units (see
-    :class:`~keeper.transforms.exact_width.StreamGrowth`): a LayerNorm on the stream has its scale divided by the
-    stream's scale and 0 on the mean units; a layer writing the stream is multiplied by the scale, its mean units
-    the mean of its rows; a layer reading it reads 0 from the mean units and, when it reads the stream itself,
-    divides by the scale."""
+    """A tensor built on a grown stream's copied units, completed with its filled units (see
+    :class:`~keeper.transforms.stream_width.StreamGrowth`): a norm on the stream (a LayerNorm's scale, an RMSNorm's
+    weight) is divided by the stream's scale and 0 on the filled units; a layer writing the stream is multiplied
+    by the scale, its filled units the mean of its rows (under LayerNorms) or 0 (under RMSNorms); a layer reading
+    it reads 0 from the filled units and, when it reads the stream itself, divides by the scale."""
     if out is not None:
         extra = (out.child_units - len(v),) + v.shape[1:]
-        if traits(kind).normalizes:
-            v = v / out.scale if role == "scale" else v
+        if traits(kind).normalizes or layer in out.norm_weights:
+            v = v / v.dtype.type(out.scale) if role == "scale" or layer in out.norm_weights else v
             v = np.concatenate([v, np.zeros(extra, v.dtype)])
         else:
             v = v * v.dtype.type(out.scale)
-            v = np.concatenate([v, np.broadcast_to(v.mean(axis=0, keepdims=True), extra)])
+            fill = v.mean(axis=0, keepdims=True) if out.fill == "mean" else np.zeros((), v.dtype)
+            v = np.concatenate([v, np.broadcast_to(fill, extra)])
     if into is not None:
         if layer in into.raw_readers:
             v = v / v.dtype.type(into.scale)

@@ -14,7 +14,7 @@ import numpy as np
 from keeper.graph import LayerGraph
 from keeper.kinds import traits
 
-__all__ = ["group_correspondence", "packed_groups", "square_identity"]
+__all__ = ["group_correspondence", "group_heads", "packed_groups", "square_identity"]
 
 
 def group_correspondence(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> dict[int, int]:
@@ -51,6 +51,12 @@ def packed_groups(g: LayerGraph) -> dict[int, dict]:
         if "packed" in a and grp >= 0 and len(g.group_of_parts(grp)):
             out[grp] = a["packed"]
     return out
+
+
+def group_heads(g: LayerGraph) -> dict[int, int]:
+    """Output group -> heads, for the projections whose output :mod:`keeper.graph` saw reshaped into heads (q, k or
+    v computed apart; ``attrs["heads"]``)."""
+    return {int(g.out_group[i]): int(a["heads"]) for i, a in enumerate(g.attrs) if a.get("heads")}
 
 
 def square_identity(kind: int) -> bool:

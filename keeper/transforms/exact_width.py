@@ -11,31 +11,34 @@ function only under conditions on the factor:
   written out in ops): it sees the parent's statistics only when every unit is copied equally often, that is
   when the group grows by an integer factor (HyperCloning);
 * a dot product or a softmax over the units (attention): a packed q/k/v projection with the same heads on both
-  sides (each head grown inside, q scaled and k divided) or whole heads cloned an integer number of times; a
-  plain group by an integer factor only (its tiled map clones whole heads);
+  sides (each head grown inside, q scaled and k divided) or whole heads cloned; a q, k or v projection of its
+  own whose output is reshaped into heads of the same size on both sides, by any factor (the map clones whole
+  heads, the first ones once more; with grouped key-value heads when every such group grows its heads by the
+  same factor, so each query head reads the clone of its parent's key-value head); one whose heads change size
+  never; any other group by an integer factor only (its tiled map clones whole heads);
 * an op keeper has no rule for: never claimed for a factor that does not divide;
 * whatever the factor: a slice of the units (a chunk along channels: its parts are groups of their own, mapped
   apart from the units they cut), a grouped conv (copies leave their conv group) and a depthwise conv with a
   channel multiplier are never claimed.
 
 Invariant: :func:`inexact_width` returns "" only when every grown child group either grows by an integer factor
-(and its packed heads clone whole) or flows only through readers for which the operators are exact at its
-factor; otherwise it names the first group and reader that are not. ``tests/test_preservation.py`` walks growth
+(and its heads, packed or reshaped, clone whole) or flows only through readers for which the operators are exact
+at its factor; otherwise it names the first group and reader that are not. ``tests/test_preservation.py`` walks growth
 pairs and checks that what is claimed is exact.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from keeper.graph import LayerGraph
 from keeper.kinds import Kind, traits
-from keeper.transforms.correspondence import group_correspondence, packed_groups
+from keeper.transforms.correspondence import group_correspondence, group_heads, packed_groups
+from keeper.transforms.stream_width import downstream, stream_growth
 
-__all__ = ["inexact_width", "StreamGrowth", "stream_growth"]
+__all__ = ["inexact_width"]
 
 # weightless kinds that act unit by unit, sum units linearly or only move them (see the module docstring)
 _UNITWISE = frozenset(int(k) for k in (Kind.ACTIVATION, Kind.RECTIFIER, Kind.ADD, Kind.MUL, Kind.POOL,
@@ -60,19 +63,33 @@ def inexact_width(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> s
     succ, preds = child.successors(), child.predecessor_lists()
     sizes = {c: (int(parent.group_size[p]), int(child.group_size[c])) for c, p in corr.items()}
     streams = stream_growth(parent, child, pairs, corr)
+    cheads, pheads = group_heads(child), group_heads(parent)
+    factors = {Fraction(cheads[c], pheads[p]) for c, p in corr.items() if c in cheads and p in pheads}
     for cg, pg in sorted(corr.items()):
         cs, ps = int(child.group_size[cg]), int(parent.group_size[pg])
+        hc, hp = cheads.get(cg, 0), pheads.get(pg, 0)
+        if hc and hp and cs * hp != ps * hc and ps > 0:  # whatever the size: another head size is another function
+            return f"channel group of {_writer_name(child, cg)} is split into heads of {ps // hp} -> {cs // hc} " \
+                   "units (each head's attention changes)"
         if cs <= ps or ps <= 0 or cg in cpacked:
             continue
         uneven = cs % ps != 0
         what = (f"channel group of {_writer_name(child, cg)} ({ps} -> {cs} units"
                 + (", a factor that does not divide)" if uneven else ")"))
+        # whole heads of one size cloned: attention's products compute the parent heads' (see the docstring); a
+        # table with one unit per head (a relative-position bias) is cloned with them
+        cloned = len(factors) == 1 and (bool(hc and hp) or _per_head_table(child, cg, ps, cs, cheads, pheads, corr))
+        if uneven and hc and hp and not cloned:
+            return f"{what} is split into heads whose number grows by {len(factors)} factors (grouped key-value " \
+                   "heads would read other heads' clones)"
         for li in np.flatnonzero((child.in_group == cg) | (child.out_group == cg)).tolist():
             why = _layer_why(child, li, cg, uneven and cg not in streams)
             if why:
                 return f"{what} {why}"
         for li in np.flatnonzero(child.out_group == cg).tolist():
-            why = _flow_why(int(child.layer_node[li]), cg, uneven, sizes, child, layer_of, succ, preds)
+            norms = streams[cg].reduces if cg in streams else frozenset()
+            why = _flow_why(int(child.layer_node[li]), cg, (uneven, cloned, norms), sizes, child, layer_of, succ,
+                            preds)
             if why:
                 return f"{what} flows into {why}"
     return ""
@@ -95,9 +112,11 @@ def _packed_why(child: LayerGraph, parent: LayerGraph, cg: int, pg: int, cpacked
     if cg not in cpacked:
         return ""
     cparts, pparts = child.group_of_parts(cg).tolist(), parent.group_of_parts(pg).tolist()
-    if int(child.group_size[cg]) == int(parent.group_size[pg]) and len(cparts) == len(pparts):
-        return ""
     name = _writer_name(child, cg)
+    if int(child.group_size[cg]) == int(parent.group_size[pg]) and len(cparts) == len(pparts):
+        if pg not in ppacked or cpacked[cg]["heads"] == ppacked[pg]["heads"]:
+            return ""
+        return f"packed projection {name}: heads {ppacked[pg]['heads']} -> {cpacked[cg]['heads']} of another size"
     if pg not in ppacked or len(cparts) != len(pparts):
         return f"packed projection {name} takes a parent projection packed otherwise"
     for j, (cp, pp) in enumerate(zip(cparts, pparts)):
@@ -109,28 +128,79 @@ def _packed_why(child: LayerGraph, parent: LayerGraph, cg: int, pg: int, cpacked
     return ""
 
 
-def _flow_why(start: int, group: int, uneven: bool, sizes: dict[int, tuple[int, int]], g: LayerGraph,
-              layer_of: np.ndarray, succ: list[list[int]], preds: list[list[int]]) -> str:
+def _flow_why(start: int, group: int, growth: tuple[bool, bool, frozenset[int]], sizes: dict[int, tuple[int, int]],
+              g: LayerGraph, layer_of: np.ndarray, succ: list[list[int]], preds: list[list[int]]) -> str:
     """The first weightless node downstream of layer node ``start`` (up to the next layers) that reads the grown
-    ``group``'s units together, described ("" when none does). Growth by an integer factor is only checked for
-    slices of the units: its tiled map keeps norms' statistics and clones whole heads, so the walk stops at
-    attention's products."""
-    def passes(v: int) -> bool:  # the walk goes on past weightless nodes, and past attention's products if uneven
-        return layer_of[v] < 0 and (uneven or int(g.kind[v]) != int(Kind.MATMUL))
+    ``group``'s units together, described ("" when none does). ``growth`` is (uneven: a factor that does not
+    divide, cloned: the group is split into whole heads, norms: the means of squares of RMSNorms its stream growth
+    keeps exact). Growth by an integer factor is only checked for slices of the units: its tiled map keeps norms'
+    statistics and clones whole heads, so the walk stops at attention's products; so does growth of a group
+    cloned into whole heads, by any factor."""
+    uneven, cloned, norms = growth
+    whole_heads = not uneven or cloned
 
-    for v in _downstream(start, succ, passes):
-        if layer_of[v] >= 0:
-            continue
+    def passes(v: int) -> bool:  # the walk goes on past weightless nodes, and past attention's products if uneven
+        return layer_of[v] < 0 and not (whole_heads and int(g.kind[v]) == int(Kind.MATMUL))
+
+    for v in downstream(start, succ, passes):
         k = int(g.kind[v])
+        if layer_of[v] >= 0 or (cloned and k == int(Kind.MATMUL)):
+            continue
         if k == int(Kind.SPLIT):
             if _slices_units(v, group, uneven, sizes, g, layer_of, succ):
                 return "a slice of its units (a split along channels)"
         elif k == int(Kind.REDUCE):
-            if uneven and _recombined(v, g, layer_of, succ, preds):
+            if uneven and v not in norms and _recombined(v, g, layer_of, succ, preds):
                 return "a norm written out in ops (a mean over the units recombined with them)"
+        elif k == int(Kind.SOFTMAX) and cloned and _scores_plus(v, g, layer_of, preds):
+            continue  # a per-head bias added to attention's scores: the softmax is over positions
         elif uneven and k not in _UNITWISE:  # attention's products among them (not unitwise)
             return _READS_TOGETHER.get(k, f"a {Kind(k).label} node")
     return ""
+
+
+def _per_head_table(g: LayerGraph, group: int, ps: int, cs: int, cheads: dict[int, int], pheads: dict[int, int],
+                    corr: dict[int, int]) -> bool:
+    """Whether ``group`` holds one unit per attention head: written only by tables (embeddings, added tables) and
+    sized as the heads of a projection split into heads, on both sides."""
+    writers = np.flatnonzero(g.out_group == group)
+    return len(writers) > 0 and all(int(g.layer_kind[li]) in (int(Kind.EMBEDDING), int(Kind.PARAM))
+                                    for li in writers.tolist()) \
+        and any(cheads[c] == cs and pheads[p] == ps for c, p in corr.items() if c in cheads and p in pheads)
+
+
+def _scores_plus(softmax: int, g: LayerGraph, layer_of: np.ndarray, preds: list[list[int]]) -> bool:
+    """Whether the softmax reads attention's scores (a product of two activations) with something added: through
+    one-input weightless nodes (a scale, a mask), an added table (a PARAM that does not scale) or an Add of the
+    scores and another tensor."""
+    def back(v: int) -> int:  # up through one-input weightless nodes and added tables
+        while len(preds[v]) == 1 and (layer_of[v] < 0 or _added_table(g, int(layer_of[v]))):
+            v = preds[v][0]
+        return v
+
+    def scores(v: int) -> bool:
+        return layer_of[v] < 0 and int(g.kind[v]) == int(Kind.MATMUL)
+
+    if len(preds[softmax]) != 1:
+        return False
+    top = back(preds[softmax][0])
+    added = layer_of[top] < 0 and int(g.kind[top]) == int(Kind.ADD) and len(preds[top]) == 2
+    return (added and any(scores(back(p)) for p in preds[top])) or (scores(top) and _table_between(
+        preds[softmax][0], top, g, layer_of, preds))
+
+
+def _added_table(g: LayerGraph, li: int) -> bool:
+    attrs = g.attrs[li] if li < len(g.attrs) else {}
+    return int(g.layer_kind[li]) == int(Kind.PARAM) and not attrs.get("scales", True)
+
+
+def _table_between(v: int, top: int, g: LayerGraph, layer_of: np.ndarray, preds: list[list[int]]) -> bool:
+    """Whether an added table sits on the one-input path from ``v`` up to ``top``."""
+    while v != top:
+        if layer_of[v] >= 0 and _added_table(g, int(layer_of[v])):
+            return True
+        v = preds[v][0]
+    return False
 
 
 def _slices_units(s: int, group: int, uneven: bool, sizes: dict[int, tuple[int, int]], g: LayerGraph,
@@ -143,7 +213,7 @@ def _slices_units(s: int, group: int, uneven: bool, sizes: dict[int, tuple[int, 
     def passes(v: int) -> bool:  # weightless nodes other than attention's products
         return layer_of[v] < 0 and int(g.kind[v]) != int(Kind.MATMUL)
 
-    for v in _downstream(s, succ, passes):
+    for v in downstream(s, succ, passes):
         li = int(layer_of[v])
         if li >= 0 and int(g.kind[v]) != int(Kind.MATMUL):
             gi = int(g.in_group[li])
@@ -159,7 +229,7 @@ def _recombined(r: int, g: LayerGraph, layer_of: np.ndarray, succ: list[list[int
     def weightless(v: int) -> bool:
         return layer_of[v] < 0
 
-    order = [v for v in _downstream(r, succ, weightless) if weightless(v)]
+    order = [v for v in downstream(r, succ, weightless) if weightless(v)]
     derived = {r, *order}
     # a node fed by the reduce's result and by a tensor that is not (inputs computed from it are in ``derived``)
     return any(len(preds[v]) > 1 and any(p not in derived for p in preds[v]) for v in order)
@@ -170,117 +240,3 @@ def _writer_name(g: LayerGraph, group: int) -> str:
     for li in np.flatnonzero(g.out_group == group).tolist():
         return repr(g.layer_names[li]) if li < len(g.layer_names) else f"#{li}"
     return f"#{group}"
-
-
-@dataclass(frozen=True)
-class StreamGrowth:
-    """A channel group grown by a factor that does not divide under LayerNorms, made exact LEMON's way (Wang et al.,
-    ICLR 2024), scaled so that the norms see the parent's statistics, ``eps`` included.
-
-    The grown group holds ``scale * [x copied `copies` times, mean(x) in each remaining unit]``: its mean is
-    ``scale * mean(x)`` and, with ``scale = sqrt(child_units / (copies * parent_units))``, its variance is the
-    parent's exactly, so a LayerNorm over it gives ``scale`` times the parent's normalised units (its weight is
-    divided by ``scale``; the mean units normalise to 0, their weight and shift are 0). Layers writing the group
-    (embeddings, projections into it, added tables) are multiplied by ``scale`` and their mean units take the mean
-    of their rows; layers reading a norm's output divide their copied inputs by ``copies`` and read 0 from the mean
-    units; layers reading the group itself (``raw_readers``) divide by ``scale`` too.
-    """
-
-    parent_units: int
-    child_units: int
-    copies: int
-    scale: float
-    raw_readers: frozenset[int]
-
-    def copied(self) -> np.ndarray:
-        """The parent unit of each copied child unit (the first ``copies * parent_units``)."""
-        return np.tile(np.arange(self.parent_units), self.copies)
-
-
-def stream_growth(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray,
-                  corr: dict[int, int] | None = None) -> dict[int, StreamGrowth]:
-    """Child groups grown by a factor that does not divide that :class:`StreamGrowth` makes exact: read by at least
-    one LayerNorm, each norm's output read by layers only (pre-LN: the norm is not the stream), and every layer on
-    the group inherited and either writing it (a linear, conv or embedding into it, an added table), reading it
-    with an input axis (after a norm, or the group itself through shape ops and means over positions), or a
-    LayerNorm. A norm written out in ops (RMSNorm) and per-channel layers (BatchNorm, depthwise convs, layer
-    scales) leave a group out (their mean units would not stay the mean)."""
-    pairs = np.asarray(pairs)
-    corr = group_correspondence(parent, child, pairs) if corr is None else corr
-    out: dict[int, StreamGrowth] = {}
-    layer_of = np.full(child.num_nodes, -1, dtype=np.int64)
-    layer_of[child.layer_node] = np.arange(child.num_layers)
-    succ, preds = child.successors(), child.predecessor_lists()
-    for cg, pg in corr.items():
-        cs, ps = int(child.group_size[cg]), int(parent.group_size[pg])
-        if ps <= 0 or cs <= ps or cs % ps == 0 or len(child.group_of_parts(cg)):
-            continue
-        on = np.flatnonzero((child.in_group == cg) | (child.out_group == cg)).tolist()
-        if not any(int(child.layer_kind[li]) == int(Kind.LAYERNORM) for li in on):
-            continue
-        raw: set[int] = set()
-        if all(_stream_role(child, li, cg, pairs, layer_of, succ, preds, raw) for li in on):
-            q = cs // ps
-            out[cg] = StreamGrowth(ps, cs, q, float(np.sqrt(cs / (q * ps))), frozenset(raw))
-    return out
-
-
-_LINEAR_INPUT = frozenset(int(k) for k in (Kind.RESHAPE, Kind.TRANSPOSE, Kind.REDUCE, Kind.POOL))
-_ON_THE_WAY = _LINEAR_INPUT | {int(Kind.ACTIVATION), int(Kind.RECTIFIER)}
-
-
-def _stream_role(g: LayerGraph, li: int, group: int, pairs: np.ndarray, layer_of: np.ndarray,
-                 succ: list[list[int]], preds: list[list[int]], raw: set[int]) -> bool:
-    """Whether layer ``li`` on ``group`` has a role :class:`StreamGrowth` keeps exact (a reader of the group itself
-    is added to ``raw``)."""
-    if pairs[li] < 0:
-        return False
-    kind, t = int(g.layer_kind[li]), traits(int(g.layer_kind[li]))
-    gi, go = int(g.in_group[li]), int(g.out_group[li])
-    attrs = g.attrs[li] if li < len(g.attrs) else {}
-    if kind == int(Kind.LAYERNORM):
-        return not _reaches_merge(int(g.layer_node[li]), g, layer_of, succ)
-    if kind == int(Kind.PARAM):
-        return go == group and not attrs.get("scales", True)  # a table added to the group
-    if t.in_axis is not None and gi == group and go != group:
-        # a norm's output: copies hold the parent's values and the mean units 0, so any elementwise op between
-        # keeps them (the reader reads 0 from the mean units); the stream itself only through linear ops
-        cur, linear = int(g.layer_node[li]), True
-        while len(preds[cur]) == 1 and layer_of[preds[cur][0]] < 0 and int(g.kind[preds[cur][0]]) in _ON_THE_WAY:
-            cur = preds[cur][0]
-            linear = linear and int(g.kind[cur]) in _LINEAR_INPUT
-        if len(preds[cur]) != 1:
-            return False
-        src = preds[cur][0]
-        if layer_of[src] >= 0 and int(g.layer_kind[layer_of[src]]) == int(Kind.LAYERNORM):
-            return True
-        if linear and (layer_of[src] >= 0 and int(g.out_group[layer_of[src]]) == group
-                       or int(g.kind[src]) == int(Kind.ADD)):
-            raw.add(li)
-            return True
-        return False
-    return go == group and gi != group and (t.in_axis is not None or kind == int(Kind.EMBEDDING))
-
-
-def _reaches_merge(node: int, g: LayerGraph, layer_of: np.ndarray, succ: list[list[int]]) -> bool:
-    """Whether a norm's output meets a merge (a residual add: post-LN) before any layer."""
-    def weightless(v: int) -> bool:
-        return layer_of[v] < 0
-
-    return any(weightless(v) and traits(int(g.kind[v])).merge is not None
-               for v in _downstream(node, succ, weightless))
-
-
-def _downstream(start: int, succ: list[list[int]], passes: Callable[[int], bool]) -> Iterator[int]:
-    """The nodes reachable from ``start``'s successors, each once, depth first; the walk goes on past a node only
-    where ``passes`` says so (the nodes it stops at are yielded too)."""
-    seen: set[int] = set()
-    stack = list(succ[start])
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        yield v
-        if passes(v):
-            stack.extend(succ[v])

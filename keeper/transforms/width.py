@@ -12,8 +12,6 @@ parent's, copied. ``tests/test_transforms.py`` checks both invariants on random 
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 
 __all__ = ["unit_map", "replication_counts", "take_units", "take_inputs", "take_units_and_inputs"]
@@ -23,18 +21,19 @@ __all__ = ["unit_map", "replication_counts", "take_units", "take_inputs", "take_
 _BLOCK_BYTES = 1 << 18
 
 
-def unit_map(parent_units: int, child_units: int, importance: np.ndarray | None = None, *,
-             seed: int = 0, key: int = 0) -> np.ndarray:
+def unit_map(parent_units: int, child_units: int, importance: np.ndarray | None = None) -> np.ndarray:
     """Index of the parent unit each child unit comes from.
 
     Growing keeps every parent unit once, in place, then copies the whole parent again as many times as fits,
-    then copies distinct units drawn by a generator seeded from ``(seed, key, sizes)``: two child groups that
-    share a parent group and a size get the same map, which is what lets an inserted identity layer sit between
-    them. Every parent unit is copied ``child // parent`` or one more times: growth by an integer factor copies
-    every unit equally often, so a LayerNorm or RMSNorm reading the group sees the parent's mean and variance
-    (HyperCloning, Samragh et al. 2024), and a group split into heads of the parent's size gets whole heads
-    cloned (head ``j`` of the child is head ``j mod parent heads``). Shrinking keeps the ``child_units`` parent units
-    of highest ``importance`` (the first ones when no importance is given), in increasing order.
+    then the first units once more (child unit ``j`` copies parent unit ``j mod parent``): two child groups that
+    share a parent's size and a child's size get the same map, which is what lets an inserted identity layer sit
+    between them and a projection read heads another computed. Every parent unit is copied ``child // parent`` or
+    one more times: growth by an integer factor copies every unit equally often, so a LayerNorm or RMSNorm reading
+    the group sees the parent's mean and variance (HyperCloning, Samragh et al. 2024), and a group split into heads
+    of the parent's size, by any factor, gets whole heads cloned (head ``j`` of the child is head ``j mod parent
+    heads``; with grouped key-value heads, query head ``j`` still reads the clone of its parent's key-value head
+    when both grow by the same factor). Shrinking keeps the ``child_units`` parent units of highest
+    ``importance`` (the first ones when no importance is given), in increasing order.
     """
     if parent_units <= 0 or child_units <= 0:
         raise ValueError(f"unit_map needs positive sizes, got parent={parent_units}, child={child_units}")
@@ -45,10 +44,7 @@ def unit_map(parent_units: int, child_units: int, importance: np.ndarray | None 
             return np.arange(child_units)
         keep = np.argsort(-np.asarray(importance, dtype=np.float64), kind="stable")[:child_units]
         return np.sort(keep)
-    reps, rest = divmod(child_units, parent_units)
-    rng = np.random.default_rng(zlib.crc32(f"{seed}/{key}/{parent_units}/{child_units}".encode()))
-    extra = rng.choice(parent_units, size=rest, replace=False) if rest else np.zeros(0, dtype=np.int64)
-    return np.concatenate([np.tile(np.arange(parent_units), reps), extra])
+    return np.arange(child_units) % parent_units
 
 
 def replication_counts(mapping: np.ndarray, parent_units: int) -> np.ndarray:
