@@ -101,7 +101,7 @@ def _int_list(spec: dict, key: str, lo: int = 1) -> list[int]:
     v = spec[key]
     if not isinstance(v, (list, tuple)) or not v or any(
             isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo for x in v):
-        raise _bad(key, f"a non-empty list of integers >= {lo}", v, f"give one entry per stage, e.g. [16, 32]")
+        raise _bad(key, f"a non-empty list of integers >= {lo}", v, "give one entry per stage, e.g. [16, 32]")
     return [int(x) for x in v]
 
 

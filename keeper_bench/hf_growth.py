@@ -23,7 +23,6 @@ import contextlib
 import importlib
 import io
 import logging
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field

@@ -269,7 +269,6 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
     ``workdir`` and shuts it down at the end; the cold arm leaves its trials' final weights there for the copy
     bound (:data:`BOUNDS`), which must run after the cold arm of its seed in the same ``workdir``.
     """
-    import ray
     from ray import tune
 
     from keeper.actors.launcher import shutdown

@@ -196,8 +196,6 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def service(cluster, tmp_path_factory):
-    import ray
-
     import keeper.actors as ka
     from keeper_bench import graph_only
 

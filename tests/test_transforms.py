@@ -290,7 +290,6 @@ def test_identical_architecture_is_copied_exactly():
 def _roll_block_graph():
     """x (a stem's output) -> LayerNorm -> MatMul -> a roll over positions (two slices, one concatenation) -> added back to x: a
     residual branch that forks and joins inside (Swin's shifted windows), then a head."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
