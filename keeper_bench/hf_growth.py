@@ -242,10 +242,10 @@ def trained_like(model: nn.Module, seed: int = 0) -> nn.Module:
 class GrowthResult:
     """Max relative deviation of the child's outputs from the parent's: ``warm`` (keeper, noise 0) and ``init``
     (the child's own initialisation); the alignment ``score``; the module tensors keeper did not inherit
-    (``missing``); whether keeper flagged the warm function-preserving (``preserved``); seconds for the two exports
-    and the warm; per child layer (canonical order), whether it was
-    left new by the alignment (``new``) and its place along the residual stream (``segment``, see
-    :mod:`keeper.graph.stream`)."""
+    (``missing``); whether keeper flagged the warm function-preserving (``preserved``) and, where not, why
+    (``why``, from :func:`keeper.preservation.assess`); seconds for the two exports and the warm; per child layer
+    (canonical order), whether it was left new by the alignment (``new``) and its place along the residual stream
+    (``segment``, see :mod:`keeper.graph.stream`)."""
 
     warm: float
     init: float
@@ -255,6 +255,7 @@ class GrowthResult:
     seconds: float = 0.0
     new: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     segment: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    why: str = ""
 
 
 @contextlib.contextmanager
@@ -293,6 +294,7 @@ def warm_deviation(parent: nn.Module, child: nn.Module, x: tuple, *, dynamo: boo
     from keeper.graph import load_graph
     from keeper.graph.stream import residual_stream
     from keeper.matching import align
+    from keeper.preservation import assess
     from keeper.torch_support import export
     from keeper.torch_support.load import load_result
     from keeper.warm import warm_from_parent
@@ -312,4 +314,5 @@ def warm_deviation(parent: nn.Module, child: nn.Module, x: tuple, *, dynamo: boo
     with torch.no_grad():
         got = child(*x)
     return GrowthResult(_deviation(want, got), _deviation(want, cold), float(result.score), list(result.missing),
-                        bool(result.preserved), seconds, np.asarray(alignment.pairs) < 0, residual_stream(cg).segment)
+                        bool(result.preserved), seconds, np.asarray(alignment.pairs) < 0, residual_stream(cg).segment,
+                        "" if result.preserved else assess(pg, cg, alignment).why)

@@ -87,10 +87,10 @@ def _rows(families: list[str], exporters: list[str], quick: bool) -> list[dict]:
             try:
                 r = run(dynamo=exporter == "dynamo")
                 row = dict(warm=r.warm, init=r.init, score=r.score, missing=r.missing, preserved=r.preserved,
-                           error="")
+                           why=r.why, error="")
             except Exception as exc:  # a pair that fails is a row of the report, not the end of it
                 row = dict(warm=float("nan"), init=float("nan"), score=float("nan"), missing=[], preserved=False,
-                           error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                           why="", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
             row.update(family=label, growth=growth, child=child, exporter=exporter,
                        seconds=time.perf_counter() - t0)
             rows.append(row)
@@ -105,8 +105,10 @@ def _sizes(d: dict) -> str:
 def _line(row: dict) -> str:
     if row["error"]:
         verdict = f"error: {row['error']}"
-    else:
+    else:  # a pair keeper does not claim says why (the first growth the rules refuse)
         verdict = "exact" if row["warm"] <= EXACT else ""
+        if row["why"] and row["warm"] > EXACT:
+            verdict = f"not claimed: {row['why']}"
     missing = row["missing"]
     shown = ", ".join(missing[:3]) + (f" +{len(missing) - 3}" if len(missing) > 3 else "")
     return (f"| {row['family']} | {row['growth']} ({_sizes(row['child'])}) | {row['exporter']} | "
@@ -161,7 +163,8 @@ def main() -> None:
         "inherit (their names follow), so a warm figure measures the growth operators alone only where it is 0. "
         "`preserved` is what keeper claims (`WarmResult.preserved`): it must imply `warm` <= 1e-4. "
         "Transformers' `d_model x2` doubles the heads and keeps the head size; `x1.5` is a factor that does not "
-        "divide (exact where `preserved` says so).",
+        "divide (exact where `preserved` says so). A pair that is not exact says why keeper does not claim it (the "
+        "first growth its rules refuse, `keeper.preservation.assess`).",
         "",
         summary,
         "",
