@@ -62,7 +62,8 @@ def inexact_width(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> s
     layer_of[child.layer_node] = np.arange(child.num_layers)
     succ, preds = child.successors(), child.predecessor_lists()
     sizes = {c: (int(parent.group_size[p]), int(child.group_size[c])) for c, p in corr.items()}
-    streams = stream_growth(parent, child, pairs, corr)
+    refused: dict[int, str] = {}
+    streams = stream_growth(parent, child, pairs, corr, refused)
     cheads, pheads = group_heads(child), group_heads(parent)
     factors = {Fraction(cheads[c], pheads[p]) for c, p in corr.items() if c in cheads and p in pheads}
     for cg, pg in sorted(corr.items()):
@@ -85,7 +86,7 @@ def inexact_width(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> s
         for li in np.flatnonzero((child.in_group == cg) | (child.out_group == cg)).tolist():
             why = _layer_why(child, li, cg, uneven and cg not in streams)
             if why:
-                return f"{what} {why}"
+                return f"{what} {why}" + (f"; it cannot grow LEMON's way: {refused[cg]}" if cg in refused else "")
         for li in np.flatnonzero(child.out_group == cg).tolist():
             norms = streams[cg].reduces if cg in streams else frozenset()
             why = _flow_why(int(child.layer_node[li]), cg, (uneven, cloned, norms), sizes, child, layer_of, succ,

@@ -55,14 +55,14 @@ class StreamGrowth:
         return np.tile(np.arange(self.parent_units), self.copies)
 
 
-def stream_growth(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray,
-                  corr: dict[int, int] | None = None) -> dict[int, StreamGrowth]:
+def stream_growth(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, corr: dict[int, int] | None = None,
+                  refused: dict[int, str] | None = None) -> dict[int, StreamGrowth]:
     """Child groups grown by a factor that does not divide that :class:`StreamGrowth` makes exact: read by at least
     one norm, LayerNorms or RMSNorms but not both, each norm's output read by layers only, and every layer on the
     group inherited and either writing it (a linear, conv or embedding into it, an added table), reading it with
     an input axis (after a norm, or the group itself through shape ops and means over positions), or a norm.
     Per-channel layers (BatchNorm, depthwise convs, layer scales) leave a group out (its filled units would not
-    stay the fill)."""
+    stay the fill). A group with norms that is left out gets the reason in ``refused`` (when given)."""
     pairs = np.asarray(pairs)
     corr = group_correspondence(parent, child, pairs) if corr is None else corr
     out: dict[int, StreamGrowth] = {}
@@ -77,13 +77,19 @@ def stream_growth(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray,
         layernorms = any(int(child.layer_kind[li]) == int(Kind.LAYERNORM) for li in on)
         rms = {li: r for li in on if (r := _rms_reduce(child, li, layer_of, preds)) is not None}
         if layernorms == bool(rms):  # no norm, or norms of both kinds
+            if rms and refused is not None:
+                refused[cg] = "LayerNorms and RMSNorms both read it"
             continue
         raw: set[int] = set()
-        if all(_stream_role(child, li, cg, pairs, layer_of, succ, preds, raw, rms) for li in on) \
-                and _fed_by_stream(child, cg, on, layer_of, preds):
-            q = cs // ps
-            out[cg] = StreamGrowth(ps, cs, q, float(np.sqrt(cs / (q * ps))), frozenset(raw),
-                                   "zero" if rms else "mean", frozenset(rms), frozenset(rms.values()))
+        why = next((w for li in on if (w := _stream_role(child, li, cg, pairs, layer_of, succ, preds, raw, rms))),
+                   "") or _fed_by_stream(child, cg, on, layer_of, preds)
+        if why:
+            if refused is not None:
+                refused[cg] = why
+            continue
+        q = cs // ps
+        out[cg] = StreamGrowth(ps, cs, q, float(np.sqrt(cs / (q * ps))), frozenset(raw),
+                               "zero" if rms else "mean", frozenset(rms), frozenset(rms.values()))
     return out
 
 
@@ -120,44 +126,56 @@ _ON_THE_WAY = _LINEAR_INPUT | {int(Kind.ACTIVATION), int(Kind.RECTIFIER)}
 
 
 def _stream_role(g: LayerGraph, li: int, group: int, pairs: np.ndarray, layer_of: np.ndarray,
-                 succ: list[list[int]], preds: list[list[int]], raw: set[int], rms: dict[int, int]) -> bool:
-    """Whether layer ``li`` on ``group`` has a role :class:`StreamGrowth` keeps exact (a reader of the group itself
-    is added to ``raw``; ``rms`` are the group's RMSNorm weights)."""
+                 succ: list[list[int]], preds: list[list[int]], raw: set[int], rms: dict[int, int]) -> str:
+    """Why layer ``li`` on ``group`` has no role :class:`StreamGrowth` keeps exact ("" when it has one; a reader
+    of the group itself is added to ``raw``; ``rms`` are the group's RMSNorm weights)."""
+    name = repr(g.layer_names[li]) if li < len(g.layer_names) else f"#{li}"
     if pairs[li] < 0:
-        return False
+        return f"layer {name} on it is new"
     kind, t = int(g.layer_kind[li]), traits(int(g.layer_kind[li]))
     gi, go = int(g.in_group[li]), int(g.out_group[li])
     attrs = g.attrs[li] if li < len(g.attrs) else {}
     if kind == int(Kind.LAYERNORM) or li in rms:
-        return not _reaches_merge(int(g.layer_node[li]), g, layer_of, succ)
+        if _reaches_merge(int(g.layer_node[li]), g, layer_of, succ):
+            return f"the output of norm {name} is the stream (post-norm: after the norm a filled unit cannot stay " \
+                   "the fill)"
+        return ""
     if kind == int(Kind.PARAM):
-        return go == group and not attrs.get("scales", True)  # a table added to the group
+        if go == group and not attrs.get("scales", True):  # a table added to the group
+            return ""
+        return f"per-channel layer {name} scales it (a filled unit would not stay the fill)"
     if t.in_axis is not None and gi == group and go != group:
-        # a norm's output: copies hold the parent's values and the filled units 0, so any elementwise op between
-        # keeps them (the reader reads 0 from the filled units); the stream itself only through linear ops
-        cur, linear = int(g.layer_node[li]), True
-        while len(preds[cur]) == 1 and layer_of[preds[cur][0]] < 0 and int(g.kind[preds[cur][0]]) in _ON_THE_WAY:
-            cur = preds[cur][0]
-            linear = linear and int(g.kind[cur]) in _LINEAR_INPUT
-        if len(preds[cur]) != 1:
-            return False
-        src = preds[cur][0]
-        norm = layer_of[src] >= 0 and (int(g.layer_kind[layer_of[src]]) == int(Kind.LAYERNORM)
-                                       or int(layer_of[src]) in rms)
-        if norm:
-            return True
-        if linear and (layer_of[src] >= 0 and int(g.out_group[layer_of[src]]) == group
-                       or int(g.kind[src]) == int(Kind.ADD)):
-            raw.add(li)
-            return True
+        return "" if _reads_stream(g, li, group, layer_of, preds, raw, rms) else \
+            f"layer {name} reads it through an op other than shape ops and means over positions"
+    if go == group and gi != group and (t.in_axis is not None or kind == int(Kind.EMBEDDING)):
+        return ""
+    return f"{Kind(kind).label} layer {name} acts on it channel by channel (a filled unit would not stay the fill)"
+
+
+def _reads_stream(g: LayerGraph, li: int, group: int, layer_of: np.ndarray, preds: list[list[int]], raw: set[int],
+                  rms: dict[int, int]) -> bool:
+    """Whether layer ``li`` reads the stream after a norm (copies hold the parent's values and the filled units 0,
+    so any elementwise op between keeps them) or the stream itself through linear ops only (added to ``raw``)."""
+    cur, linear = int(g.layer_node[li]), True
+    while len(preds[cur]) == 1 and layer_of[preds[cur][0]] < 0 and int(g.kind[preds[cur][0]]) in _ON_THE_WAY:
+        cur = preds[cur][0]
+        linear = linear and int(g.kind[cur]) in _LINEAR_INPUT
+    if len(preds[cur]) != 1:
         return False
-    return go == group and gi != group and (t.in_axis is not None or kind == int(Kind.EMBEDDING))
+    src = preds[cur][0]
+    if layer_of[src] >= 0 and (int(g.layer_kind[layer_of[src]]) == int(Kind.LAYERNORM) or int(layer_of[src]) in rms):
+        return True
+    writes = layer_of[src] >= 0 and int(g.out_group[layer_of[src]]) == group
+    if linear and (writes or int(g.kind[src]) == int(Kind.ADD)):
+        raw.add(li)
+        return True
+    return False
 
 
-def _fed_by_stream(g: LayerGraph, group: int, on: list[int], layer_of: np.ndarray, preds: list[list[int]]) -> bool:
-    """Whether every layer reading ``group`` gets its input, through weightless nodes, from layers writing the group
-    only (not from a layer whose output the extraction grouped apart, nor from a graph input): the filled units
-    must be filled by every tensor that makes the stream."""
+def _fed_by_stream(g: LayerGraph, group: int, on: list[int], layer_of: np.ndarray, preds: list[list[int]]) -> str:
+    """Why not every layer reading ``group`` gets its input, through weightless nodes, from layers writing the group
+    only ("" when all do): a layer whose output the extraction grouped apart, or a graph input, would bring units
+    that are not filled."""
     for li in on:
         if int(g.in_group[li]) != group:
             continue
@@ -170,12 +188,13 @@ def _fed_by_stream(g: LayerGraph, group: int, on: list[int], layer_of: np.ndarra
             seen.add(v)
             if layer_of[v] >= 0:
                 if int(g.out_group[layer_of[v]]) != group:
-                    return False
+                    w = int(layer_of[v])
+                    return f"layer {g.layer_names[w]!r}, grouped apart from the stream, feeds it"
             elif not preds[v]:
-                return False
+                return "a graph input feeds it"
             else:
                 stack.extend(preds[v])
-    return True
+    return ""
 
 
 def _reaches_merge(node: int, g: LayerGraph, layer_of: np.ndarray, succ: list[list[int]]) -> bool:
