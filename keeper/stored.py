@@ -38,6 +38,11 @@ WEIGHTS_EXTRA = "weights.safetensors"
 
 _stores: dict[str, ModelStore] = {}
 _stores_lock = threading.Lock()
+# numpy parses each .npz member's header with ast.literal_eval, and CPython 3.11 keeps the AST constructor's
+# recursion count per interpreter, not per thread: two parses at once in the service's threaded actors can fail
+# with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905); graph blobs are read one
+# at a time per process (a few milliseconds each)
+_npz_lock = threading.Lock()
 
 
 def graph_blob(graph: LayerGraph) -> bytes:
@@ -49,7 +54,7 @@ def graph_blob(graph: LayerGraph) -> bytes:
 
 def graph_format(blob: bytes) -> int:
     """The ``LayerGraph.FORMAT`` a graph blob was written with (1 for blobs that predate the field)."""
-    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+    with _npz_lock, np.load(io.BytesIO(blob), allow_pickle=False) as z:
         return int(z["format"]) if "format" in z.files else 1
 
 
@@ -59,8 +64,9 @@ def graph_from_blob(blob: bytes, model: Callable[[], ModelInput] | None = None) 
     now read."""
     if model is not None and graph_format(blob) < LayerGraph.FORMAT:
         return load_graph(model())
-    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        return LayerGraph.from_arrays({k: z[k] for k in z.files})
+    with _npz_lock, np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    return LayerGraph.from_arrays(arrays)
 
 
 def stored_weights(store: ModelStore, name: str) -> SafeTensors | None:
