@@ -1,0 +1,183 @@
+"""KeeperPBT on a real local Ray with 2 CPUs: a population of small MLPs over width, depth and learning rate,
+each member one warm_start line, KeeperCallback registering them through the real keeper service, run with the
+shipped defaults (only the zoo's place and a namespace of its own per test are set). Ray starts once."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+
+import pytest
+import ray
+import torch
+from ray import tune
+
+from keeper.errors import ConfigError
+from keeper.tune_integration import KeeperCallback, warm_start
+
+pytestmark = pytest.mark.ray  # starts Ray on loopback; `-m "not ray"` leaves these out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    # the trainables below are defined in this test module, which Ray's workers cannot import: ship it by value
+    import sys
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _service(tmp_path) -> dict:
+    return {"zoo": str(tmp_path / "zoo"), "namespace": f"pbt-{uuid.uuid4().hex[:8]}"}
+
+
+def _pbt_trainable(service: dict, marker: str | None = None, fail_once: str | None = None):
+    """A population member: an MLP of the config's width and depth, one warm_start line (which restores whatever
+    checkpoint the trial starts from, any architecture), short training rounds, a checkpoint per round that
+    records the loss it was saved at (and its trial; ``restored`` says whether the file ``marker`` existed when the
+    trial started); the width-16 member raises the first time it starts from a checkpoint, when ``fail_once``
+    names a file that does not exist yet."""
+
+    def trainable(config: dict) -> None:
+        import json
+
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(256, 8, generator=g)
+        y = (x @ torch.randn(8, 3, generator=g)).argmax(1)
+        hidden = [config["width"]] * config["depth"]
+        layers, d = [], 8
+        for w in hidden:
+            layers += [torch.nn.Linear(d, w), torch.nn.ReLU()]
+            d = w
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(d, 3))
+        warm = warm_start(model, x[:2], config=service)
+
+        def loss() -> float:
+            with torch.no_grad():
+                return float(torch.nn.functional.cross_entropy(model(x), y))
+
+        source = None
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is not None:
+            with checkpoint.as_directory() as cd:
+                with open(os.path.join(cd, "meta.json")) as f:
+                    source = json.load(f)
+        start, opt = loss(), torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+        restored = bool(marker and os.path.exists(marker))
+        if fail_once and source and config["width"] == 16 and not os.path.exists(fail_once):
+            open(fail_once, "w").close()
+            raise RuntimeError("this member fails once on purpose")
+        for rnd in range(config["rounds"]):
+            for _ in range(10):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            now = loss()
+            with tempfile.TemporaryDirectory() as d:
+                torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+                with open(os.path.join(d, "meta.json"), "w") as f:
+                    json.dump({"loss": now, "width": config["width"], "depth": config["depth"],
+                               "trial": tune.get_context().get_trial_id()}, f)
+                metrics = {"neg_loss": -now, "parent": warm.parent or "", "preserved": bool(warm.preserved),
+                           "start_loss": start, "source": json.dumps(source) if rnd == 0 and source else "",
+                           "restored": restored}
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+    return trainable
+
+
+@pytest.mark.slow  # > 20 s on two idle cores
+def test_keeper_pbt_exploits_across_architectures(tmp_path):
+    """A population of 4 over width x depth x learning rate: weak trials clone strong ones of other architectures,
+    keeper carries the clone's function onto their own architecture (exactly where it says preserved), and no
+    trial errs."""
+    import json
+
+    from keeper.tune_integration import KeeperPBT
+
+    service = _service(tmp_path)
+
+    def validate(config):
+        if config["width"] < 4 or config["depth"] < 1:
+            raise ValueError(f"width {config['width']} / depth {config['depth']} builds no MLP")
+
+    with pytest.raises(ConfigError, match=r"hyperparam_mutations\['width'\] lists 2"):
+        KeeperPBT(metric="neg_loss", mode="max", hyperparam_mutations={"width": [2, 16]},
+                  architecture_keys=("width",), validate=validate, base_config={"depth": 1})
+    # synch: every trial reaches the perturbation point before the bottom half clones the top half, so exploits
+    # happen at iterations 2 and 4 whatever the machine's speed
+    pbt = KeeperPBT(time_attr="training_iteration", perturbation_interval=2, quantile_fraction=0.5, synch=True,
+                    hyperparam_mutations={"lr": [0.01, 0.05, 0.2]}, architecture_keys=("width", "depth"),
+                    validate=validate)
+    space = {"width": tune.grid_search([8, 16]), "depth": tune.grid_search([1, 2]), "lr": 0.05, "rounds": 1000}
+    cb = KeeperCallback(metric="neg_loss", mode="max", config=service)
+    grid = tune.Tuner(_pbt_trainable(service), param_space=space,
+                      tune_config=tune.TuneConfig(scheduler=pbt, metric="neg_loss", mode="max"),
+                      run_config=tune.RunConfig(name="pbt", storage_path=str(tmp_path / "results"),
+                                                stop={"training_iteration": 5}, callbacks=[cb], verbose=0)).fit()
+    assert not grid.errors
+    restored = []
+    for result in grid:
+        history = result.metrics_dataframe
+        for _, row in history[history["source"] != ""].iterrows():
+            source = json.loads(row["source"])
+            restored.append((source, row))
+    crossing = [(s, r) for s, r in restored
+                if (s["width"], s["depth"]) != (r["config/width"], r["config/depth"])]
+    assert crossing, f"no exploit crossed architectures: {[(s, r['parent']) for s, r in restored]}"
+    for source, row in crossing:
+        assert row["parent"].startswith("checkpoint"), row["parent"]
+        if row["preserved"]:  # the clone's function, up to the default symmetry-breaking noise
+            assert abs(row["start_loss"] - source["loss"]) <= 0.05 * source["loss"] + 1e-3, (source, row)
+
+
+@pytest.mark.slow  # > 20 s on two idle cores
+def test_keeper_pbt_resumes_after_tuner_restore(tmp_path):
+    """A KeeperPBT run with a member that fails once is restored with Tuner.restore(resume_errored=True): it
+    finishes with no errored trial, and the restored member starts from its checkpoint through warm_start (exactly
+    on its own architecture, by keeper's transforms on another)."""
+    import json
+
+    from keeper.tune_integration import KeeperPBT
+
+    service = _service(tmp_path)
+    marker = str(tmp_path / "restored")
+    trainable = _pbt_trainable(service, marker, fail_once=str(tmp_path / "failed"))
+
+    def validate(config):
+        if config["width"] < 4 or config["depth"] < 1:
+            raise ValueError(f"width {config['width']} / depth {config['depth']} builds no MLP")
+
+    pbt = KeeperPBT(time_attr="training_iteration", perturbation_interval=1, quantile_fraction=0.5, synch=True,
+                    hyperparam_mutations={"lr": [0.01, 0.05, 0.2]}, architecture_keys=("width", "depth"),
+                    validate=validate)
+    space = {"width": tune.grid_search([8, 16]), "depth": 1, "lr": 0.05, "rounds": 1000}
+    cb = KeeperCallback(metric="neg_loss", mode="max", config=service)
+    grid = tune.Tuner(trainable, param_space=space,
+                      tune_config=tune.TuneConfig(scheduler=pbt, metric="neg_loss", mode="max"),
+                      run_config=tune.RunConfig(name="pbt-restore", storage_path=str(tmp_path / "results"),
+                                                stop={"training_iteration": 4}, callbacks=[cb], verbose=0)).fit()
+    assert len(grid.errors) == 1, grid.errors
+    open(marker, "w").close()
+    grid = tune.Tuner.restore(str(tmp_path / "results" / "pbt-restore"), trainable, resume_errored=True).fit()
+    assert not grid.errors
+    resumed = 0
+    for result in grid:
+        assert result.metrics["training_iteration"] == 4, result.metrics
+        history = result.metrics_dataframe
+        after = history[history["restored"]]
+        if not len(after):
+            continue
+        resumed += 1
+        row = after.iloc[0]
+        assert row["source"] and row["parent"].startswith("checkpoint"), row.to_dict()
+        source = json.loads(row["source"])
+        if (source["width"], source["depth"]) == (row["config/width"], row["config/depth"]):
+            assert row["start_loss"] == pytest.approx(source["loss"], rel=1e-6), (source, row.to_dict())
+        else:
+            assert row["preserved"] and row["start_loss"] == pytest.approx(source["loss"], rel=0.05), source
+    assert resumed == 1, "the errored member, and only it, trained again after the restore"
