@@ -12,6 +12,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -23,3 +25,15 @@ TEST_HOME = tempfile.mkdtemp(prefix="keeper-test-home-")
 os.environ["HOME"] = TEST_HOME
 os.environ["KEEPER_ARCH_CACHE"] = os.path.join(TEST_HOME, "keeper-arch-cache")
 atexit.register(shutil.rmtree, TEST_HOME, True)
+
+
+@pytest.fixture(scope="module")
+def local_ray(request):
+    """Ray with 2 CPUs on loopback for the tests of one module, started once; the module's trainables, which
+    Ray's workers cannot import, are shipped by value."""
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(request.module)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -9,25 +9,14 @@ import tempfile
 import uuid
 
 import pytest
-import ray
 import torch
 from ray import tune
 
 from keeper.errors import ConfigError
 from keeper.tune_integration import KeeperCallback, warm_start
 
-pytestmark = pytest.mark.ray  # starts Ray on loopback; `-m "not ray"` leaves these out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    # the trainables below are defined in this test module, which Ray's workers cannot import: ship it by value
-    import sys
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+# starts Ray on loopback once (conftest's local_ray); `-m "not ray"` leaves these out
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
 
 def _service(tmp_path) -> dict:
