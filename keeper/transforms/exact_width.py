@@ -79,7 +79,9 @@ def inexact_width(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> s
                 + (", a factor that does not divide)" if uneven else ")"))
         # whole heads of one size cloned: attention's products compute the parent heads' (see the docstring); a
         # table with one unit per head (a relative-position bias) is cloned with them
-        cloned = len(factors) == 1 and (bool(hc and hp) or _per_head_table(child, cg, ps, cs, cheads, pheads, corr))
+        # (a stream grown LEMON's way is filled, not cloned)
+        cloned = len(factors) == 1 and cg not in streams and \
+            (bool(hc and hp) or _per_head_table(child, cg, ps, cs, cheads, pheads, corr))
         if uneven and hc and hp and not cloned:
             return f"{what} is split into heads whose number grows by {len(factors)} factors (grouped key-value " \
                    "heads would read other heads' clones)"
