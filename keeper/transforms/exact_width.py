@@ -34,6 +34,7 @@ from fractions import Fraction
 import numpy as np
 
 from keeper.graph import LayerGraph
+from keeper.graph.walk import walk
 from keeper.kinds import Kind, traits
 from keeper.transforms.correspondence import group_correspondence, group_heads, packed_groups
 from keeper.transforms.stream_width import downstream, stream_growth
@@ -176,34 +177,23 @@ def _scores_plus(softmax: int, g: LayerGraph, layer_of: np.ndarray, preds: list[
     """Whether the softmax reads attention's scores (a product of two activations) with something added: through
     one-input weightless nodes (a scale, a mask), an added table (a PARAM that does not scale) or an Add of the
     scores and another tensor."""
-    def back(v: int) -> int:  # up through one-input weightless nodes and added tables
-        while len(preds[v]) == 1 and (layer_of[v] < 0 or _added_table(g, int(layer_of[v]))):
-            v = preds[v][0]
-        return v
+    tables = [int(g.layer_node[li]) for li in range(g.num_layers) if _added_table(g, li)]
+    through = layer_of < 0
+    through[tables] = True
 
     def scores(v: int) -> bool:
         return layer_of[v] < 0 and int(g.kind[v]) == int(Kind.MATMUL)
 
-    if len(preds[softmax]) != 1:
-        return False
-    top = back(preds[softmax][0])
-    added = layer_of[top] < 0 and int(g.kind[top]) == int(Kind.ADD) and len(preds[top]) == 2
-    return (added and any(scores(back(p)) for p in preds[top])) or (scores(top) and _table_between(
-        preds[softmax][0], top, g, layer_of, preds))
+    up = walk(softmax, preds, through)
+    top = up.node
+    if layer_of[top] < 0 and int(g.kind[top]) == int(Kind.ADD) and len(preds[top]) == 2:
+        return any(scores(walk(top, preds, through, first=[p]).node) for p in preds[top])
+    return scores(top) and bool(set(up.passed) & set(tables))
 
 
 def _added_table(g: LayerGraph, li: int) -> bool:
     attrs = g.attrs[li] if li < len(g.attrs) else {}
     return int(g.layer_kind[li]) == int(Kind.PARAM) and not attrs.get("scales", True)
-
-
-def _table_between(v: int, top: int, g: LayerGraph, layer_of: np.ndarray, preds: list[list[int]]) -> bool:
-    """Whether an added table sits on the one-input path from ``v`` up to ``top``."""
-    while v != top:
-        if layer_of[v] >= 0 and _added_table(g, int(layer_of[v])):
-            return True
-        v = preds[v][0]
-    return False
 
 
 def _slices_units(s: int, group: int, uneven: bool, sizes: dict[int, tuple[int, int]], g: LayerGraph,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from keeper.graph import LayerGraph
+from keeper.graph.walk import walk
 from keeper.kinds import Kind, traits
 from keeper.transforms.correspondence import group_correspondence
 
@@ -69,13 +70,15 @@ def stream_growth(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, corr
     layer_of = np.full(child.num_nodes, -1, dtype=np.int64)
     layer_of[child.layer_node] = np.arange(child.num_layers)
     succ, preds = child.successors(), child.predecessor_lists()
+    casts = (layer_of < 0) & (child.kind == int(Kind.ACTIVATION))
+    scalar_ops = (layer_of < 0) & np.isin(child.kind, [int(Kind.ACTIVATION), int(Kind.MUL), int(Kind.ADD)])
     for cg, pg in corr.items():
         cs, ps = int(child.group_size[cg]), int(parent.group_size[pg])
         if ps <= 0 or cs <= ps or cs % ps == 0 or len(child.group_of_parts(cg)):
             continue
         on = np.flatnonzero((child.in_group == cg) | (child.out_group == cg)).tolist()
         layernorms = any(int(child.layer_kind[li]) == int(Kind.LAYERNORM) for li in on)
-        rms = {li: r for li in on if (r := _rms_reduce(child, li, layer_of, preds)) is not None}
+        rms = {li: r for li in on if (r := _rms_reduce(child, li, layer_of, preds, casts, scalar_ops)) is not None}
         if layernorms == bool(rms):  # no norm, or norms of both kinds
             if rms and refused is not None:
                 refused[cg] = "LayerNorms and RMSNorms both read it"
@@ -93,29 +96,30 @@ def stream_growth(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, corr
     return out
 
 
-def _rms_reduce(g: LayerGraph, li: int, layer_of: np.ndarray, preds: list[list[int]]) -> int | None:
+def _rms_reduce(g: LayerGraph, li: int, layer_of: np.ndarray, preds: list[list[int]],
+                casts: np.ndarray, scalar_ops: np.ndarray) -> int | None:
     """The mean-of-squares node when layer ``li`` is an RMSNorm's weight written out in ops, else None: a scaling
     PARAM fed (through casts) by ``x * f`` where ``f`` comes from a mean over the units of ``x`` (through a square
-    and casts) by an ``eps`` added, a root and a reciprocal (nodes of one input each)."""
+    and casts) by an ``eps`` added, a root and a reciprocal (nodes of one input each). ``casts`` and
+    ``scalar_ops`` say per node whether a walk up goes through it (weightless activations; and products and
+    sums)."""
     attrs = g.attrs[li] if li < len(g.attrs) else {}
     if int(g.layer_kind[li]) != int(Kind.PARAM) or not attrs.get("scales", True):
         return None
 
-    def back(v: int, kinds: tuple[Kind, ...]) -> int:  # up through one-input weightless nodes of ``kinds``
-        while layer_of[v] < 0 and int(g.kind[v]) in kinds and len(preds[v]) == 1:
-            v = preds[v][0]
-        return v
+    def back(v: int, through: np.ndarray) -> int:  # the first node up from v (v included) that one does not pass
+        return walk(v, preds, through, first=[v]).node
 
     node = int(g.layer_node[li])
     if len(preds[node]) != 1:
         return None
-    m = back(preds[node][0], (Kind.ACTIVATION,))
+    m = back(preds[node][0], casts)
     if layer_of[m] >= 0 or int(g.kind[m]) != int(Kind.MUL) or len(preds[m]) != 2:
         return None
     for a, b in (preds[m], preds[m][::-1]):
-        r = back(b, (Kind.ACTIVATION, Kind.MUL, Kind.ADD))
+        r = back(b, scalar_ops)
         if layer_of[r] < 0 and int(g.kind[r]) == int(Kind.REDUCE) and len(preds[r]) == 1 \
-                and back(preds[r][0], (Kind.ACTIVATION,)) == back(a, (Kind.ACTIVATION,)):
+                and back(preds[r][0], casts) == back(a, casts):
             return r
     return None
 
