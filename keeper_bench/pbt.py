@@ -1,10 +1,14 @@
-"""One training budget spent four ways on MNIST-1D through Ray Tune: what ``scripts/bench_pbt.py`` measures.
+"""One training budget spent four ways through Ray Tune, on two workloads: what ``scripts/bench_pbt.py`` measures.
 
-The search space: a 1-D ResNet of :mod:`keeper_bench.families` whose stages are ``[w, 2w, 4w]`` wide with ``b``
-blocks each (``w`` in :attr:`PbtRun.widths`, ``b`` in :attr:`PbtRun.blocks`), trained with Adam at a constant
-learning rate drawn log-uniformly from :attr:`PbtRun.lr_range`. Every member trains in rounds of
-:attr:`PbtRun.round_steps` steps; after each round it is evaluated in eval mode on a validation split (what the
-schedulers rank by) and on the test split (what the target reads), and reports once.
+The search spaces (:attr:`PbtRun.workload`), each over a width ``w`` in :attr:`PbtRun.widths`, a depth ``b`` in
+:attr:`PbtRun.blocks` and a learning rate drawn log-uniformly from :attr:`PbtRun.lr_range` (Adam, constant rate):
+    mnist1d: a 1-D ResNet of :mod:`keeper_bench.families` whose stages are ``[w, 2w, 4w]`` wide with ``b`` blocks
+        each, on MNIST-1D; quality is classification accuracy.
+    lm: a byte-level GPT-2 (:mod:`keeper_bench.lm`, a Hugging Face config) of width ``w``, ``b`` layers, heads of
+        16 channels (``w / 16`` heads) and an FFN of ``4w``, on the Python standard library's source; quality is
+        next-token accuracy on fixed windows; gradients clipped to norm 1.
+Every member trains in rounds of :attr:`PbtRun.round_steps` steps; after each round it is evaluated in eval mode on
+a validation split (what the schedulers rank by) and on the test split (what the target reads), and reports once.
 
 Arms, all at the same budget of ``population x steps`` training steps:
     random: ``population`` configs drawn at random, each trained cold for ``steps``.
@@ -56,12 +60,23 @@ class PbtRun:
     kernel: int = 5
     lr_range: tuple[float, float] = (1e-4, 3e-2)
     batch_size: int = 128
+    workload: str = "mnist1d"     # or "lm" (see the module docstring; :meth:`language` gives its settings)
+    context: int = 64             # lm: bytes a window predicts from
+    eval_windows: int = 64        # lm: fixed windows per evaluation split
     num_samples: int = 5000       # MNIST-1D samples generated: 4000 train (the last val_size held out), 1000 test
     val_size: int = 500
     data_seed: int = 0
     noise: float = 0.01           # keeper's symmetry-breaking noise on a transform across architectures
     asha_factor: int = 3          # ASHA draws up to asha_factor x population configs
     margin: float = 0.01          # target = best final test accuracy of the random arm - margin
+
+    @classmethod
+    def language(cls, **overrides: Any) -> "PbtRun":
+        """The language workload's settings: widths 32 and 64 (2 and 4 heads of 16 channels, so a width growth
+        clones whole heads, exactly), 1-3 layers, learning rates 3e-4 to 1e-2, batches of 8 windows."""
+        settings = {"workload": "lm", "widths": (32, 64), "blocks": (1, 2, 3), "lr_range": (3e-4, 1e-2),
+                    "batch_size": 8}
+        return cls(**{**settings, **overrides})
 
     @property
     def budget(self) -> int:
@@ -78,11 +93,32 @@ class PbtRun:
 
 
 def member_spec(run: PbtRun, width: int, blocks: int) -> dict:
-    """The ResNet spec of width ``width`` and ``blocks`` blocks per stage."""
+    """The workload's spec of width ``width`` and depth ``blocks`` (ValueError for one it cannot build)."""
+    if run.workload == "lm":
+        from keeper_bench import lm
+
+        if width % 16 or not lm._valid({"family": "gpt2", "d_model": width, "layers": blocks, "heads": width // 16,
+                                         "kv_heads": width // 16, "ffn": 4 * width}):
+            raise ValueError(f"member_spec: no GPT-2 of width {width} and {blocks} layers in the language space")
+        return {"family": "gpt2", "d_model": width, "layers": blocks, "heads": width // 16, "kv_heads": width // 16,
+                "ffn": 4 * width}
+    if run.workload != "mnist1d":
+        raise ValueError(f"member_spec: unknown workload {run.workload!r}; expected 'mnist1d' or 'lm'")
     from keeper_bench.families import default_spec
 
     return {**default_spec("resnet"), "widths": [width, 2 * width, 4 * width], "blocks": [blocks] * 3,
             "kernel": run.kernel}
+
+
+def _build(run: PbtRun, spec: dict) -> tuple[Any, Any]:
+    """(the model of ``spec``, drawn from torch's global generator; an example input for tracing it)."""
+    if run.workload == "lm":
+        from keeper_bench import lm
+
+        return lm.build(spec, run.context), lm.example_input(run.context)
+    from keeper_bench.families import build, example_input
+
+    return build(spec), example_input(spec)
 
 
 def draws(run: PbtRun, seed: int, n: int) -> list[dict]:
@@ -97,29 +133,46 @@ def draws(run: PbtRun, seed: int, n: int) -> list[dict]:
     return out
 
 
-def _train_round(model: Any, opt: Any, x: Any, y: Any, steps: int, batch: int, seed: int) -> float:
+def _train_round(run: PbtRun, model: Any, opt: Any, data: dict, steps: int, seed: int) -> float:
     """``steps`` Adam steps on batches drawn (with replacement) by a generator seeded with ``seed``; mean loss."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, len(y), (steps, batch), generator=gen)
     model.train()
     total = 0.0
+    if run.workload == "lm":
+        text = data["train"]
+        starts = torch.randint(0, len(text) - run.context - 1, (steps, run.batch_size), generator=gen)
+        offsets = torch.arange(run.context + 1)
+    else:
+        idx = torch.randint(0, len(data["y"]), (steps, run.batch_size), generator=gen)
     for i in range(steps):
-        loss = torch.nn.functional.cross_entropy(model(x[idx[i]]), y[idx[i]])
+        if run.workload == "lm":
+            w = text[starts[i][:, None] + offsets]
+            logits = model(w[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
+        else:
+            loss = torch.nn.functional.cross_entropy(model(data["x"][idx[i]]), data["y"][idx[i]])
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if run.workload == "lm":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         opt.step()
-        total += float(loss)
+        total += loss.item()
     return total / steps
 
 
-def _accuracy(model: Any, x: Any, y: Any) -> float:
+def _accuracy(run: PbtRun, model: Any, data: dict, split: str) -> float:
+    """Accuracy on ``split`` ("val" or "test") in eval mode: classification accuracy, or next-token accuracy over
+    the split's fixed windows."""
     import torch
 
     model.eval()
     with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean())
+        if run.workload != "lm":
+            return float((model(data[f"x_{split}"]).argmax(1) == data[f"y_{split}"]).float().mean())
+        w = data[f"windows_{split}"]
+        return float((model(w[:, :-1]).argmax(-1) == w[:, 1:]).float().mean())
 
 
 def _read_checkpoint(checkpoint: Any) -> tuple[dict | None, dict | None, dict | None]:
@@ -145,20 +198,19 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any):
         from ray import tune
 
         from keeper.tune_integration import warm_start
-        from keeper_bench.families import build, example_input
 
         torch.set_num_threads(1)
         c0, t0 = time.thread_time(), time.perf_counter()
         arch = [int(config["width"]), int(config["blocks"])]
         spec = member_spec(run, *arch)
         torch.manual_seed(seed * 100_003 + int(config["index"]))
-        model = build(spec)
+        model, example = _build(run, spec)
         meta, state, optim = _read_checkpoint(tune.get_checkpoint())
         trial_id = tune.get_context().get_trial_id()
         info = {"parent": "", "preserved": False, "source_arch": json.dumps(meta["arch"]) if meta else "",
                 "exploit": bool(meta and meta["trial"] != trial_id)}
         if arm in KEEPER_ARMS:
-            warm = warm_start(model, example_input(spec), config=service)
+            warm = warm_start(model, example, config=service)
             info.update(parent=warm.parent or "", preserved=bool(warm.preserved))
         elif state is not None:  # Tune's PBT: a clone or a resume, always this architecture
             model.load_state_dict(state)
@@ -173,11 +225,10 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any):
         while done < run.steps:
             c1 = time.thread_time()
             n = min(run.round_steps, run.steps - done)
-            loss = _train_round(model, opt, data["x"], data["y"], n, run.batch_size,
-                                seed * 1_000_003 + int(config["index"]) * 10_007 + done)
+            loss = _train_round(run, model, opt, data, n, seed * 1_000_003 + int(config["index"]) * 10_007 + done)
             done += n
-            metrics = {"val_accuracy": _accuracy(model, data["x_val"], data["y_val"]),
-                       "test_accuracy": _accuracy(model, data["x_test"], data["y_test"]), "loss": loss,
+            metrics = {"val_accuracy": _accuracy(run, model, data, "val"),
+                       "test_accuracy": _accuracy(run, model, data, "test"), "loss": loss,
                        "member_steps": done, "round_steps": n, "width": arch[0], "blocks": arch[1],
                        "round_cpu_s": time.thread_time() - c1, **setup, **info}
             setup = {"setup_cpu_s": 0.0, "setup_s": 0.0}
@@ -247,6 +298,22 @@ def BudgetStopper(budget: int):
 
 
 def _dataset(run: PbtRun) -> dict:
+    """The workload's data as tensors: MNIST-1D's splits, or the corpus's training bytes and fixed validation and
+    test windows (the corpus's validation text halved: the first half ranks, the second is the target's)."""
+    if run.workload == "lm":
+        import torch
+
+        from keeper_bench import lm
+
+        corpus = lm.stdlib_corpus()
+        tok = lm.ByteTokenizer()
+        held = tok.encode(corpus.validation)
+        out = {"train": torch.from_numpy(tok.encode(corpus.train).astype(np.int64))}
+        for split, part in (("val", held[:len(held) // 2]), ("test", held[len(held) // 2:])):
+            starts = np.linspace(0, len(part) - run.context - 2, run.eval_windows).astype(np.int64)
+            out[f"windows_{split}"] = torch.from_numpy(part[starts[:, None] + np.arange(run.context + 1)]
+                                                       .astype(np.int64))
+        return out
     from keeper_bench.workload import mnist1d_dataset
 
     d = mnist1d_dataset(seed=run.data_seed, num_samples=run.num_samples)
@@ -269,11 +336,9 @@ def _scheduler(arm: str, run: PbtRun) -> Any:
     if arm == "pbt":
         return PopulationBasedTraining(hyperparam_mutations={"lr": lr}, **common)
     if arm == "keeper-pbt":
-        from keeper_bench.families import num_params
-
         return KeeperPBT(hyperparam_mutations={"lr": lr, "width": list(run.widths), "blocks": list(run.blocks)},
                          architecture_keys=("width", "blocks"),
-                         validate=lambda c: num_params(member_spec(run, c["width"], c["blocks"])),
+                         validate=lambda c: member_spec(run, c["width"], c["blocks"]),
                          base_config=dict(zip(("width", "blocks"), run.middle)), **common)
     return None
 

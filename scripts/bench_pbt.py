@@ -1,4 +1,5 @@
-"""Population-based training across architectures against three other ways to spend one budget (MNIST-1D, Tune).
+"""Population-based training across architectures against three other ways to spend one budget (MNIST-1D and a
+byte-level language model, through Tune).
 
 Arms (keeper_bench/pbt.py): random search, cold; ASHA with KeeperCallback and warm_start; Tune's
 PopulationBasedTraining over the learning rate of one architecture (the middle of the space); KeeperPBT over the
@@ -13,10 +14,12 @@ them: load-independent, the primary figure) and as wall seconds from the experim
 1-minute load average: the machine's cores may be shared). An arm that never reaches it counts its whole budget.
 
 Usage:
-    python scripts/bench_pbt.py            # 3 seeds, population 8 x 800 steps, rounds of 100 steps
-    python scripts/bench_pbt.py --quick    # 1 seed, population 4 x 200 steps, rounds of 50 (a smoke run)
+    python scripts/bench_pbt.py                  # MNIST-1D: 3 seeds, population 8 x 800 steps, rounds of 100
+    python scripts/bench_pbt.py --workload lm    # GPT-2 on bytes, the same settings
+    python scripts/bench_pbt.py --quick          # 1 seed, population 4 x 200 steps, rounds of 50 (a smoke run)
 
-Writes reports/bench_pbt.md and .json (rewritten after every arm run, marked incomplete until the end).
+Writes reports/bench_pbt.md (``--workload lm``: bench_pbt_lm.md) and .json, rewritten after every arm run and
+marked incomplete until the end.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from keeper_bench.reporting import LoadSampler, spread
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=("mnist1d", "lm"), default="mnist1d")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--population", type=int, default=8)
-    p.add_argument("--steps", type=int, default=800, help="training steps per member")
+    p.add_argument("--steps", type=int, help="training steps per member (default 800)")
     p.add_argument("--round-steps", type=int, default=100, help="steps between evaluations (a PBT round)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     p.add_argument("--quick", action="store_true", help="1 seed, population 4 x 200 steps, rounds of 50")
@@ -55,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in args.arms.split(",") if a]
     if "random" not in arms:
         p.error("the random arm defines the target: keep it in --arms")
-    run = PbtRun(population=args.population, steps=args.steps, round_steps=args.round_steps)
-    name = "bench_pbt_quick" if args.quick else "bench_pbt"
+    settings = {"population": args.population, "round_steps": args.round_steps,
+                **({"steps": args.steps} if args.steps else {})}
+    run = PbtRun.language(**settings) if args.workload == "lm" else PbtRun(**settings)
+    name = ("bench_pbt_lm" if args.workload == "lm" else "bench_pbt") + ("_quick" if args.quick else "")
     command = "python scripts/bench_pbt.py" + (" " + " ".join(sys.argv[1:]) if argv is None and sys.argv[1:] else "")
 
     import ray
@@ -143,17 +149,16 @@ def _markdown(run: PbtRun, arms: list[str], rows: dict, targets: dict, command: 
               wall: float, done: bool, versions: str, seeds: int) -> str:
     ls = load.summary()
     w, b = run.middle
-    out = ["# Population-based training across architectures (scripts/bench_pbt.py)", ""]
+    title = "a byte-level language model" if run.workload == "lm" else "MNIST-1D"
+    out = [f"# Population-based training across architectures, {title} (scripts/bench_pbt.py)", ""]
     if not done:
         out += ["**Incomplete**: the run is still going or was stopped; the tables hold the arm runs that finished.",
                 ""]
     out += [(f"Command: `{command}`; wall time {wall / 60:.1f} min on 2 CPUs shared with other work: 1-minute load "
             f"average {ls['mean']:.1f} on average over the run (min {ls['min']:.1f}, max {ls['max']:.1f}; 2 is a "
             f"full load from this benchmark alone), {platform.machine()}{', ' + versions if versions else ''}."), "",
-            (f"Workload: MNIST-1D ({run.num_samples} generated samples: {int(run.num_samples * 0.8) - run.val_size} "
-            f"train, {run.val_size} validation, {run.num_samples // 5} test); 1-D ResNets with stages "
-            f"[w, 2w, 4w], w in {list(run.widths)}, b in {list(run.blocks)} blocks per stage, kernel {run.kernel}; "
-            f"Adam at a constant learning rate, log-uniform in {list(run.lr_range)}, batch {run.batch_size}. "
+            _workload(run) +
+            (f"Adam at a constant learning rate, log-uniform in {list(run.lr_range)}, batch {run.batch_size}. "
             f"Budget per arm: population {run.population} x {run.steps} steps = {run.budget} training steps, in "
             f"rounds of {run.round_steps} steps, each ending in one evaluation (eval mode). Ray with 2 CPUs, one "
             "per trial, torch on one thread per trial."), "",
@@ -206,6 +211,19 @@ def _markdown(run: PbtRun, arms: list[str], rows: dict, targets: dict, command: 
                        f"{r['warmed']} | {r['wall_s']:.0f} | {r['errors']} |")
     out += ["", "## Where KeeperPBT wins and where it does not", "", _verdict(arms, rows, seeds), ""]
     return "\n".join(out)
+
+
+def _workload(run: PbtRun) -> str:
+    """The report's sentence on the workload and its search space."""
+    if run.workload == "lm":
+        return (f"Workload: byte-level GPT-2s (Hugging Face config, random initialisation) of width w in "
+                f"{list(run.widths)} (heads of 16 channels, FFN 4w) and b in {list(run.blocks)} layers, on the Python "
+                f"standard library's source (keeper_bench.lm's corpus); windows of {run.context} bytes; quality is "
+                f"next-token accuracy on {run.eval_windows} fixed windows of the held-out text's first half "
+                f"(validation) and second half (test); gradients clipped to norm 1; ")
+    return (f"Workload: MNIST-1D ({run.num_samples} generated samples: {int(run.num_samples * 0.8) - run.val_size} "
+            f"train, {run.val_size} validation, {run.num_samples // 5} test); 1-D ResNets with stages [w, 2w, 4w], "
+            f"w in {list(run.widths)}, b in {list(run.blocks)} blocks per stage, kernel {run.kernel}; ")
 
 
 def _verdict(arms: list[str], rows: dict, seeds: int) -> str:

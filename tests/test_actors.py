@@ -354,6 +354,22 @@ def test_scale_up_and_down_under_load(service):
     get(handle.scale.remote(matchers=3))
 
 
+def test_matchers_hold_the_zoo_before_a_query_needs_it(service):
+    """Shards reach every matcher when they appear, and a matcher that starts later gets them all: a query on a
+    large zoo does not wait for a matcher's first fetch (hundreds of milliseconds at 100,000 models)."""
+    handle, _ = service
+    get(handle.register.remote(mlp_onnx([40, 16, 10], seed=11), 0.5, "prefetched"))
+    n = get(handle.stats.remote())["matchers"]
+    try:
+        get(handle.scale.remote(matchers=n + 1))
+        placement = get(handle.placement.remote())  # each matcher answers after the fetches sent before it
+        assert len(placement) == n + 1 and all(p["shards"] >= 1 for p in placement), placement
+        newest = [p for p in placement if p["batches"] == 0]
+        assert newest and all(p["shards"] >= 1 for p in newest), "a matcher that never scored holds the shards"
+    finally:
+        get(handle.scale.remote(matchers=n))
+
+
 def test_sigkilled_manager_comes_back_with_every_model(service):
     handle, zoo = service
     models_before = get(handle.stats.remote())["models"]

@@ -23,6 +23,20 @@ def _service(tmp_path) -> dict:
     return {"zoo": str(tmp_path / "zoo"), "namespace": f"pbt-{uuid.uuid4().hex[:8]}"}
 
 
+def _mlp_task(config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.nn.Module]:
+    """A population member's data (the same for all) and its MLP of the config's width and depth."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 8, generator=g)
+    y = (x @ torch.randn(8, 3, generator=g)).argmax(1)
+    layers, d = [], 8
+    for w in [config["width"]] * config["depth"]:
+        layers += [torch.nn.Linear(d, w), torch.nn.ReLU()]
+        d = w
+    return x, y, torch.nn.Sequential(*layers, torch.nn.Linear(d, 3))
+
+
 def _pbt_trainable(service: dict, marker: str | None = None, fail_once: str | None = None):
     """A population member: an MLP of the config's width and depth, one warm_start line (which restores whatever
     checkpoint the trial starts from, any architecture), short training rounds, a checkpoint per round that
@@ -33,17 +47,7 @@ def _pbt_trainable(service: dict, marker: str | None = None, fail_once: str | No
     def trainable(config: dict) -> None:
         import json
 
-        torch.set_num_threads(1)
-        torch.manual_seed(0)
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(256, 8, generator=g)
-        y = (x @ torch.randn(8, 3, generator=g)).argmax(1)
-        hidden = [config["width"]] * config["depth"]
-        layers, d = [], 8
-        for w in hidden:
-            layers += [torch.nn.Linear(d, w), torch.nn.ReLU()]
-            d = w
-        model = torch.nn.Sequential(*layers, torch.nn.Linear(d, 3))
+        x, y, model = _mlp_task(config)
         warm = warm_start(model, x[:2], config=service)
 
         def loss() -> float:
@@ -170,3 +174,124 @@ def test_keeper_pbt_resumes_after_tuner_restore(tmp_path):
         else:
             assert row["preserved"] and row["start_loss"] == pytest.approx(source["loss"], rel=0.05), source
     assert resumed == 1, "the errored member, and only it, trained again after the restore"
+
+
+def _train_member(config: dict) -> None:
+    """A population member's Ray Train worker: the one warm_start line, given the checkpoint Tune started the trial
+    from (Ray Train hands its workers only their own run's checkpoints), one round of training, and a checkpoint
+    that records the loss it was saved at."""
+    import json
+
+    import ray.train
+
+    x, y, model = _mlp_task(config)
+    given = config["checkpoint"]
+    warm = warm_start(model, x[:2], config=config["service"], checkpoint=given)
+    with torch.no_grad():
+        start = float(torch.nn.functional.cross_entropy(model(x), y))
+    source = ""
+    if given is not None and config["from_tune"]:
+        with given.as_directory() as cd, open(os.path.join(cd, "meta.json")) as f:
+            source = f.read()
+    opt = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+    for _ in range(10):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    with torch.no_grad():
+        now = float(torch.nn.functional.cross_entropy(model(x), y))
+    metrics = {"neg_loss": -now, "parent": warm.parent or "", "preserved": bool(warm.preserved), "start_loss": start,
+               "source": source}
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+        with open(os.path.join(d, "meta.json"), "w") as f:
+            json.dump({"loss": now, "width": config["width"], "depth": config["depth"]}, f)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+
+
+@pytest.mark.slow  # > 20 s on two idle cores
+def test_keeper_pbt_with_ray_train_trials(tmp_path):
+    """Members that train in Ray Train workers (a TorchTrainer run per round inside each Tune trial, as Ray Train
+    V2 runs under Tune): the trial hands Tune's checkpoint to its workers, whose warm_start carries an exploited
+    checkpoint of another architecture onto their own; no trial errs."""
+    import json
+
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from keeper.tune_integration import KeeperPBT
+
+    service = _service(tmp_path)
+    storage = str(tmp_path / "train")
+
+    def member(config):
+        checkpoint, from_tune = tune.get_checkpoint(), True
+        trial_id = tune.get_context().get_trial_id()
+        while True:
+            # one worker of 0.5 CPU per trial: two trials at once, with keeper beside them, on a 2-CPU Ray; a run
+            # name of its own per round (a Train run that finds its name's directory resumes from its checkpoint)
+            trainer = TorchTrainer(_train_member,
+                                   train_loop_config={**config, "service": service, "checkpoint": checkpoint,
+                                                      "from_tune": from_tune},
+                                   scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+                                   run_config=RunConfig(name=f"{trial_id}-{uuid.uuid4().hex[:8]}",
+                                                        storage_path=storage))
+            result = trainer.fit()
+            checkpoint, from_tune = result.checkpoint, False
+            tune.report(dict(result.metrics), checkpoint=checkpoint)
+
+    pbt = KeeperPBT(time_attr="training_iteration", perturbation_interval=1, quantile_fraction=0.5, synch=True,
+                    hyperparam_mutations={"lr": [0.01, 0.05, 0.2]}, architecture_keys=("width", "depth"))
+    # two members of two architectures: the weaker clones the stronger, across architectures (each Train run
+    # starts processes: a larger population would cost this suite minutes)
+    space = {"width": tune.grid_search([8, 16]), "depth": 1, "lr": 0.05}
+    cb = KeeperCallback(metric="neg_loss", mode="max", config=service)
+    grid = tune.Tuner(tune.with_resources(member, {"CPU": 0.01}), param_space=space,
+                      tune_config=tune.TuneConfig(scheduler=pbt, metric="neg_loss", mode="max",
+                                                  max_concurrent_trials=2),
+                      run_config=tune.RunConfig(name="pbt-train", storage_path=str(tmp_path / "results"),
+                                                stop={"training_iteration": 2}, callbacks=[cb], verbose=0)).fit()
+    assert not grid.errors
+    crossing = []
+    for result in grid:
+        history = result.metrics_dataframe
+        for _, row in history[history["source"] != ""].iterrows():
+            source = json.loads(row["source"])
+            if (source["width"], source["depth"]) != (row["config/width"], row["config/depth"]):
+                crossing.append((source, row))
+    assert crossing, "no exploit crossed architectures"
+    for source, row in crossing:
+        assert row["parent"].startswith("checkpoint"), row["parent"]
+        assert row["preserved"] == (source["width"] < row["config/width"]), "a wider member keeps the function"
+        if row["preserved"]:
+            assert abs(row["start_loss"] - source["loss"]) <= 0.05 * source["loss"] + 1e-3, (source, row)
+
+
+def test_architecture_keys_nested_in_a_trainer_config_are_kept():
+    """A key missing from the top level is found in train_loop_config (a Ray Train trainer handed to the Tuner),
+    a path joined by '/' in any nested config; the exploiting trial keeps its own values there."""
+    from types import SimpleNamespace
+
+    from keeper.tune_integration import KeeperPBT
+
+    def validate(config):
+        if config["train_loop_config"]["width"] < 4:
+            raise ValueError("too narrow")
+
+    mutations = {"train_loop_config": {"lr": [0.1, 0.2], "width": [8, 16]}}
+    with pytest.raises(ConfigError, match=r"hyperparam_mutations\['width'\] lists 2"):
+        KeeperPBT(metric="m", mode="max", hyperparam_mutations={"train_loop_config": {"width": [2, 8]}},
+                  architecture_keys=("width",), validate=validate, base_config={"train_loop_config": {}})
+    pbt = KeeperPBT(metric="m", mode="max", hyperparam_mutations=mutations, architecture_keys=("width", "model/depth"),
+                    resample_probability=0.0)
+    mine = SimpleNamespace(config={"train_loop_config": {"lr": 0.1, "width": 8}, "model": {"depth": 1}})
+    theirs = SimpleNamespace(config={"train_loop_config": {"lr": 0.2, "width": 16}, "model": {"depth": 3}})
+    for _ in range(20):
+        config, ops = pbt._get_new_config(mine, theirs)
+        assert config["model"]["depth"] == 1, "a key no mutation names is kept"
+        if "width" in ops["train_loop_config"]:  # mutated: a listed value
+            assert config["train_loop_config"]["width"] in (8, 16)
+    pbt = KeeperPBT(metric="m", mode="max", hyperparam_mutations={"train_loop_config": {"lr": [0.1, 0.2]}},
+                    architecture_keys=("width",))
+    config, _ = pbt._get_new_config(mine, theirs)
+    assert config["train_loop_config"]["width"] == 8 and config["train_loop_config"]["lr"] in (0.1, 0.2)

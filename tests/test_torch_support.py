@@ -136,6 +136,23 @@ def test_warm_start_cold_then_from_a_parent(tmp_path):
     assert zoo.record("parent").hits == pytest.approx(1.0)
 
 
+def test_warm_start_from_a_given_checkpoint(tmp_path):
+    """A checkpoint handed to warm_start (what a Ray Train worker under PBT gets through train_loop_config) is
+    restored (its own architecture, exactly) whatever the zoo holds; what is not a checkpoint is refused by name."""
+    zoo = Zoo(str(tmp_path / "zoo"))
+    source, x = build({**RESNET, "widths": [12, 24]}, seed=3)
+    nets.trained_like(source, x, seed=3)
+    directory = tmp_path / "checkpoint_000002"
+    directory.mkdir()
+    torch.save(source.state_dict(), directory / "model.pt")
+    same, _ = build({**RESNET, "widths": [12, 24]}, seed=4)
+    result = warm_start(same, x, zoo, checkpoint=str(directory))
+    assert result.parent.startswith("checkpoint checkpoint_000002") and result.preserved, result.reason
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), same.state_dict().values()))
+    with pytest.raises(KeeperError, match="checkpoint=42 is a int; pass a ray.train.Checkpoint"):
+        warm_start(same, x, zoo, checkpoint=42)
+
+
 @pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
 def test_loading_keeps_dtype_and_device(tmp_path, dynamo):
     zoo = Zoo(str(tmp_path / "zoo"))

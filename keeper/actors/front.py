@@ -400,9 +400,12 @@ class Keeper:
                     for sid in v.shards}
             self._state = SearchState.build(v, refs)
             self.metrics.zoo_size(v.n)
-        try:  # the shards of new arrivals, fetched here rather than by the first query that scores them locally
-            self._local.prefetch([(sid, ref) for sid, ref in refs.items() if sid not in old.refs])
-        except (ServiceError, RayError):
+        # the shards of new arrivals, fetched here and by the matchers rather than by the first query that needs them
+        new = [(sid, ref) for sid, ref in refs.items() if sid not in old.refs]
+        self.pool.prefetch(new, list(refs.items()))
+        try:
+            self._local.prefetch(new)
+        except RayError:
             pass  # a query fetches it then
         return True
 

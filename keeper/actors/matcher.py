@@ -104,10 +104,15 @@ class Matcher:
             pairs += int(todo.shape[0])
         return (np.concatenate(out) if out else np.zeros(0, dtype=np.float64)), pairs
 
-    def prefetch(self, refs: Sequence[tuple[str, Any]]) -> None:
-        """Fetch the shards ``refs`` (shard id, ObjectRef) not cached yet, ahead of the batches that need them."""
+    def prefetch(self, refs: Sequence[tuple[str, Any]]) -> bool:
+        """Fetch the shards ``refs`` (shard id, ObjectRef) not cached yet, ahead of the batches that need them;
+        False when they could not be fetched within the bound (the batch that needs them fetches them again)."""
         with self._lock:
-            self._fetch(refs)
+            try:
+                self._fetch(refs)
+            except ServiceError:
+                return False
+        return True
 
     def _fetch(self, refs: Sequence[tuple[str, Any]]) -> None:
         missing = {sid: ref for sid, ref in refs if sid not in self._shards}

@@ -62,6 +62,7 @@ class MatcherPool:
         self._members: list[_Member] = []
         self._retiring: list[_Member] = []
         self.target = 0
+        self._shards: list[tuple[str, Any]] = []  # every shard of the zoo's view, for members that start later
         self.deaths = 0
         self.redone = 0
         self.local_batches = 0
@@ -119,7 +120,25 @@ class MatcherPool:
 
     def _new_member(self) -> _Member:
         handle = self._spawn()
-        return _Member(handle, probe=handle.ping.remote())
+        member = _Member(handle, probe=handle.ping.remote())
+        if self._shards:
+            handle.prefetch.remote(self._shards)
+        return member
+
+    def prefetch(self, new: Sequence[tuple[str, Any]], every: Sequence[tuple[str, Any]]) -> None:
+        """Ahead of the batches that need them (a member's first fetch of a large zoo costs a query hundreds of
+        milliseconds): the ``new`` shards to every member, and ``every`` shard to each member started from now on.
+        Fire and forget: a member that has not fetched a shard yet fetches it with the batch that needs it."""
+        with self._lock:
+            self._shards = list(every)
+            members = list(self._members)
+        if not new:
+            return
+        for m in members:
+            try:
+                m.handle.prefetch.remote(list(new))
+            except Exception:  # noqa: BLE001 - a dead member is found and replaced by the next batch
+                pass
 
     def pending(self) -> list[Any]:
         """Handles of the members that have not answered yet (not placed by Ray, or still starting)."""

@@ -10,9 +10,9 @@ Public surface:
 
 Modules: :mod:`export` (the architecture), :mod:`cache` (exports remembered per architecture), :mod:`tensors`
 (tensors as arrays), :mod:`cache_files` (exports kept on disk across processes), :mod:`exported` (the
-record), :mod:`schedule` (warm_lr), :mod:`templates` (architecture templates and where they are kept), :mod:`load` (a result into
-the module), :mod:`probe` (data probes), :mod:`start` (warm_start, register), :mod:`trial` (files a Tune trial
-leaves), :mod:`distributed` (one warm start per Ray Train trial).
+record), :mod:`schedule` (warm_lr), :mod:`templates` (architecture templates and where they are kept),
+:mod:`load` (a result into the module), :mod:`probe` (data probes), :mod:`start` (warm_start, register),
+:mod:`trial` (files a Tune trial leaves), :mod:`distributed` (one warm start per Ray Train trial).
 """
 
 from keeper.torch_support.export import Exported, export, export_graph, module_weights

@@ -65,7 +65,7 @@ def parent_source(zoo: Any, config: Any = None, timeout_s: float = 300.0) -> Par
 
 def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any = None, noise: float | None = None,
                probe: Any = None, dynamo: bool | None = None, timeout_s: float = 300.0,
-               trainable: Any = None) -> WarmResult:
+               trainable: Any = None, checkpoint: Any = None) -> WarmResult:
     """Warm-start ``module`` (a ``torch.nn.Module``, on any device) in place from the best parent in a zoo.
 
     Args:
@@ -83,6 +83,11 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
         dynamo: True / False picks torch's dynamo / TorchScript ONNX exporter (None: the default).
         timeout_s: the bound on the service's answer.
         trainable: in a ``tune.Trainable`` class, ``self`` (found on the call stack when omitted).
+        checkpoint: a ``ray.train.Checkpoint`` (or its directory) to start from. Needed only in Ray Train workers
+            run inside a Tune trial under (Keeper)PBT: Ray Train hands its workers only their own run's
+            checkpoints, so the trial passes ``tune.get_checkpoint()`` through ``train_loop_config``. A checkpoint
+            of the Train run itself (a restart after a worker failure) comes first; elsewhere the trial's own
+            checkpoint is found without it.
 
     Returns:
         The WarmResult: ``parent`` is None (the module keeps its own weights) when the zoo holds nothing similar
@@ -102,7 +107,7 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
     rank, size = distributed.rank_and_size()
     source = parent_source(zoo, config, timeout_s)
     exported, choice = _choose_once(module, example_input, source, dynamo, trainable, rank, size)
-    result, failed = _restore_checkpoint(module, exported, choice, noise, trainable)
+    result, failed = _restore_checkpoint(module, exported, choice, noise, trainable, checkpoint)
     if result is None:
         score = module_probe(module, exported.keys, probe) if probe is not None else None
         result = chooser.warm(source, exported.onnx, exported.graph, noise=noise, probe=score, choice=choice,
@@ -136,10 +141,11 @@ def _choose_once(module: Any, example_input: Any, source: ParentSource, dynamo: 
 
 
 def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, noise: float | None,
-                        trainable: Any) -> tuple[WarmResult | None, str]:
-    """The trial's checkpoint restored into ``module`` (every rank alike: same checkpoint, same seed), or
-    (None, why not) when there is none or it cannot be restored; a failure never ends the trial."""
-    found = trial.checkpoint_state(trainable)
+                        trainable: Any, given: Any = None) -> tuple[WarmResult | None, str]:
+    """The trial's checkpoint (or ``given``, see :func:`trial.checkpoint_state`) restored into ``module`` (every
+    rank alike: same checkpoint, same seed), or (None, why not) when there is none or it cannot be restored; a
+    failure never ends the trial."""
+    found = trial.checkpoint_state(trainable, given)
     if found is None:
         return None, ""
     state, template, what = found

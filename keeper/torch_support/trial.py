@@ -17,12 +17,13 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import posixpath
 import sys
 import warnings
 from typing import Any
 
-from keeper.errors import StoreError
+from keeper.errors import KeeperError, StoreError
 from keeper.torch_support.distributed import train_context
 from keeper.torch_support.restore import read_state_dict
 from keeper.torch_support.templates import save_template
@@ -85,24 +86,31 @@ def save_architecture(template: bytes, state: dict[str, Any], uri: str, trainabl
                     "of Ray Train workers of this architecture will need a model_builder", uri, exc)
 
 
-def checkpoint_state(trainable: Any = None) -> tuple[dict[str, Any], bytes | None, str] | None:
+def checkpoint_state(trainable: Any = None, given: Any = None) -> tuple[dict[str, Any], bytes | None, str] | None:
     """The checkpoint this function trainable or Ray Train worker starts from (its own after a restore, or the
     trial Tune's PBT cloned): ``(state_dict, the architecture template beside it or None, a label naming it)``;
     None outside a trial, with no checkpoint, or for a checkpoint holding no state_dict (``model.onnx``: the
-    trainable restores it itself). A ``tune.Trainable`` class restores in its own ``load_checkpoint``."""
-    if trainable is not None or "ray.tune" not in sys.modules:
-        return None
-    checkpoint = None
-    try:
-        from ray import tune
+    trainable restores it itself). A ``tune.Trainable`` class restores in its own ``load_checkpoint``.
 
-        checkpoint = tune.get_checkpoint()
-    except Exception:  # noqa: BLE001 - outside a function trainable Tune raises various errors
-        checkpoint = None
-    if checkpoint is None and train_context() is not None:
+    ``given`` (a ``ray.train.Checkpoint`` or a directory): the checkpoint to start from, for a Ray Train worker
+    that Tune's checkpoint reaches only through ``train_loop_config`` (Ray Train V2 hands a worker only its own
+    run's checkpoints). In a Ray Train worker the run's own checkpoint (a restart after a worker failure) comes
+    first; in a function trainable ``given`` replaces Tune's."""
+    if trainable is not None:
+        return None
+    checkpoint = _as_checkpoint(given)
+    in_train = train_context() is not None
+    if in_train:
         import ray.train
 
-        checkpoint = ray.train.get_checkpoint()
+        checkpoint = ray.train.get_checkpoint() or checkpoint
+    elif checkpoint is None and "ray.tune" in sys.modules:
+        try:
+            from ray import tune
+
+            checkpoint = tune.get_checkpoint()
+        except Exception:  # noqa: BLE001 - outside a function trainable Tune raises various errors
+            checkpoint = None
     if checkpoint is None:
         return None
     trial_dir = posixpath.dirname(checkpoint.path.rstrip("/"))
@@ -117,6 +125,21 @@ def checkpoint_state(trainable: Any = None) -> tuple[dict[str, Any], bytes | Non
     except (FileNotFoundError, OSError):
         template = None
     return state, template, what
+
+
+def _as_checkpoint(given: Any) -> Any:
+    """``given`` as a ``ray.train.Checkpoint`` (None stays None); else :class:`KeeperError` naming it."""
+    if given is None:
+        return None
+    from ray.train import Checkpoint
+
+    if isinstance(given, Checkpoint):
+        return given
+    if isinstance(given, (str, os.PathLike)) and os.path.isdir(given):
+        return Checkpoint.from_directory(os.fspath(given))
+    raise KeeperError(f"warm_start: checkpoint={given!r} is a {type(given).__name__}; pass a ray.train.Checkpoint "
+                      "(e.g. tune.get_checkpoint(), handed to Ray Train workers through train_loop_config) or the "
+                      "path of a checkpoint directory")
 
 
 def save_lineage(result: WarmResult, trainable: Any = None) -> None:

@@ -7,7 +7,9 @@ checkpoint the trial starts from (:mod:`keeper.torch_support.restore`): the tria
 other by keeper's function-preserving transforms. ``KeeperPBT`` adds what the scheduler must know about
 architectures:
 
-* ``architecture_keys``: the config keys that define the model (``width``, ``depth``...). With
+* ``architecture_keys``: the config keys that define the model (``width``, ``depth``...); a key in a nested
+  config is its path joined by ``/`` as Tune writes it (``"model/width"``), and a bare key missing from the top
+  level is looked up in ``train_loop_config`` (a Ray Train trainer handed to the Tuner). With
   ``keep_architecture=True`` (the default) an exploiting trial keeps its own values of them and inherits only the
   clone's function, so the population keeps its architectures; with False it takes the clone's, as Tune's PBT
   does; either way a key in ``hyperparam_mutations`` may mutate.
@@ -64,11 +66,14 @@ class KeeperPBT(PopulationBasedTraining):
         if self.validate is None:
             return
         for key in self.architecture_keys:
-            values = mutations.get(key)
+            path = _path(mutations, key)
+            values = _get(mutations, path)
             if not isinstance(values, (list, tuple)):
                 continue
             for value in values:
-                why = self._invalid(dict(base, **{key: value}))
+                config = copy.deepcopy(base)
+                _set(config, path, value)
+                why = self._invalid(config)
                 if why is not None:
                     raise ConfigError(f"KeeperPBT: hyperparam_mutations[{key!r}] lists {value!r}, whose architecture "
                                       f"is invalid ({why}); remove the value or fix validate")
@@ -111,15 +116,51 @@ class KeeperPBT(PopulationBasedTraining):
             config, operations = super()._get_new_config(trial, trial_to_clone)
             if self.keep_architecture:
                 for key in self.architecture_keys:
-                    if key in trial.config and key not in operations:
-                        config[key] = copy.deepcopy(trial.config[key])
+                    path = _path(trial.config, key)
+                    if _get(trial.config, path) is not _MISSING and _get(operations, path) is _MISSING:
+                        _set(config, path, copy.deepcopy(_get(trial.config, path)))
             why = self._invalid(config) if self.validate is not None else None
             if why is None:
                 return config, operations
         log.warning("KeeperPBT: %d explored configs of trial %s had invalid architectures (last: %s); it keeps its "
                     "own architecture", self.MAX_REDRAWS, trial, why)
         for key in self.architecture_keys:
-            if key in trial.config:
-                config[key] = copy.deepcopy(trial.config[key])
-            operations.pop(key, None)
+            path = _path(trial.config, key)
+            if _get(trial.config, path) is not _MISSING:
+                _set(config, path, copy.deepcopy(_get(trial.config, path)))
+            _drop(operations, path)
         return config, operations
+
+
+_MISSING = object()
+#: where a Ray Train trainer handed to the Tuner keeps its train loop's config
+_TRAIN_LOOP = "train_loop_config"
+
+
+def _path(config: dict, key: str) -> tuple[str, ...]:
+    """The path of architecture key ``key`` in ``config`` (see the module docstring)."""
+    if "/" in key:
+        return tuple(key.split("/"))
+    if key not in config and isinstance(config.get(_TRAIN_LOOP), dict) and key in config[_TRAIN_LOOP]:
+        return (_TRAIN_LOOP, key)
+    return (key,)
+
+
+def _get(config: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        if not isinstance(config, dict) or part not in config:
+            return _MISSING
+        config = config[part]
+    return config
+
+
+def _set(config: dict, path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        config = config.setdefault(part, {})
+    config[path[-1]] = value
+
+
+def _drop(config: dict, path: tuple[str, ...]) -> None:
+    parent = _get(config, path[:-1])
+    if isinstance(parent, dict):
+        parent.pop(path[-1], None)
