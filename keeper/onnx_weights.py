@@ -1,9 +1,10 @@
 """Read a model's parameters in keeper's canonical orientation, and write warmed ones back.
 
 Invariant: ``to_source(ref, canonical(ref, arrays))`` returns the array stored under ``ref.key`` unchanged, so a
-round trip through canonical orientation is exact; for a role built from pieces (``ref.span``),
-``to_source(ref, role_arrays(refs, arrays)[ref.role])`` does, and the rows no piece covers are zeros. Keys that are aliases of a shared initializer (TorchScript
-deduplicates equal initializers behind Identity nodes) are untied on write: each gets its own initializer.
+round trip through canonical orientation is exact; for a piece of a role built from pieces (``ref.span``),
+``to_source(ref, role_arrays(refs, arrays)[ref.role])`` does, and the rows no piece covers are zeros. Keys that
+are aliases of a shared initializer (TorchScript deduplicates equal initializers behind Identity nodes) are untied
+on write: each gets its own initializer.
 
 A model's weights are its initializers' data, or, for initializers stored without data (a graph whose weights
 travel apart), the tensors of a weights file (:mod:`keeper.weights`), checked against the graph's dtypes and dims
@@ -21,8 +22,8 @@ from keeper.graph import LayerGraph, TensorRef
 from keeper.onnx_safety import has_data
 from keeper.weights import WeightsInput, check_weights, open_weights
 
-__all__ = ["read_initializers", "canonical", "role_arrays", "fixed_rows", "to_source", "layer_arrays", "write_weights", "apart_specs",
-           "model_weights", "split_weights", "clear_data"]
+__all__ = ["read_initializers", "canonical", "role_arrays", "fixed_rows", "to_source", "layer_arrays",
+           "write_weights", "apart_specs", "model_weights", "split_weights", "clear_data"]
 
 
 def read_initializers(proto: onnx.ModelProto) -> dict[str, np.ndarray]:

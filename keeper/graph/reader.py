@@ -13,7 +13,8 @@ Invariant: nothing here depends on the order of nodes in the file beyond the top
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx

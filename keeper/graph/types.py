@@ -48,8 +48,9 @@ class TensorRef:
     span: tuple[int, ...] = ()
 
     def to_json(self) -> list:
-        return [self.role, self.key, self.source, list(self.source_shape),
-                [[op, list(arg)] for op, arg in self.chain], list(self.canon)] + ([list(self.span)] if self.span else [])
+        out = [self.role, self.key, self.source, list(self.source_shape),
+               [[op, list(arg)] for op, arg in self.chain], list(self.canon)]
+        return out + [list(self.span)] if self.span else out
 
     @classmethod
     def from_json(cls, v: list) -> "TensorRef":
@@ -154,12 +155,12 @@ class LayerGraph:
         its shape says; :attr:`total_params` leaves them out."""
         fixed = 0
         for li in range(len(self.tensors)):
-            wholes: dict[str, int] = {}
+            left: dict[str, int] = {}  # role -> elements no piece covers
             for r in self.trainable_refs(li):
                 if r.span:
-                    rows = int(np.prod(r.source_shape)) // max(r.span[1] - r.span[0], 1)
-                    wholes[r.role] = wholes.get(r.role, r.span[2] * rows) - (r.span[1] - r.span[0]) * rows
-            fixed += sum(wholes.values())
+                    per_row = int(np.prod(r.source_shape)) // max(r.span[1] - r.span[0], 1)
+                    left[r.role] = left.get(r.role, r.span[2] * per_row) - int(np.prod(r.source_shape))
+            fixed += sum(left.values())
         return fixed
 
     @property

@@ -50,8 +50,8 @@ class Transfer:
 
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     provenance: dict[str, tuple[str | None, str]] = field(default_factory=dict)
-    # child layers a role of which is built from pieces and constant zeros, where the transform gave the constant
-    # rows values other than zero: the pieces are written, the constants stay zero, so the function is not kept
+    # child layers with a role built from pieces whose constant zero rows the transform gave other values: the
+    # pieces are written, the zeros stay, so the function is not the transform's
     unkept: list[str] = field(default_factory=list)
 
 
@@ -260,24 +260,22 @@ def transfer_layers(child: LayerGraph, child_inits: Mapping[str, np.ndarray],
     child's dtype; a tensor the child keeps is its own array, not a copy. With ``sink``, each tensor goes to
     ``sink(key, array)`` as soon as it is made and ``weights`` stays empty (streaming: one layer in memory).
 
-    A role built from pieces (``TensorRef.span``: concat(q_bias, zeros, v_bias)) is assembled before ``layer``
-    sees it and split back after; its zero rows are constants of the child, never written: a layer whose new value
-    is not zero there is listed in ``unkept`` (its function is then not the transform's).
-    """
+    A role built from pieces (``TensorRef.span``: concat(q_bias, zeros, v_bias)) is assembled for ``layer`` and
+    split back; its zero rows are the child's constants, never written: a layer whose new value is not zero there is
+    listed in ``unkept`` (its function is then not the transform's)."""
     out = Transfer()
     done: set[str] = set()
     for c in range(child.num_layers):
         refs = child.tensors[c]
         cvals = role_arrays(refs, child_inits)
         values = layer(c, cvals)
-        for role, (_, src, op) in values.items():
+        for role, (v, src, op) in values.items():
             for i, ref in enumerate(r for r in refs if r.role == role):
                 if writers is None or writers.get(ref.key, c) == c:
                     out.provenance[ref.key] = (src[min(i, len(src) - 1)] if isinstance(src, tuple) else src, op)
-        for role, (v, _, _) in values.items():
             fixed = fixed_rows(refs, role)
             if fixed is not None and v is not cvals[role] and np.any(np.asarray(v)[fixed]):
-                out.unkept.append(child.layer_names[c] if c < len(child.layer_names) else str(c))
+                out.unkept.append(child.layer_names[c])
         for ref in refs:
             if ref.key in done or (writers is not None and writers.get(ref.key, c) != c):
                 continue
@@ -429,10 +427,9 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
         kind = int(child.layer_kind[c])
         out_map = maps.map(int(child.out_group[c]))
         in_map = maps.map(int(child.in_group[c]))
-        pkeys: dict[str, Any] = {}
-        for r in parent.tensors[p]:  # the pieces of a role: one key each
-            pkeys[r.role] = pkeys[r.role] + (r.key,) if r.role in pkeys else (r.key,)
-        pkeys = {role: keys[0] if len(keys) == 1 else keys for role, keys in pkeys.items()}
+        pkeys: dict[str, tuple[str, ...]] = {}
+        for r in parent.tensors[p]:  # a role's keys: one, or one per piece
+            pkeys[r.role] = pkeys.get(r.role, ()) + (r.key,)
         values: LayerTensors = {}
         for role, ct in cvals.items():
             if role not in P[p]:
