@@ -328,9 +328,14 @@ class Alignment:
         out: dict[str, str | None] = {}
         for ci, refs in enumerate(child.tensors):
             pi = int(self.pairs[ci])
-            prole = {r.role: r.key for r in parent.tensors[pi]} if pi >= 0 else {}
-            for r in refs:
-                out[r.key] = prole.get(r.role)
+            prole: dict[str, list[str]] = {}
+            for r in parent.tensors[pi] if pi >= 0 else ():
+                prole.setdefault(r.role, []).append(r.key)
+            seen: dict[str, int] = {}
+            for r in refs:  # the pieces of a role (TensorRef.span) pair in order
+                keys, i = prole.get(r.role, []), seen.get(r.role, 0)
+                seen[r.role] = i + 1
+                out[r.key] = keys[min(i, len(keys) - 1)] if keys else None
         return out
 
 

@@ -1,8 +1,10 @@
 """Read a model's parameters in keeper's canonical orientation, and write warmed ones back.
 
 Invariant: ``to_source(ref, canonical(ref, arrays))`` returns the array stored under ``ref.key`` unchanged, so a
-round trip through canonical orientation is exact. Keys that are aliases of a shared initializer (TorchScript
-deduplicates equal initializers behind Identity nodes) are untied on write: each gets its own initializer.
+round trip through canonical orientation is exact; for a piece of a role built from pieces (``ref.span``),
+``to_source(ref, role_arrays(refs, arrays)[ref.role])`` does, and the rows no piece covers are zeros. Keys that
+are aliases of a shared initializer (TorchScript deduplicates equal initializers behind Identity nodes) are untied
+on write: each gets its own initializer.
 
 A model's weights are its initializers' data, or, for initializers stored without data (a graph whose weights
 travel apart), the tensors of a weights file (:mod:`keeper.weights`), checked against the graph's dtypes and dims
@@ -20,8 +22,8 @@ from keeper.graph import LayerGraph, TensorRef
 from keeper.onnx_safety import has_data
 from keeper.weights import WeightsInput, check_weights, open_weights
 
-__all__ = ["read_initializers", "canonical", "to_source", "layer_arrays", "write_weights", "apart_specs",
-           "model_weights", "split_weights", "clear_data"]
+__all__ = ["read_initializers", "canonical", "role_arrays", "fixed_rows", "to_source", "layer_arrays",
+           "write_weights", "apart_specs", "model_weights", "split_weights", "clear_data"]
 
 
 def read_initializers(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -47,8 +49,27 @@ def canonical(ref: TensorRef, arrays: dict[str, np.ndarray]) -> np.ndarray:
     return a.transpose(ref.canon) if ref.canon else a
 
 
+def role_arrays(refs: tuple[TensorRef, ...], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Role -> canonical array of one layer's refs; the pieces of a role (``span``) assembled into the whole,
+    the rows between them zeros (constants of the architecture, see :meth:`ModelReader.trace_pieces`)."""
+    out: dict[str, np.ndarray] = {}
+    for ref in refs:
+        a = canonical(ref, arrays)
+        if ref.span:
+            start, stop, whole = ref.span
+            if ref.role not in out:
+                out[ref.role] = np.zeros((whole,) + a.shape[1:], a.dtype)
+            out[ref.role][start:stop] = a
+        else:
+            out[ref.role] = a
+    return out
+
+
 def to_source(ref: TensorRef, value: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`canonical`: the array to store under ``ref.key``."""
+    """Inverse of :func:`canonical`: the array to store under ``ref.key`` (for a piece, from the whole role's
+    ``value``: its rows)."""
+    if ref.span:
+        value = value[ref.span[0]:ref.span[1]]
     a = value.transpose(np.argsort(ref.canon)) if ref.canon else value
     if ref.key != ref.source:  # an untied alias: stored as the op sees it
         return np.ascontiguousarray(a)
@@ -62,7 +83,18 @@ def to_source(ref: TensorRef, value: np.ndarray) -> np.ndarray:
 
 def layer_arrays(graph: LayerGraph, arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     """Per layer, role -> canonical array."""
-    return [{ref.role: canonical(ref, arrays) for ref in refs} for refs in graph.tensors]
+    return [role_arrays(refs, arrays) for refs in graph.tensors]
+
+
+def fixed_rows(refs: tuple[TensorRef, ...], role: str) -> np.ndarray | None:
+    """The rows of ``role`` no piece covers (its constant zeros) as a boolean mask, None when the role is whole."""
+    pieces = [r for r in refs if r.role == role and r.span]
+    if not pieces:
+        return None
+    mask = np.ones(pieces[0].span[2], dtype=bool)
+    for r in pieces:
+        mask[r.span[0]:r.span[1]] = False
+    return mask
 
 
 def write_weights(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:

@@ -15,6 +15,7 @@ travel whole is warmed where it is needed: ``warm_from_store`` reads the parent 
 from __future__ import annotations
 
 import os
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -22,7 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
-from keeper.errors import InvalidModelError
+from keeper.errors import InvalidModelError, PartialWarmWarning
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
 from keeper.preservation import assess
@@ -209,9 +210,14 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
     for k in unset:
         weights.pop(k, None)
     fit = assess(pg, cg, al)
+    if moved.unkept:  # constant zeros of a bias built from pieces could not take the transform's values
+        warnings.warn(PartialWarmWarning(
+            f"warm: the transform gave non-zero values to the constant zero rows of {len(moved.unkept)} layers' "
+            f"biases built from pieces ({', '.join(moved.unkept[:3])}); those rows stay zero, so the warmed "
+            "child does not compute the transform's function"))
     # learned tensors no layer holds (an op keeper has no rule for) keep the child's values: say which
     return WarmResult(parent_name, al.score, weights, moved.provenance, model, missing=sorted(cg.unread),
-                      unset=unset, preserved=fit.preserved, structure=fit.structure)
+                      unset=unset, preserved=fit.preserved and not moved.unkept, structure=fit.structure)
 
 
 def _transfer_to_file(pg, pweights, cg, cweights: Mapping[str, np.ndarray], al, noise, seed,

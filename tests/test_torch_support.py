@@ -379,3 +379,77 @@ def test_a_tensor_no_layer_reads_keeps_the_module_value_in_the_graph(dynamo):
             if i.data_type == onnx.TensorProto.FLOAT and i.dims == [8]}
     assert len(held) == 1  # the gate: data in the graph (not a stamped value), the layers' tensors apart
     np.testing.assert_array_equal(next(iter(held.values())), module.gate.detach().numpy())
+
+
+# ---------------------------------------------------------------------------------------------- biases in pieces
+
+class _CatBias(torch.nn.Module):
+    """BEiT's and EVA-02's attention: the qkv bias is built in the forward pass as concat(q_bias, zeros, v_bias),
+    the key's zeros a buffer outside the state_dict; q, k and v split along the units (heads of size ``head``)."""
+
+    def __init__(self, heads: int = 2, head: int = 4, dim: int = 8):
+        super().__init__()
+        self.heads, self.head, self.inner = heads, head, heads * head
+        self.qkv = torch.nn.Linear(dim, 3 * self.inner, bias=False)
+        self.q_bias = torch.nn.Parameter(torch.randn(self.inner))
+        self.v_bias = torch.nn.Parameter(torch.randn(self.inner))
+        self.register_buffer("k_bias", torch.zeros(self.inner), persistent=False)
+        self.proj = torch.nn.Linear(self.inner, dim)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        qkv = torch.nn.functional.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
+        q, k, v = (p.reshape(b, t, self.heads, self.head).transpose(1, 2) for p in qkv.split(self.inner, dim=-1))
+        a = (q @ k.transpose(-2, -1) * self.head ** -0.5).softmax(-1)
+        return self.proj((a @ v).transpose(1, 2).reshape(b, t, -1))
+
+
+def _cat_bias(seed: int, **sizes) -> _CatBias:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return _CatBias(**sizes).eval()
+
+
+EXPORTERS = {"trace": None, "torchscript": False, "dynamo": True}
+
+
+@pytest.mark.parametrize("exporter", list(EXPORTERS))
+def test_a_bias_built_from_pieces_is_read_and_warmed_exactly(tmp_path, exporter):
+    import warnings
+
+    from keeper.errors import PartialWarmWarning
+    from keeper.graph import load_graph
+    from keeper.torch_support import export_graph, register
+
+    dynamo, x = EXPORTERS[exporter], torch.randn(2, 5, 8)
+    parent, child = _cat_bias(1), _cat_bias(2)
+    with nets.quiet():
+        g = load_graph(export_graph(parent, x, dynamo=dynamo).onnx)
+    refs = [(r.role, r.span) for r in g.tensors[0]]
+    assert refs == [("weight", ()), ("bias", (0, 8, 24)), ("bias", (16, 24, 24))]  # no ref for the zeros
+    # every parameter is held, the zero buffer counts as no learned tensor
+    assert g.unread == {} and g.total_params == sum(p.numel() for p in parent.parameters())
+    zoo = Zoo(str(tmp_path / "zoo"))
+    with nets.quiet(), warnings.catch_warnings():
+        warnings.simplefilter("error", PartialWarmWarning)
+        register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
+        result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
+    assert result.parent == "p" and result.score == 1.0 and result.preserved and result.missing == []
+    assert result.mapping["q_bias"] == ("q_bias", "copy") and result.mapping["v_bias"] == ("v_bias", "copy")
+    assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-6
+    assert torch.equal(child.k_bias, torch.zeros(8))
+
+
+@pytest.mark.parametrize("heads, head", [(4, 4), (3, 4), (2, 8)], ids=["heads-x2", "heads-x1.5", "head-size-x2"])
+def test_a_bias_built_from_pieces_grows_with_its_heads(tmp_path, heads, head):
+    from keeper.torch_support import register
+
+    x = torch.randn(2, 5, 8)
+    parent, child = _cat_bias(1), _cat_bias(2, heads=heads, head=head)
+    zoo = Zoo(str(tmp_path / "zoo"))
+    with nets.quiet():
+        register(parent, x, zoo, 0.9, name="p")
+        result = warm_start(child, x, zoo, noise=0.0)
+    assert result.preserved and result.missing == [] and "widen" in result.mapping["q_bias"][1]
+    assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-5
+    assert torch.equal(child.k_bias, torch.zeros(heads * head))  # the key's new units: zeros cloned from zeros

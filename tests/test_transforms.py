@@ -337,3 +337,46 @@ def test_a_tied_table_is_written_by_the_layer_that_inherits_it():
     assert tensor_writers(tied, inherits)["ln_w"] == layer["ln_w"]
     inherits[layer["ln_w"]] = False
     assert tensor_writers(tied, inherits)["ln_w"] == layer["head"]
+
+
+def _pieced_bias_model() -> bytes:
+    """y = x @ W + concat(q_bias, zeros, v_bias): a linear layer whose bias is built from two learned pieces around
+    constant zeros (a Constant node, as the TorchScript exporter writes BEiT's key bias)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 6)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.normal(size=2).astype(np.float32), "q_bias"),
+             numpy_helper.from_array(rng.normal(size=2).astype(np.float32), "v_bias")]
+    nodes = [helper.make_node("Constant", [], ["zeros"], value=numpy_helper.from_array(np.zeros(2, np.float32))),
+             helper.make_node("Concat", ["q_bias", "zeros", "v_bias"], ["bias"], axis=0),
+             helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "bias"], ["y"])]
+    graph = helper.make_graph(nodes, "pieces", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_a_bias_in_pieces_is_assembled_split_back_and_its_zeros_are_never_written():
+    import onnx
+
+    from keeper.onnx_weights import read_initializers, role_arrays, to_source
+    from keeper.transforms.compose import transfer_layers
+
+    blob = _pieced_bias_model()
+    g, arrays = load_graph(blob), read_initializers(onnx.load_from_string(blob))
+    (layer,) = g.tensors
+    assert [(r.role, r.key, r.span) for r in layer] == [("weight", "W", ()), ("bias", "q_bias", (0, 2, 6)),
+                                                        ("bias", "v_bias", (4, 6, 6))]
+    assert g.total_params == 24 + 4 and g.params.tolist() == [30]  # the alignment counts the bias whole
+    bias = role_arrays(layer, arrays)["bias"]
+    np.testing.assert_array_equal(bias, np.concatenate([arrays["q_bias"], np.zeros(2), arrays["v_bias"]]))
+    for r in layer[1:]:
+        np.testing.assert_array_equal(to_source(r, bias), arrays[r.key])
+    # a transform that keeps the zeros writes each piece's rows; one that does not is reported, the zeros untouched
+    kept = transfer_layers(g, arrays, lambda c, v: {k: (a * 2, None, "double") for k, a in v.items()})
+    assert kept.unkept == [] and set(kept.weights) == {"W", "q_bias", "v_bias"}
+    np.testing.assert_array_equal(kept.weights["v_bias"], arrays["v_bias"] * 2)
+    broken = transfer_layers(g, arrays, lambda c, v: {k: (a + 1, None, "shift") for k, a in v.items()})
+    assert broken.unkept == [g.layer_names[0]]
+    np.testing.assert_array_equal(broken.weights["q_bias"], arrays["q_bias"] + 1)

@@ -13,6 +13,7 @@ Invariant: nothing here depends on the order of nodes in the file beyond the top
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -21,8 +22,10 @@ from onnx import numpy_helper
 
 from keeper.errors import InvalidModelError
 from keeper.graph.types import TensorRef
+from keeper.onnx_safety import has_data
 
-__all__ = ["ModelReader", "value_inputs", "attr", "as_str"]
+__all__ = ["ModelReader", "value_inputs", "attr", "as_str", "architecture_constants", "marks_constant", "INPUT_KIND",
+           "INPUT_PERSISTENT"]
 
 # Ops a constant may pass through on its way from an initializer to the op that uses it.
 _WEIGHT_CHAIN_OPS = {"Identity", "Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
@@ -60,6 +63,7 @@ class ModelReader:
                 if o:
                     self.producer[o] = n
         self.shapes = self._infer_shapes(proto)
+        self.fixed = architecture_constants(self.graph)
         self._tables: dict[str, str | None] = {}  # tensor -> the learned table it reads (trace_table), memoised
 
     # -- ordering of the file's nodes (they may come in any order)
@@ -123,9 +127,11 @@ class ModelReader:
     # -- constants and weights
     def is_learned(self, name: str) -> bool:
         """Whether initializer ``name`` can be a learned tensor: floating point with more than one element (a
-        scalar is a constant of the formula: an epsilon, a scale)."""
+        scalar is a constant of the formula: an epsilon, a scale), and not marked by the exporter as a constant of
+        the architecture (:func:`architecture_constants`)."""
         t = self.init_by_name.get(name)
-        return t is not None and t.data_type in _FLOAT_TYPES and int(np.prod(t.dims)) > 1
+        return (t is not None and t.data_type in _FLOAT_TYPES and int(np.prod(t.dims)) > 1
+                and name not in self.fixed)
 
     def classify(self) -> tuple[set, set]:
         """Names of constant tensors and of shape-only ('meta') tensors.
@@ -226,6 +232,46 @@ class ModelReader:
                 chain.append(("R", arg))
         return TensorRef(role, key if only_identity else cur, cur, src_shape, tuple(chain))
 
+    def trace_pieces(self, name: str, role: str) -> tuple[TensorRef, ...] | None:
+        """A vector concatenated from learned tensors and constant zeros (BEiT's and EVA's qkv bias,
+        concat(q_bias, zeros, v_bias)): one ref per learned piece, each with its ``span`` in the whole; None when
+        ``name`` is no Concat of 1-D pieces of known length each either a learned tensor (:meth:`trace_weight`) or
+        a constant that is not learned and reads as all zeros, or when no piece is learned. The zeros are no ref:
+        a transform must leave them zero (see :func:`keeper.onnx_weights.to_source`)."""
+        n = self.producer.get(name)
+        if n is None or n.op_type != "Concat" or int(attr(n, "axis", 0)) not in (0, -1):
+            return None
+        found: list[tuple[TensorRef | None, int]] = []
+        for x in (x for x in n.input if x):
+            ref = self.trace_weight(x, role)
+            if ref is not None and self.is_learned(ref.source):
+                shape = self.ref_shape(ref)
+            else:
+                ref, shape = None, self._zeros(x)
+            if shape is None or len(shape) != 1 or shape[0] <= 0:
+                return None
+            found.append((ref, int(shape[0])))
+        whole = sum(size for _, size in found)
+        refs, start = [], 0
+        for ref, size in found:
+            if ref is not None:
+                refs.append(TensorRef(ref.role, ref.key, ref.source, ref.source_shape, ref.chain, ref.canon,
+                                      (start, start + size, whole)))
+            start += size
+        return tuple(refs) if refs else None
+
+    def _zeros(self, name: str) -> tuple[int, ...] | None:
+        """The shape of ``name`` when it is a constant that is no learned tensor and whose value reads as all zeros
+        (a Constant node, or an initializer holding its data), else None."""
+        t = self.init_by_name.get(name)
+        if self.is_learned(name) or (t is not None and not has_data(t)):
+            return None  # an initializer whose data travels apart is unreadable here
+        try:
+            v = self.const_value(name)
+        except (ValueError, TypeError, OSError):
+            return None
+        return tuple(v.shape) if v is not None and v.size > 0 and not np.any(v) else None
+
     def trace_table(self, name: str, role: str) -> TensorRef | None:
         """The learned table ``name`` is read from, through shape-only ops, lookups by constant indices, broadcasts
         and slices (:data:`_LOOKUP_OPS`), and combinations with constants that trace to no table (a mask added to
@@ -296,6 +342,28 @@ class ModelReader:
         for op, arg in ref.chain:
             shape = tuple(shape[p] for p in arg) if op == "T" else arg
         return shape
+
+
+# How the dynamo exporter marks what each initializer was in the module (torch.export's graph signature):
+# a buffer outside the state_dict (not persistent) or a constant tensor attribute is computed when the module is
+# built and never saved, so never learned (RoPE's tables, BEiT's zero key bias); keeper's torch tracer writes the
+# same marks.
+INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+INPUT_PERSISTENT = "pkg.torch.export.graph_signature.InputSpec.persistent"
+
+
+def marks_constant(props: Mapping[str, str]) -> bool:
+    """Whether a value's metadata ``props`` mark it as a constant of the architecture: a buffer that is not
+    persistent, or a constant tensor (see :data:`INPUT_KIND`)."""
+    kind = props.get(INPUT_KIND)
+    return kind == "CONSTANT_TENSOR" or (kind == "BUFFER" and props.get(INPUT_PERSISTENT) == "False")
+
+
+def architecture_constants(graph: onnx.GraphProto) -> set[str]:
+    """Names of the initializers whose value_info the exporter marks as constants of the architecture
+    (:func:`marks_constant`)."""
+    return {vi.name for vi in graph.value_info
+            if marks_constant({p.key: p.value for p in getattr(vi, "metadata_props", ())})}
 
 
 def value_inputs(node: onnx.NodeProto) -> list[str]:

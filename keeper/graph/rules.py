@@ -8,7 +8,7 @@ when the op is not listed). :func:`resolution_step` is the one per-op fact about
 Canonical orientation (the invariant every rule keeps): axis 0 of ``shape`` is output units, axis 1 input units
 (when the kind has an input axis, see :mod:`keeper.kinds`), then kernel axes; ``refs[0]`` is the main tensor,
 whose ``canon`` transposes the op's input into that orientation. ``vectors`` counts the trainable per-output-unit
-vectors besides it (a bias, a norm's shift).
+vectors besides it (a bias, a norm's shift); a vector assembled from pieces is one role with one ref per piece.
 """
 
 from __future__ import annotations
@@ -60,6 +60,18 @@ class RuleContext:
         :meth:`~keeper.graph.reader.ModelReader.trace_table`); None when it is no constant or reads none."""
         return self.reader.trace_table(name, role) if name and name in self.const else None
 
+    def vector(self, name: str, role: str, units: int) -> tuple[TensorRef, ...]:
+        """The per-unit vector ``name`` of ``units`` elements (a linear layer's bias) as refs: the one tensor it
+        is, or the learned pieces it is concatenated from with constant zeros
+        (:meth:`~keeper.graph.reader.ModelReader.trace_pieces`); empty when neither."""
+        if not name or name not in self.const:
+            return ()
+        ref = self.reader.trace_weight(name, role)
+        if ref is not None:
+            return (ref,) if int(np.prod(self.shape(ref))) == units else ()
+        pieces = self.reader.trace_pieces(name, role)
+        return pieces if pieces and pieces[0].span[2] == units else ()
+
     def learned(self, name: str, role: str) -> TensorRef | None:
         """The weight ``name`` as the op reads it, else the whole learned table it reads; None when neither."""
         return self.ref(name, role) or self.table(name, role)
@@ -108,15 +120,13 @@ def _gemm(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
         return NodeInfo(Kind.OTHER)
     if not int(attr(n, "transB", 0)):
         w, s = _with_canon(w, (1, 0)), (s[1], s[0])
-    refs = [w]
-    b = ctx.ref(ins[2], "bias")
-    if b and int(np.prod(ctx.shape(b))) == s[0]:
-        refs.append(b)
-    return NodeInfo(Kind.LINEAR, s, tuple(refs), len(refs) - 1)
+    b = ctx.vector(ins[2], "bias", s[0])
+    return NodeInfo(Kind.LINEAR, s, (w,) + b, int(bool(b)))
 
 
 def _matmul(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
-    """A MatMul by a constant matrix is a linear layer; a following Add of a constant vector is its bias."""
+    """A MatMul by a constant matrix is a linear layer; a following Add of a constant vector (one tensor, or
+    pieces concatenated: :meth:`RuleContext.vector`) is its bias."""
     ins = _inputs(n)
     w = ctx.ref(ins[1], "weight")
     if not w or len(ctx.shape(w)) != 2:
@@ -127,9 +137,9 @@ def _matmul(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
     if len(outs) == 1 and outs[0].op_type == "Add":
         add = outs[0]
         other = [x for x in add.input if x != n.output[0]]
-        b = ctx.ref(other[0], "bias") if len(other) == 1 else None
-        if b and int(np.prod(ctx.shape(b))) == k_out:
-            return NodeInfo(Kind.LINEAR, (k_out, k_in), (refs[0], b), 1, bias_add=add)
+        b = ctx.vector(other[0], "bias", k_out) if len(other) == 1 else ()
+        if b:
+            return NodeInfo(Kind.LINEAR, (k_out, k_in), (refs[0],) + b, 1, bias_add=add)
     return NodeInfo(Kind.LINEAR, (k_out, k_in), tuple(refs), 0)
 
 

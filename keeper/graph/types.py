@@ -32,6 +32,11 @@ class TensorRef:
     ``source`` is the initializer holding the data; ``chain`` turns the source array into the op's input
     (("T", perm) / ("R", shape) steps); ``canon`` is the extra transpose from the op's input to keeper's
     canonical orientation (empty when none).
+
+    ``span`` = (start, stop, whole) marks one piece of a role assembled from several tensors (a bias built as
+    concat(q_bias, zeros, v_bias)): the piece's canonical array is rows ``start:stop`` of the role's array of
+    ``whole`` rows. A layer then has one ref per learned piece under the same role; rows no piece covers are
+    constant zeros of the architecture, not learned (:attr:`LayerGraph.fixed_params`). Empty: the whole role.
     """
 
     role: str
@@ -40,14 +45,17 @@ class TensorRef:
     source_shape: tuple[int, ...]
     chain: tuple[tuple[str, tuple[int, ...]], ...] = ()
     canon: tuple[int, ...] = ()
+    span: tuple[int, ...] = ()
 
     def to_json(self) -> list:
-        return [self.role, self.key, self.source, list(self.source_shape),
-                [[op, list(arg)] for op, arg in self.chain], list(self.canon)]
+        out = [self.role, self.key, self.source, list(self.source_shape),
+               [[op, list(arg)] for op, arg in self.chain], list(self.canon)]
+        return out + [list(self.span)] if self.span else out
 
     @classmethod
     def from_json(cls, v: list) -> "TensorRef":
-        return cls(v[0], v[1], v[2], tuple(v[3]), tuple((op, tuple(arg)) for op, arg in v[4]), tuple(v[5]))
+        return cls(v[0], v[1], v[2], tuple(v[3]), tuple((op, tuple(arg)) for op, arg in v[4]), tuple(v[5]),
+                   tuple(v[6]) if len(v) > 6 else ())
 
 
 @dataclass
@@ -95,12 +103,13 @@ class LayerGraph:
     # groups kept through slices and concatenations along positions (a roll, patch merging) and attrs["scales"] of
     # a PARAM Mul, 6 the canonical order's last tie-break comparing numbers in names as numbers, 7 ReLU as its own
     # kind (RECTIFIER; the canonical order still reads it as an activation), 8 attrs["heads"] of a projection whose
-    # output is reshaped into heads (q, k, v computed apart). A stored graph of an
+    # output is reshaped into heads (q, k, v computed apart), 9 roles assembled from pieces (TensorRef.span) and
+    # tensors an exporter marks as constants (a buffer outside the state_dict) no longer learned. A stored graph of an
     # older version is re-extracted from its model (see
     # keeper.stored.graph_from_blob). Bump it with any change to what extraction records (kinds, shapes, groups and
     # their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md
     # ("Foundation") says when.
-    FORMAT = 8
+    FORMAT = 9
 
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",
                "params", "conv_groups", "in_group", "out_group", "in_level", "out_level", "group_size",
@@ -117,20 +126,42 @@ class LayerGraph:
     @property
     def total_params(self) -> int:
         """Trainable parameter elements of the model: every layer's, a tensor several layers read (tied
-        embeddings, a bias table shared by all blocks) once, plus the :attr:`unread` ones."""
-        return int(self.params.sum()) - self.shared_params + sum(self.unread.values())
+        embeddings, a bias table shared by all blocks) once, the constant rows of a role built from pieces not at
+        all, plus the :attr:`unread` ones."""
+        return int(self.params.sum()) - self.shared_params - self.fixed_params + sum(self.unread.values())
+
+    def trainable_refs(self, layer: int) -> tuple[TensorRef, ...]:
+        """The refs of ``layer``'s trainable roles: its main tensor and its ``vectors`` (every piece of each)."""
+        refs = self.tensors[layer]
+        roles = list(dict.fromkeys(r.role for r in refs))[:1 + int(self.vectors[layer])]
+        return tuple(r for r in refs if r.role in roles)
 
     @property
     def shared_params(self) -> int:
         """Elements that layers read again after an earlier layer (canonical order) read the same tensor."""
         seen: set[str] = set()
         again = 0
-        for li, refs in enumerate(self.tensors):
-            for r in refs[:1 + int(self.vectors[li])]:  # the trainable ones: main tensor and vectors
+        for li in range(len(self.tensors)):
+            for r in self.trainable_refs(li):
                 if r.source in seen:
                     again += int(np.prod(r.source_shape))
                 seen.add(r.source)
         return again
+
+    @property
+    def fixed_params(self) -> int:
+        """Elements of trainable roles built from pieces that no piece covers: constant zeros of the architecture
+        (the key bias of concat(q_bias, zeros, v_bias)). :attr:`params` and the alignment count the role whole, as
+        its shape says; :attr:`total_params` leaves them out."""
+        fixed = 0
+        for li in range(len(self.tensors)):
+            left: dict[str, int] = {}  # role -> elements no piece covers
+            for r in self.trainable_refs(li):
+                if r.span:
+                    per_row = int(np.prod(r.source_shape)) // max(r.span[1] - r.span[0], 1)
+                    left[r.role] = left.get(r.role, r.span[2] * per_row) - int(np.prod(r.source_shape))
+            fixed += sum(left.values())
+        return fixed
 
     @property
     def score_total(self) -> int:

@@ -33,6 +33,7 @@ from onnx import numpy_helper
 
 from keeper.errors import KeeperError, TraceFallbackWarning, TraceUnsupported
 from keeper.graph import graph_from_proto
+from keeper.graph.reader import marks_constant
 from keeper.onnx_safety import has_data, load_model
 from keeper.onnx_weights import apart_specs, clear_data, read_initializers, write_weights
 from keeper.torch_support.cache import cached_export
@@ -194,6 +195,8 @@ def _dynamo_graph(module: torch.nn.Module, args: tuple) -> tuple[onnx.ModelProto
         tensor = value.const_value
         if tensor is None or tensor.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16,
                                                   ir.DataType.DOUBLE) or tensor.size < 2:
+            continue
+        if marks_constant(value.metadata_props):  # a buffer outside the state_dict: no weight, its data stays
             continue
         values[name] = tensor.numpy()
         # an external reference serialises no data; load_model(weights_apart=True) drops it unread

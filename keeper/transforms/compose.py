@@ -24,7 +24,7 @@ import numpy as np
 from keeper.graph import LayerGraph
 from keeper.kinds import kinds_where, traits
 from keeper.matching import Alignment
-from keeper.onnx_weights import canonical, layer_arrays, to_source
+from keeper.onnx_weights import fixed_rows, layer_arrays, role_arrays, to_source
 from keeper.transforms.correspondence import group_correspondence, packed_groups
 from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
 from keeper.transforms.stream_width import StreamGrowth, stream_growth
@@ -50,6 +50,9 @@ class Transfer:
 
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     provenance: dict[str, tuple[str | None, str]] = field(default_factory=dict)
+    # child layers with a role built from pieces whose constant zero rows the transform gave other values: the
+    # pieces are written, the zeros stay, so the function is not the transform's
+    unkept: list[str] = field(default_factory=list)
 
 
 class _GroupMaps:
@@ -238,8 +241,9 @@ def _inherit(kind: int, role: str, pt: np.ndarray, ct: np.ndarray, out_map, in_m
 
 
 #: One child layer's tensors as a per-layer rule gives them: role -> (array in canonical orientation, parent
-#: tensor key or None, operator). An array that *is* the child's own (the ``cvals`` entry) is kept as it is.
-LayerTensors = dict[str, tuple[np.ndarray, str | None, str]]
+#: tensor key or None, operator). An array that *is* the child's own (the ``cvals`` entry) is kept as it is. A role
+#: built from pieces (``TensorRef.span``) is one array, the whole; its parent key may be a tuple, one per piece.
+LayerTensors = dict[str, tuple[np.ndarray, "str | tuple[str, ...] | None", str]]
 
 
 def transfer_layers(child: LayerGraph, child_inits: Mapping[str, np.ndarray],
@@ -255,17 +259,23 @@ def transfer_layers(child: LayerGraph, child_inits: Mapping[str, np.ndarray],
     provenance is the last layer's. Arrays go back to each tensor's stored orientation (``to_source``) in the
     child's dtype; a tensor the child keeps is its own array, not a copy. With ``sink``, each tensor goes to
     ``sink(key, array)`` as soon as it is made and ``weights`` stays empty (streaming: one layer in memory).
-    """
+
+    A role built from pieces (``TensorRef.span``: concat(q_bias, zeros, v_bias)) is assembled for ``layer`` and
+    split back; its zero rows are the child's constants, never written: a layer whose new value is not zero there is
+    listed in ``unkept`` (its function is then not the transform's)."""
     out = Transfer()
     done: set[str] = set()
     for c in range(child.num_layers):
         refs = child.tensors[c]
-        cvals = {ref.role: canonical(ref, child_inits) for ref in refs}
+        cvals = role_arrays(refs, child_inits)
         values = layer(c, cvals)
-        for role, (_, src, op) in values.items():
-            key = _key(refs, role)
-            if writers is None or writers.get(key, c) == c:
-                out.provenance[key] = (src, op)
+        for role, (v, src, op) in values.items():
+            for i, ref in enumerate(r for r in refs if r.role == role):
+                if writers is None or writers.get(ref.key, c) == c:
+                    out.provenance[ref.key] = (src[min(i, len(src) - 1)] if isinstance(src, tuple) else src, op)
+            fixed = fixed_rows(refs, role)
+            if fixed is not None and v is not cvals[role] and np.any(np.asarray(v)[fixed]):
+                out.unkept.append(child.layer_names[c])
         for ref in refs:
             if ref.key in done or (writers is not None and writers.get(ref.key, c) != c):
                 continue
@@ -417,7 +427,9 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
         kind = int(child.layer_kind[c])
         out_map = maps.map(int(child.out_group[c]))
         in_map = maps.map(int(child.in_group[c]))
-        pkeys = {r.role: r.key for r in parent.tensors[p]}
+        pkeys: dict[str, tuple[str, ...]] = {}
+        for r in parent.tensors[p]:  # a role's keys: one, or one per piece
+            pkeys[r.role] = pkeys.get(r.role, ()) + (r.key,)
         values: LayerTensors = {}
         for role, ct in cvals.items():
             if role not in P[p]:
@@ -472,10 +484,6 @@ def _stream_units(v: np.ndarray, out: StreamGrowth | None, into: StreamGrowth | 
             v = v / v.dtype.type(into.scale)
         v = np.concatenate([v, np.zeros((v.shape[0], into.child_units - v.shape[1]) + v.shape[2:], v.dtype)], axis=1)
     return v
-
-
-def _key(refs, role: str) -> str:
-    return next(r.key for r in refs if r.role == role)
 
 
 def _same_map(maps: _GroupMaps, child: LayerGraph, c: int) -> bool:

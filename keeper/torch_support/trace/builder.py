@@ -20,6 +20,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from keeper.errors import TraceUnsupported
+from keeper.graph.reader import INPUT_KIND, INPUT_PERSISTENT
 
 __all__ = ["OnnxBuilder", "OPSET", "onnx_dtype"]
 
@@ -53,6 +54,7 @@ class OnnxBuilder:
         self._vals = 0
         self._consts: dict[tuple, str] = {}
         self.value_info: dict[str, onnx.ValueInfoProto] = {}
+        self.marks: dict[str, onnx.ValueInfoProto] = {}  # initializer -> what it is in the module (see initializer)
 
     def fresh(self, base: str | None = None) -> str:
         """A new value name: ``base``, ``base_1``, ... as torch.fx numbers nodes, or ``val_N`` without a base."""
@@ -102,12 +104,26 @@ class OnnxBuilder:
             t = t.float()
         return self.constant(t.numpy().copy(), dtype=None)
 
-    def initializer(self, name: str, t: torch.Tensor) -> str:
-        """Declare the module tensor ``t`` as initializer ``name``, without data."""
+    def initializer(self, name: str, t: torch.Tensor, constant: str | None = None) -> str:
+        """Declare the module tensor ``t`` as initializer ``name``, without data; or, for a tensor the state_dict
+        does not hold (``constant``: "BUFFER" for a buffer that is not persistent, "CONSTANT_TENSOR" for a tensor
+        attribute), with its data and marked as the dynamo exporter marks it, which tells the graph reader it is
+        no learned tensor (:func:`keeper.graph.reader.architecture_constants`)."""
         if name not in self.initializers:
             init = TensorProto()
             init.name, init.data_type = name, onnx_dtype(t.dtype)
             init.dims.extend(int(d) for d in t.shape)
+            if constant is not None:
+                v = t.detach().cpu()
+                arr = (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+                init.CopyFrom(numpy_helper.from_array(
+                    np.ascontiguousarray(arr).astype(helper.tensor_dtype_to_np_dtype(init.data_type)), name))
+                mark = helper.make_tensor_value_info(name, init.data_type, list(init.dims))
+                for key, value in ((INPUT_KIND, constant),
+                                   (INPUT_PERSISTENT, "False" if constant == "BUFFER" else "None")):
+                    prop = mark.metadata_props.add()
+                    prop.key, prop.value = key, value
+                self.marks[name] = mark
             self.initializers[name] = init
             self._used.add(name)
         return name
@@ -141,6 +157,7 @@ class OnnxBuilder:
         made = {o for n in nodes for o in n.output}
         graph = helper.make_graph(nodes, "keeper_trace", [i for i in self.inputs if i.name in read], outputs,
                                   initializer=inits,
-                                  value_info=[v for name, v in self.value_info.items() if name in made])
+                                  value_info=[v for name, v in self.value_info.items() if name in made]
+                                  + [v for name, v in self.marks.items() if name in read])
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                                  producer_name="keeper.trace", ir_version=10)

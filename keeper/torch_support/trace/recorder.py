@@ -123,10 +123,15 @@ class Recorder(TorchFunctionMode):
         for name, t in list(module.named_parameters(remove_duplicate=False)) + list(
                 module.named_buffers(remove_duplicate=False)):
             self.state.setdefault(id(t), (name, t))
+        # module tensors the state_dict does not hold (a buffer that is not persistent, a tensor attribute) are
+        # built with the module and never saved: initializers with their data, marked as the exporter marks them
+        saved = {id(v) for v in module.state_dict(keep_vars=True).values()}
+        self.constant: dict[int, str] = {id(t): "BUFFER" for t in module.buffers() if id(t) not in saved}
         for path, m in module.named_modules():
             for attr, v in vars(m).items():
                 if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) and id(v) not in self.state:
                     self.state[id(v)] = (f"{path}.{attr}" if path else attr, v)
+                    self.constant[id(v)] = "CONSTANT_TENSOR"
         self.kind = DATA  # the kind of the current call's results
         self.following: set[Any] = set()
 
@@ -170,7 +175,7 @@ class Recorder(TorchFunctionMode):
             return v.name
         if id(t) in self.state:
             name, tensor = self.state[id(t)]
-            return self.b.initializer(name, tensor)
+            return self.b.initializer(name, tensor, self.constant.get(id(t)))
         if id(t) in self.plain:  # a Constant node: the graph reader takes it for no learned tensor
             return self.b.tensor_constant(t)
         raise TraceUnsupported(f"a tensor of shape {tuple(t.shape)} of unknown origin")
