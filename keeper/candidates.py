@@ -17,7 +17,7 @@ import numpy as np
 
 from keeper.graph import LayerGraph
 from keeper.matching import MatchArrays, match_arrays
-from keeper.preservation import assess_candidate, layer_roles, may_qualify
+from keeper.preservation import assess_candidate, layer_roles
 from keeper.selection import Candidate, coverage
 
 __all__ = ["ParentFacts", "may_qualify_all", "assess_found"]
@@ -33,9 +33,16 @@ class ParentFacts(NamedTuple):
 
 def may_qualify_all(bounds: np.ndarray, totals: np.ndarray, child_total: int, floor: float,
                     preserve: bool) -> np.ndarray:
-    """Per parent, whether it may qualify (see :func:`keeper.preservation.may_qualify`), as a boolean array."""
-    return np.fromiter((may_qualify(float(b), int(t), child_total, floor, preserve) for b, t in zip(bounds, totals)),
-                       dtype=bool, count=len(bounds))
+    """Per parent, whether it may qualify for a child, as a boolean array: by fit (its score bound at or above
+    ``floor``) or, with ``preserve``, by preserved function, which needs every parent element inherited (the
+    parent's element count at most the child's and covered by the bound). The embedded zoo and the service alike
+    skip the others."""
+    b = np.asarray(bounds, dtype=np.float64)
+    t = np.asarray(totals, dtype=np.int64)
+    ok = b >= floor
+    if preserve:
+        ok |= (t <= child_total) & (b * child_total >= t * (1.0 - 1e-9))  # the bound is a rounded ratio
+    return ok
 
 
 def assess_found(found: Mapping[str, float], child: LayerGraph, floor: float,

@@ -439,8 +439,9 @@ def signature(g: GraphLike | MatchArrays, rules: MatchRules = DEFAULT_RULES) -> 
 
 
 def upper_bounds(parent_signatures: np.ndarray, child: GraphLike | MatchArrays,
-                 rules: MatchRules = DEFAULT_RULES) -> np.ndarray:
-    """Cheap filter: an upper bound of ``similarity(parent_k, child)`` for every row of ``parent_signatures``.
+                 rules: MatchRules = DEFAULT_RULES, rows: np.ndarray | None = None) -> np.ndarray:
+    """Cheap filter: an upper bound of ``similarity(parent_k, child)`` for every row of ``parent_signatures`` (or
+    for ``rows`` of it, in that order).
 
     A bound below a threshold means the parent definitely scores below it; a bound above promises nothing.
     Only the child's non-empty bins are read (the others add ``min(parent, 0) = 0``), so a column-major
@@ -448,13 +449,15 @@ def upper_bounds(parent_signatures: np.ndarray, child: GraphLike | MatchArrays,
     """
     a = _scored(child, rules)
     sc = signature(a)
+    n = parent_signatures.shape[0] if rows is None else len(rows)
     if a.total <= 0:
-        return np.zeros(parent_signatures.shape[0])
+        return np.zeros(n)
     # column by column into one accumulator: a fancy-indexed (n, bins) copy and its temporaries cost 4-7x more
     # and, at 100,000 rows and more, page faults that made the slowest queries' bounds 10x the median
-    acc = np.zeros(parent_signatures.shape[0], dtype=np.int64)
+    acc = np.zeros(n, dtype=np.int64)
     part = np.empty_like(acc)
     for j in np.flatnonzero(sc).tolist():
-        np.minimum(parent_signatures[:, j], sc[j], out=part)
+        column = parent_signatures[:, j]
+        np.minimum(column if rows is None else column[rows], sc[j], out=part)
         acc += part
     return np.minimum(acc / a.total, 1.0)

@@ -46,7 +46,7 @@ from keeper.selection import Candidate, coverage
 from keeper.transforms.depth import fresh_branches
 from keeper.transforms.exact_width import inexact_width
 
-__all__ = ["Assessment", "assess", "layer_roles", "may_qualify", "assess_candidate"]
+__all__ = ["Assessment", "assess", "layer_roles", "assess_candidate"]
 
 _NORMS = frozenset(int(k) for k in (Kind.BATCHNORM, Kind.LAYERNORM, Kind.PARAM))
 _MERGES = kinds_where(lambda t: t.merge is not None)
@@ -325,14 +325,6 @@ class _Chain:
 
 def _name(g: LayerGraph, i: int) -> str:
     return repr(g.layer_names[i]) if i < len(g.layer_names) else f"#{i}"
-
-
-def may_qualify(bound: float, parent_total: int, child_total: int, floor: float, preserve: bool) -> bool:
-    """Whether a parent with score bound ``bound`` may qualify for a child: by fit (bound at or above the floor)
-    or, with ``preserve``, by preserved function, which needs every parent element inherited (the parent's element
-    count at most the child's and covered by the bound). Used by the embedded zoo and the service alike."""
-    return bound >= floor or (preserve and parent_total <= child_total
-                              and bound * child_total >= parent_total * (1.0 - 1e-9))  # the bound is a rounded ratio
 
 
 def assess_candidate(name: str, score: float, accuracy: float, clean: bool, floor: float,

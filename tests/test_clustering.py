@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keeper.actors.clustering import ClusterIndex, default_k, two_stage_search
+from keeper.actors.clustering import ClusterIndex, default_k, search_positions, two_stage_search
 from keeper.errors import KeeperError, ModelNotFoundError
 
 
@@ -298,3 +298,20 @@ def test_score_bounds_make_the_search_exact(zoo_2000):
     assert np.mean(extra) < 0.1 * len(names)  # the bounds add a few members, not the zoo
     with pytest.raises(KeeperError, match="one bound per member"):
         two_stage_search(index, f, bounds=np.zeros(3))
+
+
+def test_bounds_are_computed_only_when_the_best_found_is_below_one():
+    """Bounds cost O(zoo) per query: a function of them is called only when the clusters probed leave the best
+    score below 1 (nothing beats a full score), and then the member they point to is found."""
+    labels, medoids = np.array([0, 0, 1, 1]), np.array([0, 2])
+    calls = []
+
+    def bounds() -> np.ndarray:
+        calls.append(1)
+        return np.ones(4)
+
+    for full, called, best in (([0.2, 1.0, 0.3, 0.9], 1, 1), ([0.2, 0.5, 0.3, 1.0], 0, 3)):
+        calls.clear()
+        pos, s = search_positions(labels, medoids, lambda p, f=np.array(full): f[p], clusters_to_probe=1,
+                                  early_stop=2.0, brute_force_below=0, bounds=bounds)
+        assert len(calls) == called and int(pos[int(np.argmax(s))]) == best, (full, calls, pos, s)

@@ -358,7 +358,7 @@ class MemberGroups(NamedTuple):
 
 def search_positions(labels: np.ndarray, medoids: np.ndarray, score: Callable[[np.ndarray], np.ndarray], *,
                      clusters_to_probe: int = 3, early_stop: float = 0.95, brute_force_below: int = 64,
-                     bounds: np.ndarray | None = None,
+                     bounds: np.ndarray | Callable[[], np.ndarray] | None = None,
                      groups: MemberGroups | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`two_stage_search` over positions ``0 .. len(labels) - 1``, in numpy (no per-member Python).
 
@@ -366,7 +366,9 @@ def search_positions(labels: np.ndarray, medoids: np.ndarray, score: Callable[[n
         labels: the cluster of every position (int); below 0: in no cluster, found through ``bounds`` only.
         medoids: the position of each cluster's medoid, by cluster id.
         score: maps an int64 array of positions to their scores, in order.
-        bounds: an upper bound of every position's score; None skips the last call.
+        bounds: an upper bound of every position's score, or a function computing them, called only when the
+            best score found is below 1 (O(n) work most queries, whose child a model covers whole, never pay);
+            None skips the last call.
         groups: ``MemberGroups.of(labels, len(medoids))``, when the caller keeps it across queries.
         clusters_to_probe, early_stop, brute_force_below: as for :func:`two_stage_search`.
 
@@ -398,7 +400,10 @@ def search_positions(labels: np.ndarray, medoids: np.ndarray, score: Callable[[n
         return pos, scores
     seen[rest] = True
     found = float(np.max(np.nan_to_num(scores, nan=-np.inf)))
+    if found >= 1.0:  # scores and bounds are ratios capped at 1: nothing beats a full score, no bound is read
+        return pos, scores
     # no position scores above its bound: one bounded by the best found cannot beat it, the others are all that can
+    bounds = bounds() if callable(bounds) else bounds
     last = np.flatnonzero((np.asarray(bounds, dtype=np.float64).reshape(-1) > found) & ~seen)
     if not last.shape[0]:
         return pos, scores

@@ -338,9 +338,11 @@ class Keeper:
         if self.policy.preserve:
             # the search skips (or does not align) parents below the floor; those the child may grow from
             # without losing their function need exact scores
-            ok = may_qualify_all(upper_bounds(view.sigs, child), view.params, child.total, math.inf, True)
-            redo = [str(n) for n, q, w in zip(view.names, ok, view.weighted)
-                    if q and w and found.get(str(n), -1.0) < floor]
+            # only a weighted model no larger than the child can be grown from whole: bound those alone
+            rows = np.flatnonzero(view.weighted & (view.params <= child.total))
+            ok = may_qualify_all(upper_bounds(view.sigs, child, rows=rows), view.params[rows], child.total, math.inf,
+                                 True)
+            redo = [str(n) for n in view.names[rows[ok]].tolist() if found.get(str(n), -1.0) < floor]
             if redo:
                 exact = self._score(child, state, view.positions(redo),
                                     time.monotonic() + self.config.timeouts.query_s, None)

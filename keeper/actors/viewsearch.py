@@ -58,14 +58,15 @@ def plan(state: SearchState, child: MatchArrays, score: Callable[[np.ndarray, bo
     if not two_stage or state.groups is None or view.n < brute_force_below:
         every = np.arange(view.n, dtype=np.int64)
         return every, score(every, False)
-    with clock.phase("bounds"):
-        bounds = upper_bounds(view.sigs, child)
+    def bounds() -> np.ndarray:  # O(n): computed only when the clusters leave the best score below 1
+        with clock.phase("bounds"):
+            return upper_bounds(view.sigs, child)
 
     def scored(pos: np.ndarray) -> np.ndarray:
         # medoid-only calls rank clusters and need exact scores; the others only feed the choice
         return score(pos, bool(pos.shape[0]) and bool(state.is_medoid[pos].all()))
 
-    with clock.phase("plan"):  # the whole two-stage search; its scoring is in pool_s
+    with clock.phase("plan"):  # the whole two-stage search; its scoring is in pool_s, its bounds in bounds_s
         return search_positions(view.labels, view.medoids, scored, clusters_to_probe=clusters_to_probe,
                                 early_stop=early_stop, brute_force_below=brute_force_below, bounds=bounds,
                                 groups=state.groups)
