@@ -83,12 +83,27 @@ def _pbt_trainable(service: dict, marker: str | None = None, fail_once: str | No
     return trainable
 
 
+def _restores(grid) -> list[tuple[dict, object]]:
+    """(the meta of the checkpoint a member started from, that round's result row) for every such start."""
+    import json
+
+    out = []
+    for result in grid:
+        history = result.metrics_dataframe
+        out += [(json.loads(row["source"]), row) for _, row in history[history["source"] != ""].iterrows()]
+    return out
+
+
+def _crossing(restores: list[tuple[dict, object]]) -> list[tuple[dict, object]]:
+    """The starts from a checkpoint of another architecture."""
+    return [(s, r) for s, r in restores if (s["width"], s["depth"]) != (r["config/width"], r["config/depth"])]
+
+
 @pytest.mark.slow  # > 20 s on two idle cores
 def test_keeper_pbt_exploits_across_architectures(tmp_path):
     """A population of 4 over width x depth x learning rate: weak trials clone strong ones of other architectures,
     keeper carries the clone's function onto their own architecture (exactly where it says preserved), and no
     trial errs."""
-    import json
 
     from keeper.tune_integration import KeeperPBT
 
@@ -113,14 +128,8 @@ def test_keeper_pbt_exploits_across_architectures(tmp_path):
                       run_config=tune.RunConfig(name="pbt", storage_path=str(tmp_path / "results"),
                                                 stop={"training_iteration": 3}, callbacks=[cb], verbose=0)).fit()
     assert not grid.errors
-    restored = []
-    for result in grid:
-        history = result.metrics_dataframe
-        for _, row in history[history["source"] != ""].iterrows():
-            source = json.loads(row["source"])
-            restored.append((source, row))
-    crossing = [(s, r) for s, r in restored
-                if (s["width"], s["depth"]) != (r["config/width"], r["config/depth"])]
+    restored = _restores(grid)
+    crossing = _crossing(restored)
     assert crossing, f"no exploit crossed architectures: {[(s, r['parent']) for s, r in restored]}"
     for source, row in crossing:
         assert row["parent"].startswith("checkpoint"), row["parent"]
@@ -214,7 +223,6 @@ def test_keeper_pbt_with_ray_train_trials(tmp_path):
     """Members that train in Ray Train workers (a TorchTrainer run per round inside each Tune trial, as Ray Train
     V2 runs under Tune): the trial hands Tune's checkpoint to its workers, whose warm_start carries an exploited
     checkpoint of another architecture onto their own; no trial errs."""
-    import json
 
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -252,13 +260,7 @@ def test_keeper_pbt_with_ray_train_trials(tmp_path):
                       run_config=tune.RunConfig(name="pbt-train", storage_path=str(tmp_path / "results"),
                                                 stop={"training_iteration": 2}, callbacks=[cb], verbose=0)).fit()
     assert not grid.errors
-    crossing = []
-    for result in grid:
-        history = result.metrics_dataframe
-        for _, row in history[history["source"] != ""].iterrows():
-            source = json.loads(row["source"])
-            if (source["width"], source["depth"]) != (row["config/width"], row["config/depth"]):
-                crossing.append((source, row))
+    crossing = _crossing(_restores(grid))
     assert crossing, "no exploit crossed architectures"
     for source, row in crossing:
         assert row["parent"].startswith("checkpoint"), row["parent"]
