@@ -30,9 +30,10 @@ class _CosineAttention(torch.nn.Module):
     gathered by a constant index, through a sigmoid, added to the scores; a per-head logit scale is read through
     clamp and exp."""
 
-    def __init__(self, heads: int = 2, head: int = 4, dim: int = 8, tokens: int = 5, hidden: int = 16):
+    def __init__(self, heads: int = 2, head: int = 4, dim: int = 8, tokens: int = 5, hidden: int = 16,
+                 gathered: bool = False):
         super().__init__()
-        self.heads, self.head, self.inner = heads, head, heads * head
+        self.heads, self.head, self.inner, self.gathered = heads, head, heads * head, gathered
         self.qkv = torch.nn.Linear(dim, 3 * self.inner)  # the key's bias rows stay as initialised: never read
         self.proj = torch.nn.Linear(self.inner, dim)
         self.logit_scale = torch.nn.Parameter(math.log(10.0) + 0.5 * torch.randn(heads, 1, 1))
@@ -48,7 +49,11 @@ class _CosineAttention(torch.nn.Module):
         bias = self.qkv.bias.clone()
         bias[self.inner:2 * self.inner].zero_()
         qkv = F.linear(x, self.qkv.weight, bias)
-        q, k, v = (p.reshape(b, t, self.heads, self.head).transpose(1, 2) for p in qkv.split(self.inner, dim=-1))
+        if self.gathered:  # torchvision's Swin: split into (3, heads, head) first, then q, k, v taken at 0, 1, 2
+            qkv = qkv.reshape(b, t, 3, self.heads, self.head).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+        else:
+            q, k, v = (p.reshape(b, t, self.heads, self.head).transpose(1, 2) for p in qkv.split(self.inner, dim=-1))
         attn = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
         attn = attn * torch.clamp(self.logit_scale, max=math.log(100.0)).exp()
         rel = self.cpb(self.coords)[self.rel_index].view(t, t, self.heads).permute(2, 0, 1)
@@ -113,16 +118,21 @@ def test_the_patterns_warm_exactly_from_their_own_architecture(tmp_path, exporte
         assert torch.equal(child.qkv.bias[rows], parent.qkv.bias[rows])
 
 
-@pytest.mark.parametrize("heads, head", [(4, 4), (2, 8)], ids=["heads-x2", "head-size-x2"])
-def test_a_growth_is_preserved_only_when_exact(tmp_path, heads, head):
+@pytest.mark.parametrize("gathered", [False, True], ids=["split", "gathered"])
+@pytest.mark.parametrize("heads, head", [(4, 4), (2, 8), (3, 4)], ids=["heads-x2", "head-size-x2", "heads-x1.5"])
+def test_a_growth_is_preserved_only_when_exact(tmp_path, heads, head, gathered):
+    """Whole heads cloned, or each head grown by an integer factor (cosine attention reads a head's units by their
+    norm, so only an integer factor copies every unit equally often): exact and claimed. The heads of q, k and v
+    are found whether they are split before the heads (GPT-2) or after (Swin: (3, heads, head) gathered)."""
     x = torch.randn(2, 5, 8)
-    parent, child = _attention(1), _attention(2, heads=heads, head=head)
+    parent, child = _attention(1, gathered=gathered), _attention(2, heads=heads, head=head, gathered=gathered)
     zoo = Zoo(str(tmp_path / "zoo"))
     with nets.quiet(), warnings.catch_warnings():
         warnings.simplefilter("ignore", PartialWarmWarning)
         register(parent, x, zoo, 0.9, name="p", dynamo=False)
         result = warm_start(child, x, zoo, noise=0.0, dynamo=False)
     assert result.parent == "p" and result.missing == []
+    assert result.preserved or heads == 3
     if result.preserved:
         assert _rel_dev(_outputs(parent, x), _outputs(child, x)) <= 1e-5
 

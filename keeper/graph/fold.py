@@ -16,11 +16,13 @@ from keeper.graph.reader import ModelReader, attr
 __all__ = ["fold_ints"]
 
 _CAP = 1 << 20
+_ARITHMETIC = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}
 
 
 def fold_ints(reader: ModelReader, name: str, cap: int = _CAP, depth: int = 0) -> np.ndarray | None:
     """The value of integer tensor ``name`` when its ops fold from constants and static shapes (Identity, Cast,
-    CastLike, Unsqueeze, Squeeze, Concat, Reshape, Shape, Gather, Range, Slice), else None."""
+    CastLike, Unsqueeze, Squeeze, Concat, Reshape, Shape, a Gather of a shape's known dimensions, Gather, Range,
+    Slice, Add, Sub, Mul, Div), else None."""
     if depth > 32:
         return None
     try:
@@ -33,11 +35,14 @@ def fold_ints(reader: ModelReader, name: str, cap: int = _CAP, depth: int = 0) -
     if n is None:
         return None
     if n.op_type == "Shape":
-        shape = reader.init_shapes.get(n.input[0], reader.shapes.get(n.input[0]))
-        if shape is None or any(d < 0 for d in shape):
+        shape = _shape(reader, n)
+        return None if shape is None or np.any(shape < 0) else shape
+    if n.op_type == "Gather" and (p := reader.producer.get(n.input[0])) is not None and p.op_type == "Shape":
+        shape, idx = _shape(reader, p), fold_ints(reader, n.input[1], cap, depth + 1)  # known dims of a shape
+        if shape is None or idx is None or np.any(idx >= len(shape)) or np.any(idx < -len(shape)):
             return None
-        start, end = int(attr(n, "start", 0)), attr(n, "end", None)
-        return np.array(shape[start:None if end is None else int(end)], dtype=np.int64)
+        out = np.take(shape, idx)
+        return None if np.any(out < 0) else out
     names = list(n.input[:1]) if n.op_type == "CastLike" else list(n.input)
     while names and not names[-1]:  # absent optional inputs at the end
         names.pop()
@@ -49,6 +54,15 @@ def fold_ints(reader: ModelReader, name: str, cap: int = _CAP, depth: int = 0) -
     except (ValueError, IndexError, TypeError):
         return None
     return out if out is not None and out.size <= cap else None
+
+
+def _shape(reader: ModelReader, n: onnx.NodeProto) -> np.ndarray | None:
+    """What Shape node ``n`` gives, -1 for a dimension not known statically; None when the rank is unknown."""
+    shape = reader.init_shapes.get(n.input[0], reader.shapes.get(n.input[0]))
+    if shape is None:
+        return None
+    start, end = int(attr(n, "start", 0)), attr(n, "end", None)
+    return np.array(shape[start:None if end is None else int(end)], dtype=np.int64)
 
 
 def _apply(n: onnx.NodeProto, parts: list[np.ndarray | None]) -> np.ndarray | None:
@@ -67,6 +81,11 @@ def _apply(n: onnx.NodeProto, parts: list[np.ndarray | None]) -> np.ndarray | No
         for a in sorted(a % rank for a in axes):
             x = np.expand_dims(x, a)
         return x
+    if (op in _ARITHMETIC or op == "Div") and len(parts) == 2 and parts[1] is not None:
+        a, b = parts
+        if op == "Div":  # ONNX divides integers toward zero
+            return None if np.any(b == 0) else np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))
+        return _ARITHMETIC[op](a, b)
     if op == "Concat" and all(p is not None for p in parts):
         return np.concatenate(parts, axis=int(attr(n, "axis", 0)))
     if op == "Reshape" and len(parts) == 2 and parts[1] is not None:

@@ -122,8 +122,9 @@ class LayerGraph:
     # output is reshaped into heads (q, k, v computed apart), 9 roles assembled from pieces (TensorRef.span) and
     # tensors an exporter marks as constants (a buffer outside the state_dict) no longer learned, 10 rows of a bias
     # zeroed in the forward pass (TensorRef.zeroed), a per-channel Mul by a function of a learned tensor
-    # (attrs["through"]) and linear layers run on a constant table (the table an INPUT_ROLE ref, what they compute
-    # data). A stored graph of an older version is re-extracted from its model (see
+    # (attrs["through"]), linear layers run on a constant table (the table an INPUT_ROLE ref, what they compute
+    # data) and the heads of a packed projection reshaped to (..., parts, heads, d) before its parts are taken (Swin).
+    # A stored graph of an older version is re-extracted from its model (see
     # keeper.stored.graph_from_blob). Bump it with any change to what extraction records (kinds, shapes, groups and
     # their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md
     # ("Foundation") says when.
