@@ -51,10 +51,15 @@ def canonical(ref: TensorRef, arrays: dict[str, np.ndarray]) -> np.ndarray:
 
 def role_arrays(refs: tuple[TensorRef, ...], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Role -> canonical array of one layer's refs; the pieces of a role (``span``) assembled into the whole,
-    the rows between them zeros (constants of the architecture, see :meth:`ModelReader.trace_pieces`)."""
+    the rows between them zeros (constants of the architecture, see :meth:`ModelReader.trace_pieces`); a ref's
+    ``zeroed`` rows zeros too (:meth:`ModelReader.trace_zeroed`)."""
     out: dict[str, np.ndarray] = {}
     for ref in refs:
         a = canonical(ref, arrays)
+        if ref.zeroed:  # as the op reads it: zeros there, whatever the tensor holds
+            a = np.array(a)
+            for start, stop in zip(ref.zeroed[::2], ref.zeroed[1::2]):
+                a[start:stop] = 0
         if ref.span:
             start, stop, whole = ref.span
             if ref.role not in out:
@@ -87,13 +92,18 @@ def layer_arrays(graph: LayerGraph, arrays: dict[str, np.ndarray]) -> list[dict[
 
 
 def fixed_rows(refs: tuple[TensorRef, ...], role: str) -> np.ndarray | None:
-    """The rows of ``role`` no piece covers (its constant zeros) as a boolean mask, None when the role is whole."""
+    """The rows of ``role`` no piece covers or a ref marks ``zeroed`` (its constant zeros) as a boolean mask, None
+    when the role has none."""
     pieces = [r for r in refs if r.role == role and r.span]
-    if not pieces:
+    zeroed = [r for r in refs if r.role == role and r.zeroed]
+    if not pieces and not zeroed:
         return None
-    mask = np.ones(pieces[0].span[2], dtype=bool)
+    mask = np.ones(pieces[0].span[2], dtype=bool) if pieces else np.zeros(int(np.prod(zeroed[0].source_shape)), bool)
     for r in pieces:
         mask[r.span[0]:r.span[1]] = False
+    for r in zeroed:
+        for start, stop in zip(r.zeroed[::2], r.zeroed[1::2]):
+            mask[start:stop] = True
     return mask
 
 

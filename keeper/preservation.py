@@ -12,7 +12,8 @@ parent. This module reads that from the alignment and the two graphs alone, with
   whose parent kernel is cut down to the child's pointwise one (a full 3x3 conv into a 1x1), inherits elements that
   compute something else there, so it does not count; a pair alike on one side only counts half.
 * **preserved**: every parent layer is matched and inherited whole (no element sliced away: widening and odd kernel
-  growth only), every matched pair agrees in structure, the child keeps at least the parent's merges, and every
+  growth only), every matched pair agrees in structure (and a layer run on a constant table reads one of its
+  parent's shape: another is the child's own), the child keeps at least the parent's merges, and every
   child layer without a parent can start as the identity (square, stride 1, odd kernel; norms) or belongs to a
   residual branch made only of new layers (its last layer starts at zero). Roles look through both, so a deepened
   plain chain keeps its roles (a VGG stage's old conv that fed the head now feeds the new conv). A new identity in a
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from keeper.graph import LayerGraph
+from keeper.graph import INPUT_ROLE, LayerGraph
 from keeper.graph.walk import walk
 from keeper.kinds import Identity, Kind, kinds_where, traits
 from keeper.matching import Alignment, MatchArrays, align
@@ -232,7 +233,14 @@ def _pairs_fit(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, proles:
             why = f"child layer {_name(child, c)} crops parent layer {_name(parent, p)}'s kernel"
         if not why and np.any((ck - pk) % 2 == 1):
             why = f"child layer {_name(child, c)} grows its kernel by an even amount (no centre to keep)"
+        if not why and _table_shape(child, c) != _table_shape(parent, p):  # the child keeps its own table
+            why = f"child layer {_name(child, c)} runs on another table than parent layer {_name(parent, p)}"
     return (agreed / total if total > 0 else 0.0), why
+
+
+def _table_shape(g: LayerGraph, i: int) -> tuple[int, ...] | None:
+    """The shape of the constant table layer ``i`` reads as its input (an ``INPUT_ROLE`` ref), None if none."""
+    return next((r.source_shape for r in g.tensors[i] if r.role == INPUT_ROLE), None)
 
 
 def inserted_why(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, inserted: frozenset[int]) -> str:

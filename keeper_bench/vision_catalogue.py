@@ -166,10 +166,6 @@ GAPS: dict[str, str] = {
     "timm-eva02": _QKV + "; with the dynamo exporter the zero key bias and the rotary table (`rope.pos_embed`, computed "
                   "at construction) are floating-point constants the ONNX graph cannot tell from parameters: they "
                   "count as learned",
-    "tv-swin_v2": "the qkv bias is the parameter with its key slice zeroed in the forward pass (no rule reads a "
-                  "bias computed from a parameter); the continuous position-bias MLP (`cpb_mlp`) runs on a constant "
-                  "coordinate table, so its weights only feed constants and are no layer (they are not counted "
-                  "either); the logit scale is read through clamp and exp (no rule): all left at the child's init",
 }
 
 

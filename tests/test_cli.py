@@ -362,7 +362,7 @@ def test_register_a_directory_takes_each_graphs_safetensors_beside_it(tmp_path, 
 
 
 def _gated_onnx(seed: int) -> bytes:
-    """x -> Linear -> * sigmoid(gate): the gate is read by an op keeper has no layer rule for."""
+    """x -> Linear -> * softmax(gate): the gate is read by an op keeper has no layer rule for."""
     from onnx import TensorProto, helper
 
     rng = np.random.default_rng(seed)
@@ -370,7 +370,7 @@ def _gated_onnx(seed: int) -> bytes:
              numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "fc.bias"),
              numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "gate")]
     nodes = [helper.make_node("Gemm", ["x", "fc.weight", "fc.bias"], ["h"]),
-             helper.make_node("Sigmoid", ["gate"], ["g"]), helper.make_node("Mul", ["h", "g"], ["y"])]
+             helper.make_node("Softmax", ["gate"], ["g"]), helper.make_node("Mul", ["h", "g"], ["y"])]
     graph = helper.make_graph(nodes, "gated", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 6])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()

@@ -123,7 +123,7 @@ def test_constant_tables_are_no_layers(warm_case, dynamo):
 
 
 class _GatedViT(torch.nn.Module):
-    """ViT with a learned gate read through a sigmoid on its output: an op no layer rule takes."""
+    """ViT with a learned gate read through a softmax on its output: an op no layer rule takes."""
 
     def __init__(self, seed: int):
         super().__init__()
@@ -131,7 +131,7 @@ class _GatedViT(torch.nn.Module):
         self.gate = torch.nn.Parameter(torch.randn(32, generator=torch.Generator().manual_seed(seed)))
 
     def forward(self, x):
-        return self.vit(x) * torch.sigmoid(self.gate)
+        return self.vit(x) * torch.softmax(self.gate, 0)
 
 
 @pytest.mark.parametrize("dynamo", [False, None], ids=["torchscript", "trace"])

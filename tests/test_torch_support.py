@@ -282,8 +282,9 @@ def test_bfloat16_and_float16_modules_keep_their_dtype(tmp_path, dynamo):
 
 
 class _Gated(torch.nn.Module):
-    """A learned gate read through a sigmoid: an op no layer rule takes, so the gate is no layer keeper can
-    transfer (the graph lists it as unread)."""
+    """A learned gate read through a softmax over its units: an op no layer rule takes, so the gate is no layer
+    keeper can transfer (the graph lists it as unread). Through a one-input elementwise function (a sigmoid) it
+    would be a per-channel layer (keeper.graph.rules.RuleContext.through)."""
 
     def __init__(self):
         super().__init__()
@@ -291,7 +292,7 @@ class _Gated(torch.nn.Module):
         self.fc = torch.nn.Linear(8, 3)
 
     def forward(self, x):
-        return self.fc(x * torch.sigmoid(self.gate))
+        return self.fc(x * torch.softmax(self.gate, 0))
 
 
 def test_a_warm_that_leaves_a_tensor_behind_says_so(tmp_path):

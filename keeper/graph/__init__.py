@@ -18,7 +18,8 @@ This is the only package that knows ONNX node conventions. A LayerGraph holds:
 Every array is a flat numpy array (no Python objects in them), so a LayerGraph moves zero-copy through Ray.
 
 Modules: :mod:`~keeper.graph.types` (TensorRef, LayerGraph and its persistence), :mod:`~keeper.graph.reader`
-(reading a checked ModelProto), :mod:`~keeper.graph.rules` (per-op rules), :mod:`~keeper.graph.order` (canonical
+(reading a checked ModelProto), :mod:`~keeper.graph.fold` (integer constants computed in the graph),
+:mod:`~keeper.graph.rules` (per-op rules), :mod:`~keeper.graph.order` (canonical
 order), :mod:`~keeper.graph.unionfind`, :mod:`~keeper.graph.groups` and :mod:`~keeper.graph.packed` (channel
 groups), :mod:`~keeper.graph.extract` (the entry points); over a built graph, :mod:`~keeper.graph.stream` (the
 residual stream and its blocks) and :mod:`~keeper.graph.walk` (the walk to a layer's nearest neighbours). Kinds and
@@ -26,11 +27,12 @@ their traits: :mod:`keeper.kinds`.
 """
 
 from keeper.graph.extract import as_graph, graph_from_proto, load_graph
-from keeper.graph.types import LayerGraph, TensorRef
+from keeper.graph.types import INPUT_ROLE, LayerGraph, TensorRef
 from keeper.kinds import Kind
 
 __all__ = [
     "Kind",
+    "INPUT_ROLE",
     "TensorRef",
     "LayerGraph",
     "load_graph",

@@ -20,7 +20,7 @@ from keeper.errors import InvalidModelError
 from keeper.graph.groups import ChannelGroups, channel_groups
 from keeper.graph.order import canonical_order
 from keeper.graph.reader import ModelReader, value_inputs
-from keeper.graph.rules import NodeInfo, RuleContext, node_info, resolution_step
+from keeper.graph.rules import NodeInfo, RuleContext, input_tables, node_info, resolution_step
 from keeper.graph.types import MAX_RANK, LayerGraph
 from keeper.kinds import Kind, traits
 from keeper.onnx_safety import ModelInput, load_model
@@ -63,6 +63,9 @@ def graph_from_proto(proto: onnx.ModelProto) -> LayerGraph:
 def _extract(proto: onnx.ModelProto) -> LayerGraph:
     reader = ModelReader(proto)
     const, meta = reader.classify()
+    tables = input_tables(reader, const, meta)
+    if tables:  # constant tables a linear layer reads are inputs: what is computed from them is data
+        const, meta = reader.classify(tables)
     # nodes that read activations and produce more than shape information
     nodes = [n for n in reader.nodes if n.op_type != "Constant"
              and any(x not in const and x not in meta for x in value_inputs(n))
@@ -71,7 +74,7 @@ def _extract(proto: onnx.ModelProto) -> LayerGraph:
     for n in nodes:
         for x in n.input:
             users.setdefault(x, []).append(n)
-    ctx = RuleContext(reader, const, users)
+    ctx = RuleContext(reader, const, users, tables)
     info = [node_info(ctx, n) for n in nodes]
     # A MatMul's bias Add is absorbed: the Add is no node, and the layer answers for its output.
     absorbed = {id(d.bias_add): i for i, d in enumerate(info) if d.bias_add is not None}

@@ -185,6 +185,7 @@ def _reshape(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], o
     a, b = w.reader.shapes.get(ins[0]), w.reader.shapes.get(out or "")
     if n.op_type == "Reshape":
         _record_heads(w, n, ins[0], a, b)
+        w.packed.note_heads(n)
     keeps = _keeps_channels(a, b) or _keeps_leading(a, b, w.channel_axis.get(ins[0]))
     return w.group_in(ins[0]) if keeps else uf.new()
 

@@ -3,7 +3,8 @@
 The layer's output group becomes a composite of k equal parts when its output reaches k Gathers with constant
 indices 0..k-1 (torch's MultiheadAttention), one Split into k equal outputs along the unit axis
 (``qkv.split(d, dim=-1)``, as in GPT-2), or SplitToSequence/SequenceAt (the dynamo exporter's ``split``), so each
-part gets its own unit map. Heads (a part reshaped to ``(..., heads, d / heads)``) and dot products between parts
+part gets its own unit map. Heads (a part reshaped to ``(..., heads, d / heads)``, or the whole output reshaped to
+``(..., parts, heads, d)`` before the parts are gathered, as torchvision's Swin does) and dot products between parts
 (``q @ k^T``) are recorded for the transforms as the layer's ``attrs["packed"]``.
 """
 
@@ -14,11 +15,12 @@ from typing import Any, Sequence
 import numpy as np
 import onnx
 
+from keeper.graph.fold import fold_ints
 from keeper.graph.reader import ModelReader, attr
 from keeper.graph.rules import NodeInfo
 from keeper.graph.unionfind import UnionFind
 
-__all__ = ["PackedProjections", "reshape_last_dim"]
+__all__ = ["PackedProjections", "reshape_last_dim", "reshape_tail"]
 
 # ops a packed projection's output passes through before it is unpacked by Gather (torch's MultiheadAttention
 # unflattens (..., 3 * d) to (..., 3, d) and moves the 3 to the front)
@@ -40,6 +42,8 @@ class PackedProjections:
                     self.gathers.setdefault(n.input[0], set()).add(int(v))
         self.part_of: dict[int, tuple[int, int]] = {}  # part group -> (data node of the projection, part index)
         self.part_heads: dict[int, int] = {}
+        # linear output -> (parts, heads) of a reshape to (..., parts, heads, d) before it is unpacked (Swin's qkv)
+        self.unpacked_heads: dict[str, tuple[int, int]] = {}
         self.dots: set[tuple[int, int, int]] = set()
 
     def linear_of(self, src: str) -> str | None:
@@ -66,9 +70,24 @@ class PackedProjections:
             if uf.size[g] != units:
                 return None
             uf.parts[g] = [uf.new(units // k) for _ in range(k)]
+            parts, heads = self.unpacked_heads.get(cur, (0, 0))
             for j, pg in enumerate(uf.parts[g]):
                 self.part_of[pg] = (li, j)
+                if parts == k:
+                    self.part_heads[pg] = heads
         return uf.parts[g] if len(uf.parts[g]) == k else None
+
+    def note_heads(self, n: onnx.NodeProto) -> None:
+        """Record the heads of a linear output reshaped by ``n`` to (..., parts, heads, d) before it is unpacked
+        (torchvision's Swin: ``qkv.reshape(b, t, 3, heads, d)``, then q, k, v gathered at 0, 1, 2): its parts, once
+        found, take ``heads`` each."""
+        cur = self.linear_of(n.input[0]) if len(n.input) > 1 else None
+        tail = reshape_tail(self.reader, n, 3) if cur is not None else None
+        if tail is None:
+            return
+        parts, heads, d = tail
+        if parts > 1 and heads > 1 and parts * heads * d == int(self.info[self.linear_out[cur]].shape[0]):
+            self.unpacked_heads[cur] = (parts, heads)
 
     def gathered_part(self, n: onnx.NodeProto) -> int | None:
         """The part group a constant-index Gather takes from a packed output."""
@@ -127,6 +146,24 @@ class PackedProjections:
                            "heads": [self.part_heads.get(self.uf.find(m), 1) for m in members],
                            "dots": sorted([a, b] for (l2, a, b) in self.dots if l2 == li)}
         return out
+
+
+def reshape_tail(reader: ModelReader, n: onnx.NodeProto, k: int) -> tuple[int, ...] | None:
+    """The last ``k`` dimensions a Reshape produces when each is known and positive: from inferred shapes, or
+    folded from the end of its target (a Concat whose leading entries come from the batch's shape); else None."""
+    shp = reader.shapes.get(n.output[0]) if n.output else None
+    if shp and len(shp) >= k and all(d > 0 for d in shp[-k:]):
+        return tuple(int(d) for d in shp[-k:])
+    tail: list[int] = []
+    p = reader.producer.get(n.input[1])
+    for x in reversed(list(p.input) if p is not None and p.op_type == "Concat" else [n.input[1]]):
+        v = fold_ints(reader, x, cap=64)
+        if v is None:
+            break
+        tail = [int(d) for d in v.reshape(-1).tolist()] + tail
+        if len(tail) >= k:
+            break
+    return tuple(tail[-k:]) if len(tail) >= k and all(d > 0 for d in tail[-k:]) else None
 
 
 def reshape_last_dim(reader: ModelReader, n: onnx.NodeProto) -> int:

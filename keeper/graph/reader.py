@@ -133,18 +133,20 @@ class ModelReader:
         return (t is not None and t.data_type in _FLOAT_TYPES and int(np.prod(t.dims)) > 1
                 and name not in self.fixed)
 
-    def classify(self) -> tuple[set, set]:
-        """Names of constant tensors and of shape-only ('meta') tensors.
+    def classify(self, inputs: frozenset[str] = frozenset()) -> tuple[set, set]:
+        """Names of constant tensors and of shape-only ('meta') tensors; the constants named in ``inputs`` are
+        read as inputs of the network instead (the coordinate table a position-bias MLP runs on:
+        :func:`keeper.graph.rules.input_tables`), so what is computed from them is data.
 
         A value computed from a learned initializer is a constant, never shape information, even when an index or
         a shape it is read with is (a position table gathered at ``arange(seq_len)``, a class token expanded to
         the batch size): rules must be able to trace it back to its table (:meth:`trace_table`)."""
-        const = set(self.init_shapes)
-        learned = {k for k in self.init_shapes if self.is_learned(k)}
+        const = set(self.init_shapes) - inputs
+        learned = {k for k in self.init_shapes if self.is_learned(k)} - inputs
         meta: set[str] = set()
         for n in self.nodes:
             ins = value_inputs(n)
-            outs = [o for o in n.output if o]
+            outs = [o for o in n.output if o and o not in inputs]
             if n.op_type == "Constant" or (ins and all(x in const for x in ins)):
                 const.update(outs)
             elif n.op_type in ("Shape", "Size"):
@@ -259,6 +261,42 @@ class ModelReader:
                                       (start, start + size, whole)))
             start += size
         return tuple(refs) if refs else None
+
+    def trace_zeroed(self, name: str, role: str) -> TensorRef | None:
+        """A vector that is a learned tensor with some of its rows set to zero in the forward pass (Swin V2's qkv
+        bias: ``b = bias.clone(); b[k:2k].zero_()``, written as a ScatterND of zeros into rows of the tensor): its
+        ref with ``zeroed`` the rows the op sees as zeros, whatever the tensor holds there; None when ``name`` is
+        no such ScatterND (rows along the first axis, folded to constants; updates reading as all zeros)."""
+        from keeper.graph.fold import fold_ints  # fold reads this module's ModelReader
+
+        n = self.producer.get(name)
+        if n is None or n.op_type != "ScatterND" or len(n.input) < 3 or as_str(attr(n, "reduction", "none")) != "none":
+            return None
+        ref = self.trace_weight(n.input[0], role)
+        if ref is None or not self.is_learned(ref.source) or len(self.ref_shape(ref)) != 1:
+            return None
+        units = self.ref_shape(ref)[0]
+        idx = fold_ints(self, n.input[1], cap=units)
+        if idx is None or idx.ndim != 2 or idx.shape[1] != 1 or not self._reads_zero(n.input[2]):
+            return None
+        rows = idx[:, 0]
+        if rows.size == 0 or np.any(rows >= units) or np.any(rows < -units):
+            return None
+        mask = np.zeros(units, dtype=bool)
+        mask[rows % units] = True
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+        return TensorRef(ref.role, ref.key, ref.source, ref.source_shape, ref.chain, ref.canon,
+                         zeroed=tuple(int(e) for e in edges))
+
+    def _reads_zero(self, name: str, depth: int = 0) -> bool:
+        """Whether ``name`` is all zeros: a constant reading as zeros (:meth:`_zeros`) broadcast, reshaped or cast
+        (Expand, Reshape, Cast, CastLike, Identity, Unsqueeze, Squeeze of it)."""
+        if self._zeros(name) is not None:
+            return True
+        n = self.producer.get(name)
+        if n is None or depth > 16 or n.op_type not in _WEIGHT_CHAIN_OPS | {"Expand", "CastLike"}:
+            return False
+        return self._reads_zero(n.input[0], depth + 1)
 
     def _zeros(self, name: str) -> tuple[int, ...] | None:
         """The shape of ``name`` when it is a constant that is no learned tensor and whose value reads as all zeros

@@ -20,10 +20,10 @@ import numpy as np
 import onnx
 
 from keeper.graph.reader import ModelReader, as_str, attr
-from keeper.graph.types import MAX_RANK, TensorRef
+from keeper.graph.types import INPUT_ROLE, MAX_RANK, TensorRef
 from keeper.kinds import Kind, traits
 
-__all__ = ["NodeInfo", "RuleContext", "OP_RULES", "WEIGHTLESS", "node_info", "resolution_step"]
+__all__ = ["NodeInfo", "RuleContext", "OP_RULES", "WEIGHTLESS", "node_info", "input_tables", "resolution_step"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class RuleContext:
     reader: ModelReader
     const: set[str]
     users: Mapping[str, list[onnx.NodeProto]]
+    inputs: frozenset[str] = frozenset()  # constant tables read as inputs of the network (input_tables)
 
     def ref(self, name: str, role: str) -> TensorRef | None:
         """The weight ``name`` traced to its initializer; None when it is no constant or is computed."""
@@ -62,15 +63,40 @@ class RuleContext:
 
     def vector(self, name: str, role: str, units: int) -> tuple[TensorRef, ...]:
         """The per-unit vector ``name`` of ``units`` elements (a linear layer's bias) as refs: the one tensor it
-        is, or the learned pieces it is concatenated from with constant zeros
-        (:meth:`~keeper.graph.reader.ModelReader.trace_pieces`); empty when neither."""
+        is (some of its rows possibly zeroed in the forward pass:
+        :meth:`~keeper.graph.reader.ModelReader.trace_zeroed`), or the learned pieces it is concatenated from with
+        constant zeros (:meth:`~keeper.graph.reader.ModelReader.trace_pieces`); empty when neither."""
         if not name or name not in self.const:
             return ()
-        ref = self.reader.trace_weight(name, role)
+        ref = self.reader.trace_weight(name, role) or self.reader.trace_zeroed(name, role)
         if ref is not None:
             return (ref,) if int(np.prod(self.shape(ref))) == units else ()
         pieces = self.reader.trace_pieces(name, role)
         return pieces if pieces and pieces[0].span[2] == units else ()
+
+    def through(self, name: str, role: str) -> tuple[TensorRef | None, tuple[str, ...]]:
+        """The learned tensor constant ``name`` computes elementwise through one-input functions
+        (:data:`_ELEMENTWISE`, a Clip's bounds constants that are no learned tensor: Swin V2's logit scale,
+        ``exp(clamp(s, max=log 100))``) and those ops, first applied first; (None, ()) when it is none."""
+        ops: list[str] = []
+        cur = name
+        while (n := self.reader.producer.get(cur)) is not None and n.op_type in _ELEMENTWISE and len(ops) < 8:
+            rest = [x for x in n.input[1:] if x]
+            if any(x not in self.const or self.reader.read_by(x, set()) for x in rest):
+                return None, ()
+            ops.append(n.op_type)
+            cur = n.input[0]
+        ref = self.ref(cur, role) if ops else None
+        if ref is None or not self.reader.is_learned(ref.source):
+            return None, ()
+        return ref, tuple(reversed(ops))
+
+    def input_table(self, name: str) -> tuple[TensorRef, ...]:
+        """The initializer behind ``name`` when it is a constant table read as the network's input
+        (:func:`input_tables`), as a ref of role :data:`~keeper.graph.types.INPUT_ROLE`; empty otherwise (a table
+        computed from constant nodes has nothing to transfer)."""
+        ref = self.reader.trace_weight(name, INPUT_ROLE) if name in self.inputs else None
+        return (ref,) if ref is not None else ()
 
     def learned(self, name: str, role: str) -> TensorRef | None:
         """The weight ``name`` as the op reads it, else the whole learned table it reads; None when neither."""
@@ -121,26 +147,27 @@ def _gemm(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
     if not int(attr(n, "transB", 0)):
         w, s = _with_canon(w, (1, 0)), (s[1], s[0])
     b = ctx.vector(ins[2], "bias", s[0])
-    return NodeInfo(Kind.LINEAR, s, (w,) + b, int(bool(b)))
+    return NodeInfo(Kind.LINEAR, s, (w,) + b + ctx.input_table(ins[0]), int(bool(b)))
 
 
 def _matmul(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
     """A MatMul by a constant matrix is a linear layer; a following Add of a constant vector (one tensor, or
-    pieces concatenated: :meth:`RuleContext.vector`) is its bias."""
+    pieces concatenated: :meth:`RuleContext.vector`) is its bias; a constant table it reads as its input
+    (:func:`input_tables`) is one more ref, after them."""
     ins = _inputs(n)
     w = ctx.ref(ins[1], "weight")
     if not w or len(ctx.shape(w)) != 2:
         return None
     k_in, k_out = ctx.shape(w)
-    refs = [_with_canon(w, (1, 0))]
+    w, table = _with_canon(w, (1, 0)), ctx.input_table(ins[0])
     outs = ctx.users.get(n.output[0], [])
     if len(outs) == 1 and outs[0].op_type == "Add":
         add = outs[0]
         other = [x for x in add.input if x != n.output[0]]
         b = ctx.vector(other[0], "bias", k_out) if len(other) == 1 else ()
         if b:
-            return NodeInfo(Kind.LINEAR, (k_out, k_in), (refs[0],) + b, 1, bias_add=add)
-    return NodeInfo(Kind.LINEAR, (k_out, k_in), tuple(refs), 0)
+            return NodeInfo(Kind.LINEAR, (k_out, k_in), (w,) + b + table, 1, bias_add=add)
+    return NodeInfo(Kind.LINEAR, (k_out, k_in), (w,) + table, 0)
 
 
 def _batchnorm(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
@@ -178,15 +205,23 @@ def _param(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
     """An Add or Mul of one learned tensor with more than one element: a positional embedding, a layer scale, or
     a table read by constant indices and added to the data (a relative-position bias added to attention scores,
     a position table gathered at ``arange(seq_len)``). A Mul's layer records ``attrs["scales"]``: its output is
-    proportional to its tensor (an RMSNorm's weight), which the transforms may divide."""
+    proportional to its tensor (an RMSNorm's weight), which the transforms may divide; a Mul by a function of the
+    tensor (a per-head logit scale ``exp(clamp(s))``: :meth:`RuleContext.through`) records the functions' ops in
+    ``attrs["through"]``: its output is proportional to their value, not to the tensor, which no transform may then
+    divide or scale (only copy)."""
     consts = [x for x in n.input if x in ctx.const]
     if len(consts) != 1:
         return None
-    p = ctx.learned(consts[0], "weight")
+    p, through = ctx.learned(consts[0], "weight"), ()
+    if p is None and n.op_type == "Mul":
+        p, through = ctx.through(consts[0], "weight")
     if p is None or int(np.prod(ctx.shape(p))) <= 1:
         return None
     info = _channel_first(ctx, p)
-    return NodeInfo(info.kind, info.shape, info.refs, info.vectors, attrs={"scales": n.op_type == "Mul"})
+    attrs: dict[str, Any] = {"scales": n.op_type == "Mul"}
+    if through:
+        attrs["through"] = list(through)
+    return NodeInfo(info.kind, info.shape, info.refs, info.vectors, attrs=attrs)
 
 
 def _tokens(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo | None:
@@ -224,6 +259,10 @@ def _with_canon(ref: TensorRef, perm: tuple[int, ...]) -> TensorRef:
     return TensorRef(ref.role, ref.key, ref.source, ref.source_shape, ref.chain, tuple(perm))
 
 
+# One-input elementwise functions a learned tensor may be read through (:meth:`RuleContext.through`); a Clip's
+# bounds are its other inputs.
+_ELEMENTWISE = {"Clip", "Exp", "Log", "Sigmoid", "Softplus", "Tanh", "Abs", "Neg", "Relu", "Sqrt", "Reciprocal"}
+
 # Weighted layers: op type -> the rule recognising one. A new weighted op adds its rule here and its Kind's traits
 # in keeper.kinds.
 OP_RULES: Mapping[str, Rule] = {
@@ -251,6 +290,30 @@ WEIGHTLESS: Mapping[str, Kind] = {
     "Transpose": Kind.TRANSPOSE, "ReduceMean": Kind.REDUCE, "ReduceMax": Kind.REDUCE, "ReduceSum": Kind.REDUCE,
     "Gather": Kind.SPLIT, "Pad": Kind.ACTIVATION, "Resize": Kind.ACTIVATION, "Expand": Kind.RESHAPE,
 }
+
+
+def input_tables(reader: ModelReader, const: set[str], meta: set[str]) -> frozenset[str]:
+    """Constant tables that a linear layer reads as its input: the first operand of a MatMul (or a Gemm) of
+    constants whose second operand is a learned matrix (Swin V2's position-bias MLP runs on a coordinate table,
+    its output added to the attention scores). The table must be an initializer (through shape ops) or carry no
+    learned tensor (:meth:`~keeper.graph.reader.ModelReader.read_by`), so that nothing learned hides behind it; a
+    matrix with one row or column makes an outer product (RoPE's angles, positions x frequencies), no layer.
+
+    Read as inputs of the network (:meth:`~keeper.graph.reader.ModelReader.classify`), they make the small network
+    part of the graph: its linear layers are layers, their weights transferred like any other."""
+    out: set[str] = set()
+    for n in reader.nodes:
+        ins = _inputs(n)
+        if n.op_type not in ("MatMul", "Gemm") or not ins[0] or any(x not in const for x in n.input if x):
+            continue
+        if n.op_type == "Gemm" and (int(attr(n, "transA", 0)) or len(reader.init_shapes.get(ins[0], (0, 0))) > 2):
+            continue
+        w = reader.trace_weight(ins[1], "weight")
+        if w is None or not reader.is_learned(w.source) or len(reader.ref_shape(w)) != 2 or 1 in reader.ref_shape(w):
+            continue  # a product over one unit is an outer product (RoPE's positions x frequencies), no layer
+        if reader.trace_weight(ins[0], INPUT_ROLE) is not None or not reader.read_by(ins[0], meta):
+            out.add(ins[0])
+    return frozenset(out)
 
 
 def node_info(ctx: RuleContext, n: onnx.NodeProto) -> NodeInfo:

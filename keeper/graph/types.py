@@ -16,11 +16,17 @@ import numpy as np
 from keeper.errors import InvalidModelError
 from keeper.kinds import traits
 
-__all__ = ["TensorRef", "LayerGraph", "MAX_RANK"]
+__all__ = ["TensorRef", "LayerGraph", "MAX_RANK", "INPUT_ROLE"]
 
 # Canonical parameter shapes are stored padded to this rank (``LayerGraph.shape`` is ``num_layers x MAX_RANK``);
 # a learned tensor of higher rank is no layer.
 MAX_RANK = 5
+
+
+# The role of a constant table a layer reads as its input (the coordinates a position-bias MLP runs on; see
+# keeper.graph.rules.input_tables): after the layer's trainable roles, never counted as learned; a warm gives the
+# child the parent's table when both have the same shape, else keeps the child's own.
+INPUT_ROLE = "input"
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,12 @@ class TensorRef:
     concat(q_bias, zeros, v_bias)): the piece's canonical array is rows ``start:stop`` of the role's array of
     ``whole`` rows. A layer then has one ref per learned piece under the same role; rows no piece covers are
     constant zeros of the architecture, not learned (:attr:`LayerGraph.fixed_params`). Empty: the whole role.
+
+    ``zeroed`` = (start, stop, start, stop, ...) marks rows of a vector (a 1-D canonical array) the op sees as
+    zeros whatever the tensor holds there (a bias whose key rows are zeroed in the forward pass: ``b =
+    bias.clone(); b[k:2k].zero_()``): constant zeros of the architecture as well, read and written as zeros. They
+    still count as learned elements: they are the parameter's, which the module stores and trains (unlike the
+    zeros between pieces, a buffer or a constant). Empty: none.
     """
 
     role: str
@@ -46,16 +58,20 @@ class TensorRef:
     chain: tuple[tuple[str, tuple[int, ...]], ...] = ()
     canon: tuple[int, ...] = ()
     span: tuple[int, ...] = ()
+    zeroed: tuple[int, ...] = ()
 
     def to_json(self) -> list:
         out = [self.role, self.key, self.source, list(self.source_shape),
                [[op, list(arg)] for op, arg in self.chain], list(self.canon)]
+        if self.zeroed:
+            return out + [list(self.span), list(self.zeroed)]
         return out + [list(self.span)] if self.span else out
 
     @classmethod
     def from_json(cls, v: list) -> "TensorRef":
         return cls(v[0], v[1], v[2], tuple(v[3]), tuple((op, tuple(arg)) for op, arg in v[4]), tuple(v[5]),
-                   tuple(v[6]) if len(v) > 6 else ())
+                   tuple(v[6]) if len(v) > 6 else (), tuple(v[7]) if len(v) > 7 else ())
+
 
 
 @dataclass
@@ -104,12 +120,15 @@ class LayerGraph:
     # a PARAM Mul, 6 the canonical order's last tie-break comparing numbers in names as numbers, 7 ReLU as its own
     # kind (RECTIFIER; the canonical order still reads it as an activation), 8 attrs["heads"] of a projection whose
     # output is reshaped into heads (q, k, v computed apart), 9 roles assembled from pieces (TensorRef.span) and
-    # tensors an exporter marks as constants (a buffer outside the state_dict) no longer learned. A stored graph of an
-    # older version is re-extracted from its model (see
+    # tensors an exporter marks as constants (a buffer outside the state_dict) no longer learned, 10 rows of a bias
+    # zeroed in the forward pass (TensorRef.zeroed), a per-channel Mul by a function of a learned tensor
+    # (attrs["through"]), linear layers run on a constant table (the table an INPUT_ROLE ref, what they compute
+    # data) and the heads of a packed projection reshaped to (..., parts, heads, d) before its parts are taken (Swin).
+    # A stored graph of an older version is re-extracted from its model (see
     # keeper.stored.graph_from_blob). Bump it with any change to what extraction records (kinds, shapes, groups and
     # their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md
     # ("Foundation") says when.
-    FORMAT = 9
+    FORMAT = 10
 
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",
                "params", "conv_groups", "in_group", "out_group", "in_level", "out_level", "group_size",
@@ -151,7 +170,8 @@ class LayerGraph:
     @property
     def fixed_params(self) -> int:
         """Elements of trainable roles built from pieces that no piece covers: constant zeros of the architecture
-        (the key bias of concat(q_bias, zeros, v_bias)). :attr:`params` and the alignment count the role whole, as
+        (the key bias of concat(q_bias, zeros, v_bias)); a ref's ``zeroed`` rows are not among them (see
+        :class:`TensorRef`). :attr:`params` and the alignment count the role whole, as
         its shape says; :attr:`total_params` leaves them out."""
         fixed = 0
         for li in range(len(self.tensors)):

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 import ml_dtypes
 import numpy as np
 
-from keeper.graph import LayerGraph
+from keeper.graph import INPUT_ROLE, LayerGraph
 from keeper.kinds import kinds_where, traits
 from keeper.matching import Alignment
 from keeper.onnx_weights import fixed_rows, layer_arrays, role_arrays, to_source
@@ -50,8 +50,7 @@ class Transfer:
 
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     provenance: dict[str, tuple[str | None, str]] = field(default_factory=dict)
-    # child layers with a role built from pieces whose constant zero rows the transform gave other values: the
-    # pieces are written, the zeros stay, so the function is not the transform's
+    # child layers whose constant zero rows (a bias in pieces or zeroed) the transform made non-zero: they stay zero
     unkept: list[str] = field(default_factory=list)
 
 
@@ -261,8 +260,8 @@ def transfer_layers(child: LayerGraph, child_inits: Mapping[str, np.ndarray],
     ``sink(key, array)`` as soon as it is made and ``weights`` stays empty (streaming: one layer in memory).
 
     A role built from pieces (``TensorRef.span``: concat(q_bias, zeros, v_bias)) is assembled for ``layer`` and
-    split back; its zero rows are the child's constants, never written: a layer whose new value is not zero there is
-    listed in ``unkept`` (its function is then not the transform's)."""
+    split back; its zero rows (and a ref's ``zeroed`` rows) are the child's constants: a layer whose new value is not
+    zero there is listed in ``unkept`` (its function is then not the transform's)."""
     out = Transfer()
     done: set[str] = set()
     for c in range(child.num_layers):
@@ -353,7 +352,8 @@ def tied_input_divisors(child: LayerGraph, maps: "_GroupMaps", writers: Mapping[
             continue
         p = int(node_layer[preds[0]])
         attrs = child.attrs[p] if p < len(child.attrs) else {}
-        if traits(int(child.layer_kind[p])).affine and attrs.get("scales", True) and int(child.out_group[p]) == gi:
+        divisible = attrs.get("scales", True) and not attrs.get("through")  # exp(clamp(s)) is not divided by s
+        if traits(int(child.layer_kind[p])).affine and divisible and int(child.out_group[p]) == gi:
             out[p] = counts.astype(np.float64)
     return out
 
@@ -425,15 +425,15 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
 
     def inherited(c: int, p: int, cvals: dict[str, np.ndarray]) -> LayerTensors:
         kind = int(child.layer_kind[c])
-        out_map = maps.map(int(child.out_group[c]))
-        in_map = maps.map(int(child.in_group[c]))
+        out_map, in_map = maps.map(int(child.out_group[c])), maps.map(int(child.in_group[c]))
         pkeys: dict[str, tuple[str, ...]] = {}
         for r in parent.tensors[p]:  # a role's keys: one, or one per piece
             pkeys[r.role] = pkeys.get(r.role, ()) + (r.key,)
         values: LayerTensors = {}
         for role, ct in cvals.items():
-            if role not in P[p]:
-                values[role] = (ct, None, "init")
+            if role not in P[p] or role == INPUT_ROLE:  # a table the layer reads: the parent's when of its shape
+                same = role in P[p] and P[p][role].shape == ct.shape
+                values[role] = (P[p][role], pkeys[role], "copy") if same else (ct, None, "init")
                 continue
             v, ops = _grown(child, maps, c, kind, role, P[p][role], ct, out_map, in_map)
             v = _rescaled(v, ops, role, maps.factors(int(child.out_group[c])), divisors.get(c))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from keeper.graph import LayerGraph
+from keeper.graph import INPUT_ROLE, LayerGraph
 from keeper.kinds import Identity, Merge, kinds_where, traits
 
 __all__ = ["identity_fill", "zero_fill", "FreshBranch", "fresh_branches", "new_branch_tails"]
@@ -69,7 +69,8 @@ def zero_fill(kind: int, child: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _zeros(child: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     # np.zeros, not zeros_like: it takes pages the OS already zeroed instead of writing every byte, which was
     # about a fifth of a deepened 100M-parameter ResNet's transfer time (profiled on scripts/bench_warm.py's models)
-    return {k: np.zeros(v.shape, v.dtype) for k, v in child.items()}
+    # a table the layer reads as its input (INPUT_ROLE) is no weight: it stays the child's
+    return {k: np.zeros(v.shape, v.dtype) for k, v in child.items() if k != INPUT_ROLE}
 
 
 # by kind, from keeper.kinds: residual adds (a zero branch leaves the skip input)

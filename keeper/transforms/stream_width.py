@@ -104,7 +104,7 @@ def _rms_reduce(g: LayerGraph, li: int, layer_of: np.ndarray, preds: list[list[i
     ``scalar_ops`` say per node whether a walk up goes through it (weightless activations; and products and
     sums)."""
     attrs = g.attrs[li] if li < len(g.attrs) else {}
-    if int(g.layer_kind[li]) != int(Kind.PARAM) or not attrs.get("scales", True):
+    if int(g.layer_kind[li]) != int(Kind.PARAM) or not attrs.get("scales", True) or attrs.get("through"):
         return None
 
     def back(v: int, through: np.ndarray) -> int:  # the first node up from v (v included) that one does not pass
