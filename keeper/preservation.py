@@ -13,7 +13,8 @@ parent. This module reads that from the alignment and the two graphs alone, with
   compute something else there, so it does not count; a pair alike on one side only counts half.
 * **preserved**: every parent layer is matched and inherited whole (no element sliced away: widening and odd kernel
   growth only), every matched pair agrees in structure (and a layer run on a constant table reads one of its
-  parent's shape: another is the child's own), the child keeps at least the parent's merges, and every
+  parent's shape: another is the child's own), neither model has a learned tensor no layer reads (it is never
+  transferred), the child keeps at least the parent's merges, and every
   child layer without a parent can start as the identity (square, stride 1, odd kernel; norms) or belongs to a
   residual branch made only of new layers (its last layer starts at zero). Roles look through both, so a deepened
   plain chain keeps its roles (a VGG stage's old conv that fed the head now feeds the new conv). A new identity in a
@@ -202,6 +203,10 @@ def assess(parent: LayerGraph, child: LayerGraph, alignment: Alignment,
         why = inserted_why(parent, child, pairs, inserted)
     if not why:
         why = inexact_width(parent, child, pairs)
+    if not why and (child.unread or parent.unread):
+        # a learned tensor no layer holds is never transferred: the child's keeps its init, the parent's is lost
+        side, unread = ("child", child.unread) if child.unread else ("parent", parent.unread)
+        why = f"the {side}'s learned tensor {sorted(unread)[0]!r} is read by no layer (an op keeper has no rule for)"
     if not why and inserted:
         structure = looked[0]
     return Assessment(not why, float(structure), why)

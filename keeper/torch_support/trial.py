@@ -108,7 +108,9 @@ def checkpoint_state(trainable: Any = None, given: Any = None) -> tuple[dict[str
         try:
             from ray import tune
 
-            checkpoint = tune.get_checkpoint()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # outside a trial Tune warns that there is no checkpoint to get
+                checkpoint = tune.get_checkpoint()
         except Exception:  # noqa: BLE001 - outside a function trainable Tune raises various errors
             checkpoint = None
     if checkpoint is None:
