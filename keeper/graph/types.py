@@ -104,12 +104,15 @@ class LayerGraph:
     # a PARAM Mul, 6 the canonical order's last tie-break comparing numbers in names as numbers, 7 ReLU as its own
     # kind (RECTIFIER; the canonical order still reads it as an activation), 8 attrs["heads"] of a projection whose
     # output is reshaped into heads (q, k, v computed apart), 9 roles assembled from pieces (TensorRef.span) and
-    # tensors an exporter marks as constants (a buffer outside the state_dict) no longer learned. A stored graph of an
-    # older version is re-extracted from its model (see
+    # tensors an exporter marks as constants (a buffer outside the state_dict) no longer learned, 10 packed q/k/v
+    # projections whose output is reshaped to (..., 3, heads, head size) and taken apart along the 3 (timm's
+    # attention: parts, groups and their numbering, attrs["packed"] with heads) and attrs["unit_axes"] of a
+    # projection whose units a reshape spreads over 3+ axes in a layout not found packed (no growth claimed exact
+    # across it). A stored graph of an older version is re-extracted from its model (see
     # keeper.stored.graph_from_blob). Bump it with any change to what extraction records (kinds, shapes, groups and
     # their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md
     # ("Foundation") says when.
-    FORMAT = 9
+    FORMAT = 10
 
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",
                "params", "conv_groups", "in_group", "out_group", "in_level", "out_level", "group_size",

@@ -36,7 +36,7 @@ import numpy as np
 from keeper.graph import LayerGraph
 from keeper.graph.walk import walk
 from keeper.kinds import Kind, traits
-from keeper.transforms.correspondence import group_correspondence, group_heads, packed_groups
+from keeper.transforms.correspondence import group_correspondence, group_heads, group_unit_axes, packed_groups
 from keeper.transforms.stream_width import downstream, stream_growth
 
 __all__ = ["inexact_width"]
@@ -66,9 +66,13 @@ def inexact_width(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> s
     refused: dict[int, str] = {}
     streams = stream_growth(parent, child, pairs, corr, refused)
     cheads, pheads = group_heads(child), group_heads(parent)
+    caxes, paxes = group_unit_axes(child), group_unit_axes(parent)
     factors = {Fraction(cheads[c], pheads[p]) for c, p in corr.items() if c in cheads and p in pheads}
     for cg, pg in sorted(corr.items()):
         cs, ps = int(child.group_size[cg]), int(parent.group_size[pg])
+        why = _axes_why(child, cg, caxes.get(cg), paxes.get(pg), cs != ps)
+        if why:
+            return why
         hc, hp = cheads.get(cg, 0), pheads.get(pg, 0)
         if hc and hp and cs * hp != ps * hc and ps > 0:  # whatever the size: another head size is another function
             return f"channel group of {_writer_name(child, cg)} is split into heads of {ps // hp} -> {cs // hc} " \
@@ -109,6 +113,19 @@ def _layer_why(g: LayerGraph, li: int, group: int, uneven: bool) -> str:
     if kind == int(Kind.DWCONV) and int(g.shape[li, 0]) != int(g.conv_groups[li]):
         return f"feeds depthwise conv {name} with a channel multiplier"
     return ""
+
+
+def _axes_why(child: LayerGraph, cg: int, cu: tuple | None, pu: tuple | None, grown: bool) -> str:
+    """Why a group whose units a reshape spreads over three or more axes, in a layout not found packed (q, k, v
+    as ``(3, heads, head size)`` unpacked otherwise), does not keep its function ("" when it does): the unit map
+    copies units in order (child unit j is parent unit j mod the parent's units), so the copies line up with the
+    child's axes only when every axis but the first keeps its size (whole blocks of the first axis cloned)."""
+    if not (cu or pu) or (cu == pu and not grown):
+        return ""
+    if cu and pu and len(cu) == len(pu) and cu[1:] == pu[1:] and min(cu + pu) > 0:
+        return ""
+    return f"channel group of {_writer_name(child, cg)} is reshaped into axes {pu or '?'} -> {cu or '?'}: a layout " \
+           "keeper does not follow (copies of units would land in other parts or heads)"
 
 
 def _packed_why(child: LayerGraph, parent: LayerGraph, cg: int, pg: int, cpacked: dict, ppacked: dict) -> str:
