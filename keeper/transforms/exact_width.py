@@ -19,7 +19,10 @@ function only under conditions on the factor:
 * an op keeper has no rule for: never claimed for a factor that does not divide;
 * whatever the factor: a slice of the units (a chunk along channels: its parts are groups of their own, mapped
   apart from the units they cut), a grouped conv (copies leave their conv group) and a depthwise conv with a
-  channel multiplier are never claimed.
+  channel multiplier are never claimed;
+* a group whose units a reshape spreads over three or more axes without being found packed (``attrs["unit_axes"]``:
+  q, k, v as ``(3, heads, head size)`` unpacked in a way :mod:`keeper.graph` does not follow): only when every
+  axis but the first keeps its size (the in-order copies then clone whole blocks of the first axis), else never.
 
 Invariant: :func:`inexact_width` returns "" only when every grown child group either grows by an integer factor
 (and its heads, packed or reshaped, clone whole) or flows only through readers for which the operators are exact
