@@ -205,9 +205,12 @@ class PackedProjections:
     def split_heads(self, n: onnx.NodeProto) -> tuple[str, int, int, int] | None:
         """(linear layer output, k, heads, output rank) when Reshape ``n`` turns a linear output's units into
         ``(..., k, heads, units / (k * heads))`` (one axis into three), else None."""
-        cur = self.linear_of(n.input[0]) if n.input else None
-        if cur is None:
-            return None
+        cur = n.input[0] if n.input else ""
+        while cur not in self.linear_out:  # the units must still be the last axis: identities only
+            p = self.reader.producer.get(cur)
+            if p is None or p.op_type != "Identity" or not p.input:
+                return None
+            cur = p.input[0]
         units = int(self.info[self.linear_out[cur]].shape[0])
         got = reshape_tail(self.reader, n, 3, units)
         shp = self.reader.shapes.get(n.input[0])
