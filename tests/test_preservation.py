@@ -250,6 +250,7 @@ def _net(name, parent, child):
 
 
 UNBIND = {"d": 32, "heads": 2}
+ROPE = {**UNBIND, "rope": True}
 WALK = [
     ("resnet widths x1.5", _family("resnet: widths x1.5"), False, True),
     ("mobilenetv2 expansion 4 -> 6, widths x1.5", _family("mobilenetv2: expansion 4 -> 6, widths x1.5"), False,
@@ -281,6 +282,10 @@ WALK = [
     ("unbind attention heads 2 -> 4, dynamo", _net("unbind", UNBIND, {"d": 64, "heads": 4}), True, True),
     ("unbind attention heads 2 -> 3", _net("unbind", UNBIND, {"d": 48, "heads": 3}), False, True),
     ("unbind attention heads 2 -> 4 of half the size", _net("unbind", UNBIND, {"d": 32, "heads": 4}), None, False),
+    ("unbind attention head size 16 -> 32", _net("unbind", UNBIND, {"d": 64, "heads": 2}), False, True),
+    # RoPE between the parts and q . k (EVA-02): whole heads cloned keep it, heads grown inside do not
+    ("unbind attention with RoPE heads 2 -> 4", _net("unbind", ROPE, {**ROPE, "d": 64, "heads": 4}), None, True),
+    ("unbind attention with RoPE head size 16 -> 32", _net("unbind", ROPE, {**ROPE, "d": 64}), None, False),
 ]
 
 

@@ -135,6 +135,8 @@ def _split(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out
         return pg
     if n.op_type == "Slice" and ins and _off_channels(w, ins[0], _slice_axes(w.reader, n)):
         return w.group_in(ins[0])  # a crop or one half of a roll over positions: the same units
+    if ins and (part := pk.part(w.group_in(ins[0]))) is not None:
+        pk.cut.add(part)  # a part's units cut apart (RoPE's halves): its heads may only be cloned whole
     return w.uf.new()
 
 

@@ -48,6 +48,7 @@ class PackedProjections:
         self.part_of: dict[int, tuple[int, int]] = {}  # part group -> (data node of the projection, part index)
         self.part_heads: dict[int, int] = {}
         self.dots: set[tuple[int, int, int]] = set()
+        self.cut: set[tuple[int, int]] = set()  # (data node of the projection, part) whose units a slice cuts
 
     def linear_of(self, src: str) -> str | None:
         """The linear layer output that ``src`` is, through unpacking reshapes (None when it is not one)."""
@@ -224,8 +225,8 @@ class PackedProjections:
         return self.part_of.get(self.uf.find(g))
 
     def attrs(self) -> dict[int, dict[str, Any]]:
-        """Data node index of each packed projection -> its ``attrs["packed"]``: parts, heads per part, and the
-        pairs of parts joined by a dot product."""
+        """Data node index of each packed projection -> its ``attrs["packed"]``: parts, heads per part, the
+        pairs of parts joined by a dot product, and (when any) the parts whose units a slice cuts apart ("cut")."""
         out: dict[int, dict[str, Any]] = {}
         for members in self.uf.parts.values():
             if members and members[0] in self.part_of:
@@ -233,6 +234,9 @@ class PackedProjections:
                 out[li] = {"parts": len(members),
                            "heads": [self.part_heads.get(self.uf.find(m), 1) for m in members],
                            "dots": sorted([a, b] for (l2, a, b) in self.dots if l2 == li)}
+                cut = sorted(j for (l2, j) in self.cut if l2 == li)
+                if cut:
+                    out[li]["cut"] = cut
         return out
 
 

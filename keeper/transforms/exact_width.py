@@ -143,11 +143,21 @@ def _packed_why(child: LayerGraph, parent: LayerGraph, cg: int, pg: int, cpacked
         return f"packed projection {name}: heads {ppacked[pg]['heads']} -> {cpacked[cg]['heads']} of another size"
     if pg not in ppacked or len(cparts) != len(pparts):
         return f"packed projection {name} takes a parent projection packed otherwise"
+    dots = [d for d in cpacked[cg].get("dots", []) if d in ppacked[pg].get("dots", [])]
     for j, (cp, pp) in enumerate(zip(cparts, pparts)):
         hc, hp = int(cpacked[cg]["heads"][j]), int(ppacked[pg]["heads"][j])
         cs, ps = int(child.group_size[cp]), int(parent.group_size[pp])
-        if hc == hp or (hp >= 1 and hc > hp and cs * hp == ps * hc):
-            continue  # each head grown inside, or whole heads cloned (some once more than others)
+        if (hp >= 1 and hc > hp and cs * hp == ps * hc) or (cs == ps and hc == hp):
+            continue  # whole heads cloned (some once more than others), or the part as it is
+        cut = j in cpacked[cg].get("cut", []) or j in ppacked[pg].get("cut", [])
+        if hc == hp and (dots or hc == 1) and not cut:
+            # each head grown inside: q scaled and k divided along the q . k found (v read divided); a part in
+            # no heads (a GLU's chunk) grows as any group does
+            continue
+        if hc == hp:  # q . k not found, or the head's units cut apart (RoPE's halves): the attention changes
+            return f"packed projection {name}: heads of part {j} grow inside ({ps // hp} -> {cs // hc} units) " \
+                   + ("and their units are sliced (rotary halves)" if cut else
+                      "with no q . k product found between its parts (the attention's scale would change)")
         return f"packed projection {name}: heads {hp} -> {hc} of part {j} are not cloned whole"
     return ""
 
