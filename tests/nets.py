@@ -191,9 +191,51 @@ class TokenEncoder(nn.Module):
         return self.head(self.norm(self.enc(h + a)).mean(dim=1))
 
 
+def _rope(t: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of (B, heads, N, head size): its tables are sized by the head size."""
+    half = t.shape[-1] // 2
+    ang = torch.arange(t.shape[-2], dtype=t.dtype)[:, None] * 100.0 ** (-torch.arange(half, dtype=t.dtype) / half)
+    cos, sin = ang.cos().repeat(1, 2), ang.sin().repeat(1, 2)
+    return t * cos + torch.cat([-t[..., half:], t[..., :half]], dim=-1) * sin
+
+
+class _UnbindAttention(nn.Module):
+    """timm's ViT attention: one Linear packs q, k and v; its output is reshaped to (B, N, 3, heads, head size),
+    permuted to put the 3 first and unbound (``unpack="index"``: taken as t[0], t[1], t[2]); ``rope``: q and k
+    rotated (EVA-02's RoPE), so q . k is not a product of the parts themselves."""
+
+    def __init__(self, d: int, heads: int, unpack: str, rope: bool = False):
+        super().__init__()
+        self.heads, self.unpack, self.rope = heads, unpack, rope
+        self.norm, self.qkv, self.proj = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        t = self.qkv(self.norm(x)).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = t.unbind(0) if self.unpack == "unbind" else (t[0], t[1], t[2])
+        if self.rope:
+            q, k = _rope(q), _rope(k)
+        a = (q @ k.transpose(-2, -1) * (c // self.heads) ** -0.5).softmax(-1)
+        return x + self.proj((a @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class UnbindViT(nn.Module):
+    """Tokens -> Linear embedding -> two pre-LN attention blocks packed as timm's ViT packs them -> mean -> head."""
+
+    def __init__(self, d: int = 32, heads: int = 2, unpack: str = "unbind", rope: bool = False):
+        super().__init__()
+        self.emb = nn.Linear(8, d)
+        self.blocks = nn.Sequential(*(_UnbindAttention(d, heads, unpack, rope) for _ in range(2)))
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.emb(x)).mean(dim=1))
+
+
 EXTRA = {
     "branchnet": (BranchNet, lambda: torch.randn(2, 3, 8, 8)),
     "tokens": (TokenEncoder, lambda: torch.randint(0, 40, (2, 6))),
+    "unbind": (UnbindViT, lambda: torch.randn(2, 5, 8)),
 }
 
 

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from keeper.errors import InvalidModelError
 from keeper.graph import Kind, LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import similarity
+from keeper.torch_support import export_graph
 
 import nets
 
@@ -213,6 +214,31 @@ def test_embedding_attention_and_encoder_layers(extra_graphs, exporter):
         parts = g.group_of_parts(int(g.out_group[i])).tolist()
         assert len(parts) == 3 and all(int(g.group_size[p]) == d for p in parts)
         assert int(g.in_group[o]) == parts[2]
+
+
+@pytest.mark.parametrize("exporter", [*nets.EXPORTERS, "trace"])
+@pytest.mark.parametrize("unpack", ["unbind", "index"])
+def test_a_projection_reshaped_to_parts_and_heads_then_permuted_apart_is_packed(extra_graphs, exporter, unpack):
+    """timm's ViT attention (qkv reshaped to (B, N, 3, heads, head size), the 3 moved first and taken apart: a
+    Split, SequenceAt, a Slice or a Gather per part depending on the exporter) is a packed projection with its
+    heads, as GPT-2's split along the units is."""
+    if exporter == "trace" or unpack != "unbind":
+        model, x = nets.UnbindViT(unpack=unpack), nets.EXTRA["unbind"][1]()
+        with nets.quiet():
+            g = load_graph(export_graph(model, x, dynamo={"trace": None, "torchscript": False,
+                                                          "dynamo": True}[exporter]).onnx)
+    else:
+        g = extra_graphs["unbind", exporter, "keep"]
+    d, sh = 32, shapes(g)
+    packed = [i for i, s in enumerate(sh) if s == (3 * d, d)]
+    out_proj = [i for i, s in enumerate(sh) if s == (d, d)]
+    assert len(packed) == len(out_proj) == 2
+    for i, o in zip(packed, out_proj):
+        assert g.attrs[i].get("packed") == {"parts": 3, "heads": [2, 2, 2], "dots": [[0, 1]]}, g.attrs[i]
+        assert "unit_axes" not in g.attrs[i]
+        parts = g.group_of_parts(int(g.out_group[i])).tolist()
+        assert len(parts) == 3 and all(int(g.group_size[p]) == d for p in parts)
+        assert int(g.in_group[o]) == parts[2]  # the out-projection reads the v part
 
 
 def test_eval_export_of_attention_equals_keep_export(extra_graphs):

@@ -249,6 +249,8 @@ def _net(name, parent, child):
     return run
 
 
+UNBIND = {"d": 32, "heads": 2}
+ROPE = {**UNBIND, "rope": True}
 WALK = [
     ("resnet widths x1.5", _family("resnet: widths x1.5"), False, True),
     ("mobilenetv2 expansion 4 -> 6, widths x1.5", _family("mobilenetv2: expansion 4 -> 6, widths x1.5"), False,
@@ -273,6 +275,17 @@ WALK = [
     ("convnext channels x1.5", _hf("convnext", {}, dict(d=12)), False, False),
     ("branchnet width x2", _net("branchnet", dict(width=16), dict(width=32)), False, False),
     ("token encoder d_model x1.5", _net("tokens", dict(d=16, heads=2), dict(d=24, heads=3)), False, False),
+    # timm's ViT packing: qkv reshaped to (B, N, 3, heads, head size), permuted, unbound (SequenceAt for the
+    # tracer, Split for TorchScript, Slice for dynamo): whole heads cloned in each part; heads of another size never
+    ("unbind attention heads 2 -> 4", _net("unbind", UNBIND, {"d": 64, "heads": 4}), None, True),
+    ("unbind attention heads 2 -> 4, torchscript", _net("unbind", UNBIND, {"d": 64, "heads": 4}), False, True),
+    ("unbind attention heads 2 -> 4, dynamo", _net("unbind", UNBIND, {"d": 64, "heads": 4}), True, True),
+    ("unbind attention heads 2 -> 3", _net("unbind", UNBIND, {"d": 48, "heads": 3}), False, True),
+    ("unbind attention heads 2 -> 4 of half the size", _net("unbind", UNBIND, {"d": 32, "heads": 4}), None, False),
+    ("unbind attention head size 16 -> 32", _net("unbind", UNBIND, {"d": 64, "heads": 2}), False, True),
+    # RoPE between the parts and q . k (EVA-02): whole heads cloned keep it, heads grown inside do not
+    ("unbind attention with RoPE heads 2 -> 4", _net("unbind", ROPE, {**ROPE, "d": 64, "heads": 4}), None, True),
+    ("unbind attention with RoPE head size 16 -> 32", _net("unbind", ROPE, {**ROPE, "d": 64}), None, False),
 ]
 
 
@@ -283,6 +296,23 @@ def test_preserved_implies_exact(name, run, dynamo, expect):
     if r.preserved:
         assert r.warm <= 1e-4, f"{name}: flagged preserved but deviates {r.warm:.2e} (child's own init {r.init:.2f})"
     assert r.preserved == expect, f"{name}: preserved {r.preserved}, deviation {r.warm:.2e}"
+
+
+def test_a_layout_not_found_packed_is_never_claimed(monkeypatch):
+    """Were the (3, heads, head size) layout of a packed projection not followed (here: its unpacking not found),
+    its growth would copy units into other parts: refused, naming the layout, never claimed."""
+    from keeper.graph.packed import PackedProjections
+    from tests import nets
+
+    monkeypatch.setattr(PackedProjections, "layout", lambda self, name, axis: None)
+    x = nets.EXTRA["unbind"][1]()
+    with quiet():
+        p, c = (load_graph(export(nets.UnbindViT(d, h), x).onnx) for d, h in ((32, 2), (64, 4)))
+    assert not any("packed" in a for a in c.attrs) and [a["unit_axes"] for a in c.attrs if "unit_axes" in a] == \
+        [[3, 4, 16]] * 2
+    a = assess(p, c, align(p, c))
+    assert not a.preserved and "reshaped into axes (3, 2, 16) -> (3, 4, 16)" in a.why, a.why
+    assert assess(p, p, align(p, p)).preserved  # its own architecture: nothing grows
 
 
 def _growth_pair(family, rng, ops):

@@ -454,3 +454,20 @@ def test_a_bias_built_from_pieces_grows_with_its_heads(tmp_path, heads, head):
     assert result.preserved and result.missing == [] and "widen" in result.mapping["q_bias"][1]
     assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-5
     assert torch.equal(child.k_bias, torch.zeros(heads * head))  # the key's new units: zeros cloned from zeros
+
+
+@pytest.mark.parametrize("exporter", list(EXPORTERS))
+def test_packed_attention_unbound_from_parts_and_heads_warms_its_own_architecture_exactly(tmp_path, exporter):
+    """timm's ViT packing (qkv reshaped to (B, N, 3, heads, head size), permuted, unbound) from a parent of the
+    same architecture: every tensor copied, preserved, the same function."""
+    from keeper.torch_support import register
+
+    dynamo, x = EXPORTERS[exporter], nets.EXTRA["unbind"][1]()
+    parent = nets.trained_like(nets.randomize(nets.UnbindViT(), 1), x)
+    child = nets.randomize(nets.UnbindViT(), 2).eval()
+    zoo = Zoo(str(tmp_path / "zoo"))
+    with nets.quiet():
+        register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
+        result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
+    assert result.parent == "p" and result.score == 1.0 and result.preserved and result.missing == []
+    assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-6

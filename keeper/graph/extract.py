@@ -159,9 +159,11 @@ def _layout(nodes: Sequence[onnx.NodeProto], info: Sequence[NodeInfo], order: li
         in_level[li], out_level[li] = level_in[i], level[i]
         names.append(nodes[i].name or nodes[i].output[0])
         tensors.append(tuple(d.refs))
-        heads = groups.heads.get(int(out_group[li]), 0) if traits(d.kind).in_axis is not None else 0
+        projection = traits(d.kind).in_axis is not None
+        heads = groups.heads.get(int(out_group[li]), 0) if projection else 0
+        axes = groups.unit_axes.get(int(out_group[li])) if projection else None
         attrs.append({**d.attrs, **({"packed": groups.packed[i]} if i in groups.packed else {}),
-                      **({"heads": heads} if heads else {})})
+                      **({"heads": heads} if heads else {}), **({"unit_axes": list(axes)} if axes else {})})
     return LayerGraph(
         kind=np.array([info[i].kind for i in order], dtype=np.int8),
         pred_indptr=np.array(indptr, dtype=np.int64), pred_indices=np.array(indices, dtype=np.int32),

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from keeper.errors import KeeperError
-from keeper.graph.packed import PackedProjections, reshape_last_dim
+from keeper.graph.packed import PackedProjections, reshape_last_dim, reshape_tail
 from keeper.graph.reader import ModelReader, attr
 from keeper.graph.rules import NodeInfo
 from keeper.graph.unionfind import UnionFind
@@ -33,8 +33,10 @@ __all__ = ["ChannelGroups", "channel_groups", "HANDLERS", "handler"]
 @dataclass(frozen=True)
 class ChannelGroups:
     """Compacted groups: sizes (-1 unknown or inconsistent), composite parts in CSR form, each layer's (input,
-    output) group (-1 for none), the ``attrs["packed"]`` of packed projections by data node, and the number of
-    heads of groups reshaped into heads ``(..., heads, units / heads)`` (one q, k or v projection's output)."""
+    output) group (-1 for none), the ``attrs["packed"]`` of packed projections by data node, the number of
+    heads of groups reshaped into heads ``(..., heads, units / heads)`` (one q, k or v projection's output), and
+    the axes of groups whose units a reshape spreads over three or more axes and that are not found packed
+    (``(3, heads, units / (3 * heads))`` unpacked in a way keeper does not follow; -1 for a size not known)."""
 
     sizes: list[int]
     parts_indptr: list[int]
@@ -42,6 +44,7 @@ class ChannelGroups:
     layer_groups: dict[int, tuple[int, int]]
     packed: dict[int, dict[str, Any]]
     heads: dict[int, int]
+    unit_axes: dict[int, tuple[int, ...]]
 
 
 class _Walk:
@@ -57,6 +60,7 @@ class _Walk:
         self.layer_groups: dict[int, tuple[int, int]] = {}
         self.packed = PackedProjections(reader, nodes, info, self.uf, self.tensor_group)
         self.heads: list[tuple[int, int]] = []  # (group, heads) for each reshape of a group into heads
+        self.unit_axes: list[tuple[int, tuple[int, ...]]] = []  # (group, axes) for each reshape into 3+ axes
 
     def group_in(self, name: str) -> int:
         """The group of tensor ``name``; a fresh group when no node produced it (a graph input)."""
@@ -127,8 +131,12 @@ def _split(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out
         return None
     if n.op_type == "Gather" and ins and _off_channels(w, ins[0], [int(attr(n, "axis", 0))]):
         return w.group_in(ins[0])  # a position taken (a class token): the same units
+    if n.op_type == "Slice" and ins and (pg := pk.sliced_part(n, _slice_axes(w.reader, n))) is not None:
+        return pg
     if n.op_type == "Slice" and ins and _off_channels(w, ins[0], _slice_axes(w.reader, n)):
         return w.group_in(ins[0])  # a crop or one half of a roll over positions: the same units
+    if ins and (part := pk.part(w.group_in(ins[0]))) is not None:
+        pk.cut.add(part)  # a part's units cut apart (RoPE's halves): its heads may only be cloned whole
     return w.uf.new()
 
 
@@ -185,7 +193,7 @@ def _reshape(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], o
     a, b = w.reader.shapes.get(ins[0]), w.reader.shapes.get(out or "")
     if n.op_type == "Reshape":
         _record_heads(w, n, ins[0], a, b)
-        w.packed.note_heads(n)
+        _record_unit_axes(w, n, ins[0], a, b)
     keeps = _keeps_channels(a, b) or _keeps_leading(a, b, w.channel_axis.get(ins[0]))
     return w.group_in(ins[0]) if keeps else uf.new()
 
@@ -207,6 +215,19 @@ def _record_heads(w: _Walk, n: onnx.NodeProto, name: str, a: tuple | None, b: tu
     size = int(w.uf.size[g])
     if 0 < last < size and size % last == 0 and (not b or b[-2] in (size // last, -1, 0)):
         w.heads.append((g, size // last))
+
+
+def _record_unit_axes(w: _Walk, n: onnx.NodeProto, name: str, a: tuple | None, b: tuple | None) -> None:
+    """Record the axes a reshape spreads a tensor's units (on its last axis) over when they are three or more:
+    ``(..., 3, heads, head size)`` of a packed q/k/v projection. Found packed (:mod:`keeper.graph.packed`), the
+    record is dropped; otherwise it tells the transforms that copies of units would land in other parts."""
+    if w.channel_axis.get(name) != -1 or not a or not b or len(b) < len(a) + 2 or (a[-1] > 0 and a[-1] == b[-1]):
+        return
+    g = w.uf.find(w.group_in(name))
+    size = int(w.uf.size[g])
+    got = reshape_tail(w.reader, n, len(b) - len(a) + 1, size) if size > 0 else None
+    axes = tuple(got[0]) if got and int(np.prod(got[0])) == size else (-1,) * (len(b) - len(a) + 1)
+    w.unit_axes.append((g, axes))
 
 
 def _concat(w: _Walk, i: int, n: onnx.NodeProto, d: NodeInfo, ins: list[str], out: str | None) -> int:
@@ -335,5 +356,10 @@ def channel_groups(reader: ModelReader, nodes: Sequence[onnx.NodeProto], order: 
             continue  # a packed projection's (..., parts, units) view, found packed later: its parts hold the heads
         g = c.ids[w.uf.find(g)]
         heads[g] = h if heads.get(g, h) == h else 0
+    axes: dict[int, tuple[int, ...]] = {}
+    for g, ax in w.unit_axes:  # a group spread over axes two ways has no known axes
+        if not w.uf.parts.get(w.uf.find(g)):
+            g = c.ids[w.uf.find(g)]
+            axes[g] = ax if axes.get(g, ax) == ax else (-1,) * len(ax)
     return ChannelGroups(c.sizes, c.parts_indptr, c.parts, remap, w.packed.attrs(),
-                         {g: h for g, h in heads.items() if h > 0})
+                         {g: h for g, h in heads.items() if h > 0}, axes)

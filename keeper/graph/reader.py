@@ -158,9 +158,11 @@ class ModelReader:
         return const, meta
 
     def const_value(self, name: str) -> np.ndarray | None:
-        """Value of a small constant (shapes, axes); None when not directly readable."""
+        """Value of a small constant (shapes, axes); None when not directly readable (an initializer holding no
+        data: a weight kept apart)."""
         if name in self.init_by_name:
-            return numpy_helper.to_array(self.init_by_name[name])
+            t = self.init_by_name[name]
+            return numpy_helper.to_array(t) if has_data(t) or not int(np.prod(t.dims)) else None
         n = self.producer.get(name)
         if n is not None and n.op_type == "Constant":
             for a in n.attribute:

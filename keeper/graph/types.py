@@ -123,12 +123,14 @@ class LayerGraph:
     # tensors an exporter marks as constants (a buffer outside the state_dict) no longer learned, 10 rows of a bias
     # zeroed in the forward pass (TensorRef.zeroed), a per-channel Mul by a function of a learned tensor
     # (attrs["through"]), linear layers run on a constant table (the table an INPUT_ROLE ref, what they compute
-    # data) and the heads of a packed projection reshaped to (..., parts, heads, d) before its parts are taken (Swin).
-    # A stored graph of an older version is re-extracted from its model (see
+    # data), 11 packed q/k/v projections whose output is reshaped to (..., 3, heads, head size) and taken apart along
+    # the 3 (timm's and torchvision's Swin attention: parts, groups and their numbering, attrs["packed"] with heads)
+    # and attrs["unit_axes"] of a projection whose units a reshape spreads over 3+ axes in a layout not found packed
+    # (no growth claimed exact across it). A stored graph of an older version is re-extracted from its model (see
     # keeper.stored.graph_from_blob). Bump it with any change to what extraction records (kinds, shapes, groups and
     # their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md
     # ("Foundation") says when.
-    FORMAT = 10
+    FORMAT = 11
 
     _ARRAYS = ("kind", "pred_indptr", "pred_indices", "layer_node", "layer_kind", "shape", "rank", "vectors",
                "params", "conv_groups", "in_group", "out_group", "in_level", "out_level", "group_size",

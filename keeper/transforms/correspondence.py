@@ -14,7 +14,7 @@ import numpy as np
 from keeper.graph import LayerGraph
 from keeper.kinds import traits
 
-__all__ = ["group_correspondence", "group_heads", "packed_groups", "square_identity"]
+__all__ = ["group_correspondence", "group_heads", "group_unit_axes", "packed_groups", "square_identity"]
 
 
 def group_correspondence(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> dict[int, int]:
@@ -57,6 +57,13 @@ def group_heads(g: LayerGraph) -> dict[int, int]:
     """Output group -> heads, for the projections whose output :mod:`keeper.graph` saw reshaped into heads (q, k or
     v computed apart; ``attrs["heads"]``)."""
     return {int(g.out_group[i]): int(a["heads"]) for i, a in enumerate(g.attrs) if a.get("heads")}
+
+
+def group_unit_axes(g: LayerGraph) -> dict[int, tuple[int, ...]]:
+    """Output group -> the axes its units are reshaped into, for the projections whose output :mod:`keeper.graph`
+    saw spread over three or more axes and not unpacked in a way it follows (``attrs["unit_axes"]``)."""
+    return {int(g.out_group[i]): tuple(int(x) for x in a["unit_axes"]) for i, a in enumerate(g.attrs)
+            if a.get("unit_axes")}
 
 
 def square_identity(kind: int) -> bool:

@@ -19,7 +19,10 @@ function only under conditions on the factor:
 * an op keeper has no rule for: never claimed for a factor that does not divide;
 * whatever the factor: a slice of the units (a chunk along channels: its parts are groups of their own, mapped
   apart from the units they cut), a grouped conv (copies leave their conv group) and a depthwise conv with a
-  channel multiplier are never claimed.
+  channel multiplier are never claimed;
+* a group whose units a reshape spreads over three or more axes without being found packed (``attrs["unit_axes"]``:
+  q, k, v as ``(3, heads, head size)`` unpacked in a way :mod:`keeper.graph` does not follow): only when every
+  axis but the first keeps its size (the in-order copies then clone whole blocks of the first axis), else never.
 
 Invariant: :func:`inexact_width` returns "" only when every grown child group either grows by an integer factor
 (and its heads, packed or reshaped, clone whole) or flows only through readers for which the operators are exact
@@ -36,7 +39,7 @@ import numpy as np
 from keeper.graph import LayerGraph
 from keeper.graph.walk import walk
 from keeper.kinds import Kind, traits
-from keeper.transforms.correspondence import group_correspondence, group_heads, packed_groups
+from keeper.transforms.correspondence import group_correspondence, group_heads, group_unit_axes, packed_groups
 from keeper.transforms.stream_width import downstream, stream_growth
 
 __all__ = ["inexact_width"]
@@ -66,9 +69,13 @@ def inexact_width(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray) -> s
     refused: dict[int, str] = {}
     streams = stream_growth(parent, child, pairs, corr, refused)
     cheads, pheads = group_heads(child), group_heads(parent)
+    caxes, paxes = group_unit_axes(child), group_unit_axes(parent)
     factors = {Fraction(cheads[c], pheads[p]) for c, p in corr.items() if c in cheads and p in pheads}
     for cg, pg in sorted(corr.items()):
         cs, ps = int(child.group_size[cg]), int(parent.group_size[pg])
+        why = _axes_why(child, cg, caxes.get(cg), paxes.get(pg), cs != ps)
+        if why:
+            return why
         hc, hp = cheads.get(cg, 0), pheads.get(pg, 0)
         if hc and hp and cs * hp != ps * hc and ps > 0:  # whatever the size: another head size is another function
             return f"channel group of {_writer_name(child, cg)} is split into heads of {ps // hp} -> {cs // hc} " \
@@ -111,6 +118,19 @@ def _layer_why(g: LayerGraph, li: int, group: int, uneven: bool) -> str:
     return ""
 
 
+def _axes_why(child: LayerGraph, cg: int, cu: tuple | None, pu: tuple | None, grown: bool) -> str:
+    """Why a group whose units a reshape spreads over three or more axes, in a layout not found packed (q, k, v
+    as ``(3, heads, head size)`` unpacked otherwise), does not keep its function ("" when it does): the unit map
+    copies units in order (child unit j is parent unit j mod the parent's units), so the copies line up with the
+    child's axes only when every axis but the first keeps its size (whole blocks of the first axis cloned)."""
+    if not (cu or pu) or (cu == pu and not grown):
+        return ""
+    if cu and pu and len(cu) == len(pu) and cu[1:] == pu[1:] and min(cu + pu) > 0:
+        return ""
+    return f"channel group of {_writer_name(child, cg)} is reshaped into axes {pu or '?'} -> {cu or '?'}: a layout " \
+           "keeper does not follow (copies of units would land in other parts or heads)"
+
+
 def _packed_why(child: LayerGraph, parent: LayerGraph, cg: int, pg: int, cpacked: dict, ppacked: dict) -> str:
     """Why the heads of a packed projection do not grow exactly ("" when they do or the group is not packed)."""
     if cg not in cpacked:
@@ -123,11 +143,21 @@ def _packed_why(child: LayerGraph, parent: LayerGraph, cg: int, pg: int, cpacked
         return f"packed projection {name}: heads {ppacked[pg]['heads']} -> {cpacked[cg]['heads']} of another size"
     if pg not in ppacked or len(cparts) != len(pparts):
         return f"packed projection {name} takes a parent projection packed otherwise"
+    dots = [d for d in cpacked[cg].get("dots", []) if d in ppacked[pg].get("dots", [])]
     for j, (cp, pp) in enumerate(zip(cparts, pparts)):
         hc, hp = int(cpacked[cg]["heads"][j]), int(ppacked[pg]["heads"][j])
         cs, ps = int(child.group_size[cp]), int(parent.group_size[pp])
-        if hc == hp or (hp >= 1 and hc > hp and cs * hp == ps * hc):
-            continue  # each head grown inside, or whole heads cloned (some once more than others)
+        if (hp >= 1 and hc > hp and cs * hp == ps * hc) or (cs == ps and hc == hp):
+            continue  # whole heads cloned (some once more than others), or the part as it is
+        cut = j in cpacked[cg].get("cut", []) or j in ppacked[pg].get("cut", [])
+        if hc == hp and (dots or hc == 1) and not cut:
+            # each head grown inside: q scaled and k divided along the q . k found (v read divided); a part in
+            # no heads (a GLU's chunk) grows as any group does
+            continue
+        if hc == hp:  # q . k not found, or the head's units cut apart (RoPE's halves): the attention changes
+            return f"packed projection {name}: heads of part {j} grow inside ({ps // hp} -> {cs // hc} units) " \
+                   + ("and their units are sliced (rotary halves)" if cut else
+                      "with no q . k product found between its parts (the attention's scale would change)")
         return f"packed projection {name}: heads {hp} -> {hc} of part {j} are not cloned whole"
     return ""
 
