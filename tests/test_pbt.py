@@ -297,3 +297,35 @@ def test_architecture_keys_nested_in_a_trainer_config_are_kept():
                     architecture_keys=("width",))
     config, _ = pbt._get_new_config(mine, theirs)
     assert config["train_loop_config"]["width"] == 8 and config["train_loop_config"]["lr"] in (0.1, 0.2)
+
+
+def test_a_checkpoint_that_cannot_be_restored_leaves_the_trial_on_its_own(tmp_path):
+    """A checkpoint handed to a trial that keeper cannot restore (an unrelated architecture, no template anywhere)
+    never ends it: the trial continues, exactly, from its own latest checkpoint, and the result says why."""
+    service = _service(tmp_path)
+    bad = tmp_path / "checkpoint_000009"
+    bad.mkdir()
+    torch.save(torch.nn.Conv2d(3, 5, 3).state_dict(), bad / "model.pt")
+
+    def trainable(config: dict) -> None:
+        x, y, model = _mlp_task(config)
+        warm_start(model, x[:2], config=service)
+        with torch.no_grad():
+            model[0].weight.mul_(2.0)  # weights no fresh init or zoo warm could give
+        saved = [t.clone() for t in model.state_dict().values()]
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+            tune.report({"step": 0}, checkpoint=tune.Checkpoint.from_directory(d))
+        _, _, again = _mlp_task(config)
+        result = warm_start(again, x[:2], config=service, checkpoint=str(bad))
+        same = all(torch.equal(a, b) for a, b in zip(saved, again.state_dict().values()))
+        tune.report({"step": 1, "same": same, "parent": result.parent or "", "reason": result.reason})
+
+    cb = KeeperCallback(metric="step", mode="max", config=service)
+    grid = tune.Tuner(trainable, param_space={"width": 8, "depth": 1},
+                      run_config=tune.RunConfig(name="own", storage_path=str(tmp_path / "results"), callbacks=[cb],
+                                                verbose=0)).fit()
+    assert not grid.errors
+    row = grid[0].metrics
+    assert row["same"] and row["parent"].startswith("checkpoint checkpoint_000000"), row
+    assert "checkpoint_000009" in row["reason"] and "continues from its own" in row["reason"], row["reason"]

@@ -93,7 +93,8 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
         The WarmResult: ``parent`` is None (the module keeps its own weights) when the zoo holds nothing similar
         enough, e.g. for the first trials of an experiment; ``reason`` says why. A trial starting from a
         checkpoint is restored from it (``parent`` names the checkpoint; another architecture's is transformed);
-        a checkpoint that cannot be restored leaves the trial on the zoo's warm start, and ``reason`` says why.
+        a checkpoint that cannot be restored leaves the trial on its own latest checkpoint, else on the zoo's warm
+        start, and ``reason`` says why.
 
     Raises:
         ServiceError: ``zoo`` is None and no keeper service is running (start one with ``KeeperCallback`` or
@@ -143,29 +144,47 @@ def _choose_once(module: Any, example_input: Any, source: ParentSource, dynamo: 
 def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, noise: float | None,
                         trainable: Any, given: Any = None) -> tuple[WarmResult | None, str]:
     """The trial's checkpoint (or ``given``, see :func:`trial.checkpoint_state`) restored into ``module`` (every
-    rank alike: same checkpoint, same seed), or (None, why not) when there is none or it cannot be restored; a
-    failure never ends the trial."""
+    rank alike: same checkpoint, same seed), else the trial's own latest checkpoint (a function trainable's, when
+    the one cloned into it cannot be restored), or (None, why not) when there is none or neither can be restored;
+    a failure never ends the trial."""
     found = trial.checkpoint_state(trainable, given)
     if found is None:
         return None, ""
-    state, template, what = found
     noise = choice.noise if noise is None else noise
     try:
-        if template is None and choice.uri:  # a Ray Train worker's trial directory is not beside its checkpoint
-            template = find_template(choice.uri, state)
-        try:
-            return restore(module, exported, state, template, what, noise, choice.seed), ""
-        except KeeperError:
-            # the template beside the checkpoint is its trial's latest architecture, which population-based
-            # training may have changed since this checkpoint: the zoo's store keeps one per architecture
-            stored = find_template(choice.uri, state) if choice.uri else None
-            if stored is None or stored == template:
-                raise
-            return restore(module, exported, state, stored, what, noise, choice.seed), ""
+        return _restore_one(module, exported, found, choice, noise), ""
     except (KeeperError, StoreError) as exc:
-        log.warning("keeper: %s could not be restored into the trial's model (%s); it starts from the zoo instead",
-                    what, exc)
-        return None, f"{what} could not be restored ({exc})"
+        failed = f"{found[2]} could not be restored ({exc})"
+    # a checkpoint cloned from another trial that cannot be restored: the trial goes on from its own latest one
+    own = trial.own_checkpoint_state(exclude=found[2]) if trainable is None else None
+    if own is not None:
+        try:
+            result = _restore_one(module, exported, own, choice, noise)
+        except (KeeperError, StoreError) as exc:
+            failed = f"{failed}; nor could its own {own[2]} ({exc})"
+        else:
+            log.warning("keeper: %s; the trial continues from its own %s", failed, own[2])
+            result.reason = f"{failed}; the trial continues from its own {own[2]}: {result.reason}"
+            return result, ""
+    log.warning("keeper: %s; the trial starts from the zoo instead", failed)
+    return None, failed
+
+
+def _restore_one(module: Any, exported: Exported, found: tuple, choice: ParentChoice, noise: float) -> WarmResult:
+    """``found`` (``trial.checkpoint_state``'s answer) restored into ``module``; KeeperError / StoreError when it
+    cannot be."""
+    state, template, what = found
+    if template is None and choice.uri:  # a Ray Train worker's trial directory is not beside its checkpoint
+        template = find_template(choice.uri, state)
+    try:
+        return restore(module, exported, state, template, what, noise, choice.seed)
+    except KeeperError:
+        # the template beside the checkpoint is its trial's latest architecture, which population-based
+        # training may have changed since this checkpoint: the zoo's store keeps one per architecture
+        stored = find_template(choice.uri, state) if choice.uri else None
+        if stored is None or stored == template:
+            raise
+        return restore(module, exported, state, stored, what, noise, choice.seed)
 
 
 def choose_for_module(module: Any, example_input: Any, zoo: Any = None, *, config: Any = None,

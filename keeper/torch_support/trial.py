@@ -29,7 +29,8 @@ from keeper.torch_support.restore import read_state_dict
 from keeper.torch_support.templates import save_template
 from keeper.warm import WarmResult
 
-__all__ = ["ARCHITECTURE_FILE", "LINEAGE_FILE", "checkpoint_state", "in_trial", "save_architecture", "save_lineage"]
+__all__ = ["ARCHITECTURE_FILE", "LINEAGE_FILE", "checkpoint_state", "in_trial", "own_checkpoint_state",
+           "save_architecture", "save_lineage"]
 
 #: The architecture template's file name in the trial directory.
 ARCHITECTURE_FILE = "keeper-architecture.onnx"
@@ -113,8 +114,37 @@ def checkpoint_state(trainable: Any = None, given: Any = None) -> tuple[dict[str
                 checkpoint = tune.get_checkpoint()
         except Exception:  # noqa: BLE001 - outside a function trainable Tune raises various errors
             checkpoint = None
-    if checkpoint is None:
+    return _read_checkpoint(checkpoint) if checkpoint is not None else None
+
+
+def own_checkpoint_state(exclude: str) -> tuple[dict[str, Any], bytes | None, str] | None:
+    """The latest checkpoint in this function trainable's own trial directory (Tune's ``checkpoint_NNNNNN``
+    layout), as :func:`checkpoint_state` gives it, unless it is the one labelled ``exclude`` (one that could not be
+    restored); None outside a Tune trial or without one. What a trial continues from when the checkpoint Tune's PBT
+    cloned into it from another trial cannot be restored."""
+    storage = _storage(None)
+    if storage is None or train_context() is not None:
         return None
+    import pyarrow.fs as pafs
+    from ray.train import Checkpoint
+
+    fs, directory = storage.storage_filesystem, storage.trial_fs_path
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    except OSError:
+        return None
+    found = sorted(i.path for i in infos
+                   if i.type == pafs.FileType.Directory and posixpath.basename(i.path).startswith("checkpoint_"))
+    for path in reversed(found):  # the latest first; one holding no state_dict is passed over
+        got = _read_checkpoint(Checkpoint(path, filesystem=fs))
+        if got is not None:
+            return None if got[2] == exclude else got
+    return None
+
+
+def _read_checkpoint(checkpoint: Any) -> tuple[dict[str, Any], bytes | None, str] | None:
+    """(state_dict, the template beside it or None, a label naming it) of ``checkpoint``; None without a
+    state_dict."""
     trial_dir = posixpath.dirname(checkpoint.path.rstrip("/"))
     what = f"checkpoint {posixpath.basename(checkpoint.path.rstrip('/'))} of {posixpath.basename(trial_dir)}"
     with checkpoint.as_directory() as directory:
