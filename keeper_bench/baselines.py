@@ -17,6 +17,7 @@ differ from keeper's.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from keeper.stored import read_parent
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
 from keeper.onnx_safety import ModelInput, load_model
-from keeper.onnx_weights import layer_arrays, model_weights, read_initializers
+from keeper.onnx_weights import layer_arrays, model_weights
 from keeper.weights import WeightsInput
 from keeper.transforms.compose import LayerTensors, Transfer, paste_overlap, transfer_layers
 from keeper.transforms.depth import identity_fill
@@ -49,6 +50,18 @@ def _corner(t: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def _published_map(parent_units: int, child_units: int, seed: int, key: int) -> np.ndarray:
+    """The published system's width map of one layer (Net2Net): every parent unit once, then as many whole copies
+    as fit, then distinct units drawn at random, by a generator of the layer's own (``key``) so layers sharing a
+    channel dimension draw apart. Shrinking keeps the first units."""
+    if child_units <= parent_units:
+        return unit_map(parent_units, child_units)
+    reps, rest = divmod(child_units, parent_units)
+    rng = np.random.default_rng(zlib.crc32(f"{seed}/{key}/{parent_units}/{child_units}".encode()))
+    extra = rng.choice(parent_units, size=rest, replace=False) if rest else np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.tile(np.arange(parent_units), reps), extra])
+
+
 def published_transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], child: LayerGraph,
                        child_inits: dict[str, np.ndarray], alignment: Alignment, *, noise: float = PUBLISHED_NOISE,
                        seed: int = 0) -> Transfer:
@@ -68,13 +81,13 @@ def published_transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], 
             t = P[p][role]
             if t.ndim >= 1 and ct.shape[0] > t.shape[0]:
                 # a map of its own per layer: the defect that breaks shared channel dimensions
-                m = unit_map(t.shape[0], ct.shape[0], seed=seed, key=2 * c)
+                m = _published_map(t.shape[0], ct.shape[0], seed, 2 * c)
                 t = take_units(t, m, 0)
                 extra = np.zeros(t.shape, bool)
                 extra[P[p][role].shape[0]:] = True
                 t = t + extra * rng.normal(0.0, noise * float(t.std() or 1.0), t.shape).astype(t.dtype)
             if role == "weight" and t.ndim >= 2 and ct.shape[1] > t.shape[1] and ct.ndim == t.ndim:
-                m = unit_map(t.shape[1], ct.shape[1], seed=seed, key=2 * c + 1)
+                m = _published_map(t.shape[1], ct.shape[1], seed, 2 * c + 1)
                 t = take_inputs(t, m, t.shape[1], 1)
             if role == "weight" and t.ndim > 2 and t.shape[2:] != ct.shape[2:]:
                 t = _corner(t, ct.shape[2:])
@@ -98,9 +111,11 @@ def published_transfer(parent: LayerGraph, parent_inits: dict[str, np.ndarray], 
 
 def published_warm(parent: ModelInput, child: ModelInput, *, parent_name: str | None = None,
                    parent_graph: LayerGraph | None = None, parent_weights: WeightsInput | None = None,
-                   noise: float = PUBLISHED_NOISE, seed: int = 0) -> WarmResult:
+                   child_weights: WeightsInput | None = None, noise: float = PUBLISHED_NOISE,
+                   seed: int = 0) -> WarmResult:
     """``child`` warmed from ``parent`` as :func:`keeper.warm.warm_from_parent` does it (keeper's alignment),
-    with the published system's operators in place of keeper's.
+    with the published system's operators in place of keeper's. ``child_weights``: the child's own weights when its
+    graph holds none (keeper's torch front end exports graphs whose weights travel apart).
 
     Example:
         >>> r = published_warm(parent_bytes, child_bytes, noise=0.0)   # doctest: +SKIP
@@ -109,17 +124,19 @@ def published_warm(parent: ModelInput, child: ModelInput, *, parent_name: str | 
     cproto = load_model(child, what="child model")
     pg, cg = parent_graph or graph_from_proto(pproto), graph_from_proto(cproto)
     al = align(pg, cg)
-    own = read_initializers(cproto)
+    own = model_weights(cproto, child_weights, "child model")
     moved = published_transfer(pg, model_weights(pproto, parent_weights, "parent model"), cg, own, al, noise=noise,
                                seed=seed)
     return WarmResult(parent_name, al.score, {**own, **moved.weights}, moved.provenance, cproto.SerializeToString())
 
 
-def published_warm_from_store(uri: str, parent: str, child: ModelInput, *, seed: int = 0) -> WarmResult:
+def published_warm_from_store(uri: str, parent: str, child: ModelInput, *, child_weights: WeightsInput | None = None,
+                              seed: int = 0) -> WarmResult:
     """:func:`published_warm` from the zoo model ``parent`` stored at ``uri`` (read as keeper's transfer task
     reads it, :func:`keeper.stored.read_parent`), with the published system's noise."""
     blob, graph, weights = read_parent(uri, parent)
-    return published_warm(blob, child, parent_name=parent, parent_graph=graph, parent_weights=weights, seed=seed)
+    return published_warm(blob, child, parent_name=parent, parent_graph=graph, parent_weights=weights,
+                          child_weights=child_weights, seed=seed)
 
 
 def name_shape_load(module: Any, parent_state: dict[str, Any]) -> tuple[int, int]:

@@ -5,7 +5,10 @@ Tune runs them in that order, ``concurrency`` at a time, so a trial inherits onl
 it started. Every arm trains the same architectures from the same initial weights, data order and schedule; only
 the warm start differs. The arms are those of :mod:`keeper_bench.nas` (cold, keeper, keeper-no-accuracy, published,
 name-shape), warmed by :func:`keeper_bench.nas.warm_by_arm` through keeper's public Tune API
-(:class:`keeper.tune_integration.KeeperCallback`, ``warm_start``). Each trial reports its final validation
+(:class:`keeper.tune_integration.KeeperCallback`, ``warm_start``). Beside them, the copy bounds of
+:data:`keeper_bench.nas.BOUNDS` restart every trial from the final weights of its own cold trial (the cold arm of
+the same seed leaves them in the work directory), without and with keeper's recipe for a restart: what the
+schedule allows any warm start at best. Each trial reports its final validation
 next-token accuracy to Tune as ``accuracy``, the figure the zoo's admission and the accuracy-aware parent choice
 read.
 
@@ -28,10 +31,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from keeper.recipe import Recipe
-from keeper_bench.nas import ARMS, service_config, warm_by_arm
+from keeper.recipe import Recipe, recipe_for
+from keeper_bench.nas import ARMS, BOUNDS, cold_final, service_config, warm_by_arm
 
-__all__ = ["ARMS", "LmRun", "LmRecord", "run_arm", "steps_to_target", "summarize", "plateau_check", "records_to_json"]
+__all__ = ["ARMS", "BOUNDS", "LmRun", "LmRecord", "run_arm", "steps_to_target", "summarize", "plateau_check",
+           "records_to_json"]
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,12 @@ def _trainable(arm: str, specs: list[dict], run: LmRun, service: dict, states: s
         info: dict = {"parent": "", "score": 0.0}
         budget = run.budget(spec["family"])
         t0 = time.perf_counter()
-        if arm != "cold":
+        if arm in BOUNDS:
+            model.load_state_dict(torch.load(cold_final(states, seed, i, prefix="lm-"), weights_only=True))
+            info = {"parent": f"cold-s{seed}-{i}", "score": 1.0}
+            if arm == "copy-recipe":
+                info["recipe"] = recipe_for(info["parent"], 1.0, True, budget).as_dict()
+        elif arm != "cold":
             info = warm_by_arm(arm, model, example_input(run.context), service, run.dynamo, states, seed, budget)
         warm_seconds = time.perf_counter() - t0
         recipe = info.pop("recipe", None)
@@ -106,23 +115,30 @@ def _trainable(arm: str, specs: list[dict], run: LmRun, service: dict, states: s
         h = train(model, corpus, steps=budget, eval_every=run.eval_every(spec["family"]),
                   batch_size=run.batch_size, context=run.context, lr=run.lr, seed=seed * 7_919 + i,
                   lr_factor=Recipe(**recipe).factor if recipe else None)
+        history = json.dumps([h.steps, h.losses, h.accuracies])
+        metrics = {"accuracy": h.final_accuracy, "loss": h.final_loss, "index": i, "history": history,
+                   "params": num_params(model), "seconds": h.seconds, "warm_seconds": warm_seconds, **info}
+        if arm in ("cold",) + BOUNDS:  # nothing registers these models: no checkpoint to write
+            if arm == "cold":  # the copy bounds' start
+                torch.save(model.state_dict(), os.path.join(states, f"{i}.pt"))
+            tune.report(metrics)
+            return
         with tempfile.TemporaryDirectory() as d:
             torch.save(model.state_dict(), os.path.join(d, "model.pt"))
             if arm == "name-shape":  # later trials of this arm load parents by name
                 torch.save(model.state_dict(), os.path.join(states, f"{prefix}{tune.get_context().get_trial_id()}.pt"))
-            history = json.dumps([h.steps, h.losses, h.accuracies])
-            tune.report({"accuracy": h.final_accuracy, "loss": h.final_loss, "index": i, "history": history,
-                         "params": num_params(model), "seconds": h.seconds, "warm_seconds": warm_seconds, **info},
-                        checkpoint=tune.Checkpoint.from_directory(d))
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
     return trial
+
 
 
 def run_arm(arm: str, specs: list[dict], run: LmRun, workdir: str, seed: int = 0,
             progress: Callable[[str, LmRecord], None] | None = None) -> list[LmRecord]:
     """Train ``specs`` in order through Ray Tune for one arm; one record per spec, in spec order.
 
-    Ray must be initialized. A non-cold arm starts its own keeper service on an empty zoo under ``workdir``
-    (through :class:`KeeperCallback`) and shuts it down at the end.
+    Ray must be initialized. An arm other than cold and the bounds starts its own keeper service on an empty zoo
+    under ``workdir`` (through :class:`KeeperCallback`) and shuts it down at the end; the cold arm leaves its
+    trials' final weights there for the copy bounds (:data:`BOUNDS`), which run after it in the same ``workdir``.
     """
     import ray
     from ray import tune
@@ -131,15 +147,16 @@ def run_arm(arm: str, specs: list[dict], run: LmRun, workdir: str, seed: int = 0
     from keeper.tune_integration import KeeperCallback
     from keeper_bench.lm import stdlib_corpus
 
-    if arm not in ARMS:
-        raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS}")
+    if arm not in ARMS + BOUNDS:
+        raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS + BOUNDS}")
+    keeper_arm = arm not in ("cold",) + BOUNDS  # an arm with a keeper service and a zoo
     service = service_config(f"lm-{arm}", seed, workdir, run.noise)
     service["selection"] = {"accuracy_aware": arm != "keeper-no-accuracy"}
     states = os.path.join(workdir, f"lm-states-{arm}-s{seed}")
     os.makedirs(states, exist_ok=True)
     prefix = f"lm-{arm}-s{seed}-"
     callbacks: list[Any] = []
-    if arm != "cold":
+    if keeper_arm:
         callbacks.append(KeeperCallback("accuracy", "max", config=service, name_prefix=prefix))
     if progress is not None:
         callbacks.append(_Progress(arm, specs, run, progress))
@@ -152,7 +169,7 @@ def run_arm(arm: str, specs: list[dict], run: LmRun, workdir: str, seed: int = 0
     try:
         grid = tuner.fit()
     finally:
-        if arm != "cold":
+        if keeper_arm:
             shutdown(service)
     if grid.errors:
         raise RuntimeError(f"{arm}: {len(grid.errors)} trials failed; first: {grid.errors[0]}")

@@ -49,8 +49,8 @@ from keeper.torch_support import warm_start
 from keeper.torch_support.load import load_result
 from keeper.torch_support.start import choose_for_module
 
-__all__ = ["ARMS", "BOUNDS", "NasRun", "TrialRecord", "arrivals", "run_arm", "steps_to_target", "summarize", "service_config",
-           "warm_by_arm", "plateau_check"]
+__all__ = ["ARMS", "BOUNDS", "NasRun", "TrialRecord", "arrivals", "cold_final", "run_arm", "steps_to_target",
+           "summarize", "service_config", "warm_by_arm", "plateau_check"]
 
 ARMS = ("cold", "keeper", "keeper-recipe", "keeper-no-accuracy", "published", "name-shape")
 BOUNDS = ("copy", "copy-recipe")
@@ -175,7 +175,10 @@ def warm_by_arm(arm: str, model: Any, example: Any, service: dict, dynamo: bool,
     if arm == "published":
         from keeper_bench.baselines import published_warm_from_store
 
-        r = published_warm_from_store(choice.uri, parent, exported.onnx, seed=seed)
+        from keeper.torch_support import module_weights
+
+        r = published_warm_from_store(choice.uri, parent, exported.onnx,
+                                      child_weights=module_weights(model, exported), seed=seed)
         load_result(model, r, exported.keys)
         return {"parent": parent, "score": float(r.score)}
     if arm == "name-shape":
@@ -208,7 +211,7 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         budget = run.budget(spec["family"])
         t_warm, c_warm = time.perf_counter(), time.thread_time()
         if arm in BOUNDS:
-            model.load_state_dict(torch.load(_cold_final(states, seed, i), weights_only=True))
+            model.load_state_dict(torch.load(cold_final(states, seed, i), weights_only=True))
             info = {"parent": f"cold-s{seed}-{i}", "score": 1.0}
             if arm == "copy-recipe":
                 info["recipe"] = recipe_for(info["parent"], 1.0, True, budget).as_dict()
@@ -237,11 +240,12 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
     return trial
 
 
-def _cold_final(states: str, seed: int, index: int) -> str:
-    """Where the cold arm of ``seed`` left trial ``index``'s final weights (``states`` is the copy arm's own)."""
-    path = os.path.join(os.path.dirname(states), f"states-cold-s{seed}", f"{index}.pt")
+def cold_final(states: str, seed: int, index: int, prefix: str = "") -> str:
+    """Where the cold arm of ``seed`` left trial ``index``'s final weights: ``{prefix}states-cold-s{seed}`` beside
+    ``states`` (a copy bound's own directory; ``prefix``: the benchmark's, "lm-" for the language models)."""
+    path = os.path.join(os.path.dirname(states), f"{prefix}states-cold-s{seed}", f"{index}.pt")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"copy arm, seed {seed}, trial {index}: no cold-trained weights at {path}; run the "
+        raise FileNotFoundError(f"copy bound, seed {seed}, trial {index}: no cold-trained weights at {path}; run the "
                                 f"cold arm of seed {seed} first in the same work directory")
     return path
 

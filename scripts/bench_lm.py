@@ -44,11 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--archs", type=int, default=24)
     p.add_argument("--seeds", type=int, default=3, help="seeds for the cold and keeper arms")
     p.add_argument("--baseline-seeds", type=int, default=1, help="seeds for the baseline arms")
+    p.add_argument("--baselines", default=None, metavar="ARM,...",
+                   help="which baseline arms run on the baseline seeds (default: all; published with --quick)")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS,
                    help="training steps per trial by family, family=steps comma-separated (the plateau budgets; "
                         "the report checks every cold run)")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--copy-seeds", type=int, default=None,
+                   help="seeds of the copy bound (each trial restarted from its own cold-trained weights; default: "
+                        "as many as --seeds, none with --quick)")
+    p.add_argument("--copy-recipe-seeds", type=int, default=None,
+                   help="seeds of the copy bound under keeper's recipe for a restart (default: --copy-seeds)")
     p.add_argument("--quick", action="store_true", help="6 archs, 1 seed, cold/keeper/published, half the budgets "
                                                         "(below the plateau: a smoke run)")
     p.add_argument("--out", default="reports", help="directory for bench_lm.md/.json and figures/")
@@ -72,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         args.archs, args.seeds, args.baseline_seeds = 6, 1, 1
         if args.budgets == DEFAULT_BUDGETS:
             args.budgets = QUICK_BUDGETS
+    if args.copy_seeds is None:
+        args.copy_seeds = 0 if args.quick else args.seeds
+    if args.copy_recipe_seeds is None:
+        args.copy_recipe_seeds = args.copy_seeds
     try:
         budgets = tuple((f, int(n)) for f, n in (item.split("=") for item in args.budgets.split(",")))
     except ValueError:
@@ -84,12 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     specs = arrivals(args.archs, seed=0)
     corpus = stdlib_corpus()
     headline = ["cold", "keeper", "keeper-recipe"]
-    baselines = ["published"] if args.quick else [a for a in ARMS if a not in headline]
+    every = [a for a in ARMS if a not in headline]
+    baselines = (["published"] if args.quick else every) if args.baselines is None else args.baselines.split(",")
+    if not set(baselines) <= set(every):
+        p.error(f"--baselines {args.baselines}: expected some of {', '.join(every)}")
     # the cold arm is the same for every arm of a seed (same initial weights, data order and schedule): it runs
     # once per seed and every arm of that seed is read against it. Cold and keeper on every seed first, then the
     # baselines: a run stopped early has keeper's seeds complete.
-    plan = [(seed, arm) for seed in range(max(args.seeds, args.baseline_seeds))
-            for arm in (headline if seed < args.seeds else ["cold"])]
+    # the copy bounds (keeper_bench.nas.BOUNDS) right after the cold arm of their seed, which leaves the weights
+    bound_seeds = {"copy": args.copy_seeds, "copy-recipe": args.copy_recipe_seeds}
+    plan = [(seed, arm) for seed in range(max(args.seeds, args.baseline_seeds, *bound_seeds.values()))
+            for arm in (headline if seed < args.seeds else ["cold"])
+            + [b for b, n in bound_seeds.items() if seed < n]]
     plan += [(seed, arm) for seed in range(args.baseline_seeds) for arm in baselines]
     if args.estimate:
         print(_estimate(specs, run, corpus, plan))
@@ -158,19 +175,26 @@ def _rewrite(path: str, out: str) -> int:
 def _resume(path: str, args, results: dict, walls: dict, load: "LoadSampler") -> float:
     """Load a stopped run's finished (arm, seed) runs, wall times and load samples into this run; its wall time.
 
-    The setting must be the same (archs, seeds, budgets, batch): the kept runs are read against this run's."""
+    The setting must be the same (archs, budgets, batch): each kept (arm, seed) run is read against this run's
+    cold run of its seed; this run may have more seeds or other baselines."""
     from keeper_bench.lm_nas import LmRecord
 
     with open(path) as f:
         d = json.load(f)
-    same = {k: getattr(args, k) for k in ("archs", "seeds", "baseline_seeds", "budgets", "batch_size")}
+    same = {k: getattr(args, k) for k in ("archs", "budgets", "batch_size")}
     if any(d["settings"].get(k) != v for k, v in same.items()):
         raise SystemExit(f"--resume {path}: its setting {d['settings']} differs from this run's {same}")
-    from keeper_bench.lm_nas import ARMS
+    from keeper_bench.lm_nas import ARMS, BOUNDS
 
-    unknown = [a for a in args.rerun if a not in ARMS]
+    unknown = [a for a in args.rerun if a not in ARMS + BOUNDS]
     if unknown:
-        raise SystemExit(f"--rerun {','.join(unknown)}: unknown arm; expected some of {', '.join(ARMS)}")
+        raise SystemExit(f"--rerun {','.join(unknown)}: unknown arm; expected some of {', '.join(ARMS + BOUNDS)}")
+    if "cold" not in args.rerun and (args.copy_seeds or args.copy_recipe_seeds):
+        missing = [b for b in BOUNDS if b not in d["trials"] or b in args.rerun]
+        if missing:
+            raise SystemExit(f"--resume: the copy bounds ({', '.join(missing)}) need the cold runs' final weights, "
+                             "which a resumed run does not keep; add cold to --rerun (the cold arm is "
+                             "deterministic: same initial weights, data order and schedule)")
     kept = {arm: by_seed for arm, by_seed in d["trials"].items() if arm not in args.rerun}
     for arm, by_seed in kept.items():
         for seed, recs in by_seed.items():
@@ -219,11 +243,13 @@ def _estimate(specs, run, corpus, plan) -> str:
 def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_version, walls, load: dict) -> str:
     """Write the report, the JSON and the figures of the runs so far into ``args.out``; ``load``: the load
     sampler's summary. Returns the report."""
-    from keeper_bench.lm_nas import ARMS, plateau_check, records_to_json, summarize
+    from keeper_bench.lm_nas import ARMS, BOUNDS, plateau_check, records_to_json, summarize
 
     # in the arms' own order, whichever ran first (a resumed run holds its kept arms first)
-    rows = {arm: {seed: summarize(results["cold"][seed], recs, run) for seed, recs in sorted(results[arm].items())}
-            for arm in ARMS if arm != "cold" and arm in results}
+    # (a seed whose cold arm is still to run, as in a resumed run with the cold arm rerun, is left out until it has)
+    rows = {arm: {seed: summarize(results["cold"][seed], recs, run) for seed, recs in sorted(results[arm].items())
+                  if seed in results["cold"]}
+            for arm in ARMS + BOUNDS if arm != "cold" and arm in results}
     plateau = {seed: plateau_check(recs) for seed, recs in results["cold"].items()}
     done = sum(len(by) for by in results.values())
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
@@ -242,6 +268,11 @@ def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_
                               for arm, by in results.items()}}, f)
     _plots(args.out, results, rows, run)
     return report
+
+
+def _baselines(args) -> str:
+    chosen = getattr(args, "baselines", None)
+    return f" ({chosen})" if chosen else ""
 
 
 def _span(specs: list[dict], key: str, before: str, after: str = "") -> str:
@@ -265,8 +296,9 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
                   f"this setting ({resumed['wall_s'] / 60:.1f} min of arm runs, included in the wall time below; "
                   f"its 1-minute load average: mean {resumed['load']['mean']:.1f}, range "
                   f"{resumed['load']['min']:.1f}-{resumed['load']['max']:.1f}); the arms "
-                  f"{', '.join(resumed['rerun'])} ran again on the current code, which changed only what they use; "
-                  "the load figures below are of the rerun part.", ""]
+                  f"{', '.join(resumed['rerun'])} ran again on the current code, the kept runs as they ran then "
+                  "(the cold arm is deterministic: same initial weights, data order and schedule); the load figures "
+                  "below are of the rerun part.", ""]
     elif resumed:
         lines += [f"**Resumed** (`--resume`): the first {resumed['runs']} (arm, seed) runs come from a stopped run of "
                   f"this setting ({resumed['wall_s'] / 60:.1f} min, included in the wall time below; its 1-minute "
@@ -277,7 +309,8 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
                   "so the cold runs are not expected at their plateau): a smoke run, not the benchmark's default "
                   "setting.", ""]
     lines += [f"Command: `python scripts/bench_lm.py{quick}` (archs {args.archs}, seeds {args.seeds}, baseline "
-              f"seeds {args.baseline_seeds}, budgets {args.budgets}, batch {args.batch_size}); wall time "
+              f"seeds {args.baseline_seeds}{_baselines(args)}, budgets {args.budgets}, batch {args.batch_size}); "
+              "wall time "
               f"{wall / 60:.1f} min on "
               f"{os.cpu_count()} CPUs shared with other work ({platform.processor() or platform.machine()}; "
               f"1-minute load average sampled every 30 s during the run: mean {load['mean']:.1f}, median "
@@ -327,7 +360,7 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
               "learning-rate recipe of `keeper.recipe`):", "",
               "| arm | seed | speedup | training saved | warmed trials slower than cold | final loss vs cold (nats) |",
               "|---|---|---|---|---|---|"]
-    for arm in ("keeper", "keeper-recipe"):
+    for arm in ("keeper", "keeper-recipe", "copy", "copy-recipe"):
         for seed, x in rows.get(arm, {}).items():
             lines.append(f"| {arm} | {seed} | {x['speedup']:.2f}x | {100 * x['saved']:.1f}% | {len(x['slow'])} | "
                          f"{x['loss_delta']:+.3f} |")
@@ -335,6 +368,7 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
               "modelling workload (NSDI '23); its models and budgets are larger, so the figures are not directly "
               "comparable. Targets of this benchmark: above 1.8x / 44.7% on every seed, zero warmed trials slower "
               "than cold in keeper's arm.", ""]
+    lines += _copy_bound_lines(results, rows, run)
     k, c, s = results["keeper"][0], results["cold"][0], rows["keeper"][0]
     lines += ["## Per family (keeper, seed 0)", "", "| family | trials | speedup | final loss vs cold (nats) |",
               "|---|---|---|---|"]
@@ -372,6 +406,48 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
               "over the architectures keeper warmed, seed 0), `figures/lm_speedup_hist.png` (per-trial speedup of "
               "the warmed trials, every arm, seed 0). Every trial's history is in `bench_lm.json`.", ""]
     return "\n".join(lines)
+
+
+def _copy_bound_lines(results, rows, run) -> list[str]:
+    """The copy bounds' section: what restarting an exact copy of each cold-trained model costs under the
+    schedule, per family, and what keeper's arm would reach had each warmed trial cost what its copy did (empty
+    without a copy run)."""
+    seeds = sorted(set(rows.get("copy", {})) & set(rows.get("keeper", {})))
+    if not seeds:
+        return []
+    lines = ["## What the schedule allows a warm start: an exact copy restarted", "",
+             "The copy bound starts every trial from the final weights of its own cold trial (same architecture, "
+             "seed, data order and schedule: AdamW from fresh moments, the 20-step warm-up to the peak rate, cosine "
+             "decay) and trains it again: more than any parent can hand over, so its steps to target are what this "
+             "schedule allows a warm start at best. copy-recipe restarts the same copies under keeper's recipe for "
+             "a restart (`keeper.recipe`: the rate starts at 0.1x and ramps to the schedule over the first quarter). "
+             "The ceiling is keeper's arm had every warmed trial taken its copy's steps (the trials without a "
+             "parent counting as they did).", "",
+             "| seed | family | trials | steps to target: cold / copy / copy-recipe / keeper (keeper's warmed "
+             "trials) | validation loss at the first evaluation: copy / copy-recipe / cold's final (median) |",
+             "|---|---|---|---|---|"]
+    ceilings = []
+    for seed in seeds:
+        keeper, cold = results["keeper"][seed], results["cold"][seed]
+        cs, ks = rows["keeper"][seed]["cold_steps"], rows["keeper"][seed]["arm_steps"]
+        copy_steps = rows["copy"][seed]["arm_steps"]
+        recipe_steps = rows.get("copy-recipe", {}).get(seed, {}).get("arm_steps")
+        for fam in sorted({r.family for r in cold}):
+            idx = [i for i, r in enumerate(keeper) if r.family == fam and r.parent]
+            rec = ("-" if recipe_steps is None else str(sum(recipe_steps[i] for i in idx)))
+
+            def first(arm, seed=seed, idx=idx):
+                by = results.get(arm, {})
+                return f"{np.median([by[seed][i].losses[0] for i in idx]):.3f}" if seed in by else "-"
+            lines.append(f"| {seed} | {fam} | {len(idx)} | {sum(cs[i] for i in idx)} / "
+                         f"{sum(copy_steps[i] for i in idx)} / {rec} / {sum(ks[i] for i in idx)} | {first('copy')} / "
+                         f"{first('copy-recipe')} / {np.median([cold[i].final_loss for i in idx]):.3f} |")
+        best = [copy_steps[i] if r.parent else ks[i] for i, r in enumerate(keeper)]
+        ceilings.append((seed, sum(cs) / sum(best), rows["keeper"][seed]["speedup"]))
+    lines += ["", "Ceiling of keeper's arm at the copy's cost, against what it reached: " + "; ".join(
+        f"seed {seed}: {ceil:.2f}x (keeper {got:.2f}x, {got / ceil:.0%} of it)" for seed, ceil, got in ceilings)
+        + ".", ""]
+    return lines
 
 
 def _plots(out, results, rows, run) -> None:

@@ -412,3 +412,31 @@ def permuted(proto: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     del out.graph.node[:]
     out.graph.node.extend(nodes[i] for i in order)
     return out
+
+
+def outputs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module``'s output on ``x`` in eval mode, without gradients."""
+    module.eval()
+    with torch.no_grad():
+        return module(x)
+
+
+def rel_dev(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute difference relative to the largest entry of ``a``: ~1e-7 for an exact copy in float32."""
+    return float((a - b).abs().max() / a.abs().max())
+
+
+def warm_strictly(parent: nn.Module, child: nn.Module, x: torch.Tensor, root: Path, dynamo: bool):
+    """Register ``parent`` as "p" in a zoo under ``root`` and warm ``child`` from it without noise; a partial warm
+    (a learned tensor left behind) fails the caller. Returns the warm result."""
+    import warnings
+
+    from keeper.errors import PartialWarmWarning
+    from keeper.torch_support import register, warm_start
+    from keeper.zoo import Zoo
+
+    zoo = Zoo(str(root / "zoo"))
+    with quiet(), warnings.catch_warnings():
+        warnings.simplefilter("error", PartialWarmWarning)
+        register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
+        return warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)

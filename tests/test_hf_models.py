@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import nets
 from keeper.errors import PartialWarmWarning, TraceFallbackWarning
 from keeper.graph import load_graph
 from keeper.torch_support import export_graph, module_weights, register, warm_start
@@ -32,8 +33,7 @@ PATHS = {False: "torchscript", True: "dynamo", None: "trace"}
 EXACT = 1e-5  # float32 round-off of an exact copy is ~1e-7; a tensor left at the child's init gives ~1
 
 
-def rel_dev(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / a.abs().max())
+rel_dev = nets.rel_dev
 
 
 def warm_pair(root, parent: torch.nn.Module, child: torch.nn.Module, args: tuple,

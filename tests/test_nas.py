@@ -132,6 +132,32 @@ def test_published_warm_from_store_reads_the_stored_parent(tmp_path):
     assert all(torch.equal(torch.as_tensor(stored.weights[k]), torch.as_tensor(v)) for k, v in direct.weights.items())
 
 
+def test_published_warm_takes_a_child_graph_whose_weights_travel_apart(tmp_path):
+    # keeper's torch front end exports graphs without weights (export_graph): the published arm passes the child's
+    # own weights beside its graph and gets what the inline-weight export gives
+    from keeper.torch_support import export_graph, module_weights
+    from keeper.zoo import Zoo
+    from keeper_bench.baselines import published_warm_from_store
+
+    torch.manual_seed(0)
+    parent_spec = default_spec("transformer")
+    child_spec = {**parent_spec, "d_model": parent_spec["d_model"] * 3 // 2}
+    x = example_input(parent_spec, batch=2)
+    parent, child = build(parent_spec), build(child_spec)
+    Zoo(str(tmp_path)).register(export(parent, x, dynamo=False).onnx, 0.8, "p")
+    apart = export_graph(child, x, dynamo=False)
+    assert apart.apart, "the front end should leave the child's weights out of its graph"
+    with pytest.raises(Exception, match="has no data"):
+        published_warm_from_store(str(tmp_path), "p", apart.onnx, seed=3)
+    r = published_warm_from_store(str(tmp_path), "p", apart.onnx, child_weights=module_weights(child, apart), seed=3)
+    inline = published_warm_from_store(str(tmp_path), "p", export(child, x, dynamo=False).onnx, seed=3)
+    assert r.parent == "p" and r.score == inline.score and 0 < r.score < 1
+    before = {k: v.clone() for k, v in child.state_dict().items()}
+    load_result(child, r, apart.keys)
+    changed = [k for k, v in child.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed, "nothing of the parent reached the child"
+
+
 def test_eval_at_start_records_where_a_run_begins():
     from keeper_bench.workload import evaluate, mnist1d_dataset, train
 

@@ -67,15 +67,6 @@ def _attention(seed: int, **sizes) -> _CosineAttention:
         return _CosineAttention(**sizes).eval()
 
 
-def _outputs(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return module(x)
-
-
-def _rel_dev(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / a.abs().max())
-
-
 # the tracer cannot read an in-place zero_ of a slice: it falls back to the dynamo exporter, which is tested here
 EXPORTERS = {"torchscript": False, "dynamo": True}
 
@@ -103,13 +94,9 @@ def test_each_pattern_is_read_as_layers(exporter):
 def test_the_patterns_warm_exactly_from_their_own_architecture(tmp_path, exporter):
     dynamo, x = EXPORTERS[exporter], torch.randn(2, 5, 8)
     parent, child = _attention(1), _attention(2)
-    zoo = Zoo(str(tmp_path / "zoo"))
-    with nets.quiet(), warnings.catch_warnings():
-        warnings.simplefilter("error", PartialWarmWarning)
-        register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
-        result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
+    result = nets.warm_strictly(parent, child, x, tmp_path, dynamo)
     assert result.parent == "p" and result.score == 1.0 and result.preserved and result.missing == []
-    assert _rel_dev(_outputs(parent, x), _outputs(child, x)) <= 1e-6
+    assert nets.rel_dev(nets.outputs(parent, x), nets.outputs(child, x)) <= 1e-6
     for name in ("cpb.0.weight", "cpb.0.bias", "cpb.2.weight", "logit_scale", "qkv.weight", "coords"):
         assert torch.equal(child.get_parameter(name) if name != "coords" else child.coords,
                            parent.get_parameter(name) if name != "coords" else parent.coords), name
@@ -134,7 +121,7 @@ def test_a_growth_is_preserved_only_when_exact(tmp_path, heads, head, gathered):
     assert result.parent == "p" and result.missing == []
     assert result.preserved or heads == 3
     if result.preserved:
-        assert _rel_dev(_outputs(parent, x), _outputs(child, x)) <= 1e-5
+        assert nets.rel_dev(nets.outputs(parent, x), nets.outputs(child, x)) <= 1e-5
 
 
 def test_rows_are_folded_from_the_ops_that_compute_them():

@@ -45,14 +45,7 @@ def snapshot(module: torch.nn.Module) -> dict:
             "grad": {n: p.requires_grad for n, p in module.named_parameters()}}
 
 
-def outputs(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    module.eval()
-    with torch.no_grad():
-        return module(x)
-
-
-def rel_dev(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / a.abs().max())
+outputs, rel_dev = nets.outputs, nets.rel_dev
 
 
 def onnx_inits(blob: bytes) -> dict[str, np.ndarray]:
@@ -416,11 +409,8 @@ EXPORTERS = {"trace": None, "torchscript": False, "dynamo": True}
 
 @pytest.mark.parametrize("exporter", list(EXPORTERS))
 def test_a_bias_built_from_pieces_is_read_and_warmed_exactly(tmp_path, exporter):
-    import warnings
-
-    from keeper.errors import PartialWarmWarning
     from keeper.graph import load_graph
-    from keeper.torch_support import export_graph, register
+    from keeper.torch_support import export_graph
 
     dynamo, x = EXPORTERS[exporter], torch.randn(2, 5, 8)
     parent, child = _cat_bias(1), _cat_bias(2)
@@ -430,11 +420,7 @@ def test_a_bias_built_from_pieces_is_read_and_warmed_exactly(tmp_path, exporter)
     assert refs == [("weight", ()), ("bias", (0, 8, 24)), ("bias", (16, 24, 24))]  # no ref for the zeros
     # every parameter is held, the zero buffer counts as no learned tensor
     assert g.unread == {} and g.total_params == sum(p.numel() for p in parent.parameters())
-    zoo = Zoo(str(tmp_path / "zoo"))
-    with nets.quiet(), warnings.catch_warnings():
-        warnings.simplefilter("error", PartialWarmWarning)
-        register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
-        result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
+    result = nets.warm_strictly(parent, child, x, tmp_path, dynamo)
     assert result.parent == "p" and result.score == 1.0 and result.preserved and result.missing == []
     assert result.mapping["q_bias"] == ("q_bias", "copy") and result.mapping["v_bias"] == ("v_bias", "copy")
     assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-6
