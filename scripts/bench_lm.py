@@ -285,6 +285,12 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
     from keeper_bench.lm import arch_label
 
     quick = " --quick" if args.quick else ""
+    for flag, value, default in (("--baseline-seeds", args.baseline_seeds, 1),
+                                 ("--baselines", getattr(args, "baselines", None), None),
+                                 ("--copy-seeds", getattr(args, "copy_seeds", 0), 0 if args.quick else args.seeds),
+                                 ("--copy-recipe-seeds", getattr(args, "copy_recipe_seeds", 0),
+                                  getattr(args, "copy_seeds", 0))):
+        quick += f" {flag} {value}" if value != default else ""
     lines = ["# Training saved by warm starts: language modelling (scripts/bench_lm.py)", ""]
     if done < planned:
         lines += [f"**Incomplete run**: {done} of the {planned} (arm, seed) runs of this setting finished; the "
@@ -368,7 +374,7 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
               "modelling workload (NSDI '23); its models and budgets are larger, so the figures are not directly "
               "comparable. Targets of this benchmark: above 1.8x / 44.7% on every seed, zero warmed trials slower "
               "than cold in keeper's arm.", ""]
-    lines += _copy_bound_lines(results, rows, run)
+    lines += _recipe_lines(args) + _operator_lines(results, rows) + _copy_bound_lines(results, rows, run)
     k, c, s = results["keeper"][0], results["cold"][0], rows["keeper"][0]
     lines += ["## Per family (keeper, seed 0)", "", "| family | trials | speedup | final loss vs cold (nats) |",
               "|---|---|---|---|"]
@@ -408,6 +414,48 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
     return "\n".join(lines)
 
 
+def _recipe_lines(args) -> list[str]:
+    """What the keeper-recipe arm measured, when its runs were kept from a run on an earlier rule."""
+    resumed = getattr(args, "resumed", None) or {}
+    if "keeper-recipe" not in resumed.get("kept", []):
+        return []
+    return ["**The keeper-recipe runs** are kept from an earlier run, which measured the learning-rate recipe keeper "
+            "shipped then: every warm start began at a lower rate (0.1x where the function was preserved, "
+            "max(0.3, 1 - inherited share) otherwise) ramped back to the schedule over the first quarter of the run. "
+            "It was slower than keeper on every seed (the children climb back up when the rate returns), so keeper "
+            "now lowers the rate only for a restart on the parent's own architecture (`keeper/recipe.py`). Every "
+            "arrival here is a distinct architecture: under that rule `warm_lr` leaves each trial's schedule as it "
+            "is, and the keeper arm is what a user of the recipe gets (a rerun of keeper-recipe gives keeper's "
+            "figures).", ""]
+
+
+def _operator_lines(results, rows) -> list[str]:
+    """keeper's operators (exact growth) against the published system's (approximate: random extra units with
+    noise, a map per layer) on the trials where both arms warmed from the same parent trial."""
+    seeds = sorted(set(rows.get("keeper", {})) & set(rows.get("published", {})))
+    if not seeds:
+        return []
+    lines = ["## Exact against approximate growth", "",
+             "The published arm makes keeper's parent choice and transfers with the published system's operators "
+             "(`keeper_bench.baselines`: extra units copied with noise, a width map per layer, identities with "
+             "noise), where keeper's width, head and depth growths keep the parent's function exactly when "
+             "`preserved` says so. On the trials whose parent is the same trial of the arrival order in both arms:",
+             "", "| seed | trials | steps to target: keeper / published | keeper fewer / more steps | validation loss "
+             "at the first evaluation, keeper - published (median, min, max) | speedup keeper / published |",
+             "|---|---|---|---|---|---|"]
+    for seed in seeds:
+        k, p = results["keeper"][seed], results["published"][seed]
+        ks, ps = rows["keeper"][seed]["arm_steps"], rows["published"][seed]["arm_steps"]
+        same = [i for i, (a, b) in enumerate(zip(k, p))
+                if a.parent and b.parent and a.parent.rsplit("_", 1)[-1] == b.parent.rsplit("_", 1)[-1]]
+        diff = [k[i].losses[0] - p[i].losses[0] for i in same]
+        lines.append(f"| {seed} | {len(same)} | {sum(ks[i] for i in same)} / {sum(ps[i] for i in same)} | "
+                     f"{sum(ks[i] < ps[i] for i in same)} / {sum(ks[i] > ps[i] for i in same)} | "
+                     f"{np.median(diff):+.3f} ({min(diff):+.3f}, {max(diff):+.3f}) | "
+                     f"{rows['keeper'][seed]['speedup']:.2f}x / {rows['published'][seed]['speedup']:.2f}x |")
+    return lines + [""]
+
+
 def _copy_bound_lines(results, rows, run) -> list[str]:
     """The copy bounds' section: what restarting an exact copy of each cold-trained model costs under the
     schedule, per family, and what keeper's arm would reach had each warmed trial cost what its copy did (empty
@@ -422,7 +470,9 @@ def _copy_bound_lines(results, rows, run) -> list[str]:
              "schedule allows a warm start at best. copy-recipe restarts the same copies under keeper's recipe for "
              "a restart (`keeper.recipe`: the rate starts at 0.1x and ramps to the schedule over the first quarter). "
              "The ceiling is keeper's arm had every warmed trial taken its copy's steps (the trials without a "
-             "parent counting as they did).", "",
+             "parent counting as they did). It is not a hard limit: a warmed child can need fewer steps than its "
+             "copy when its parent's lineage has trained longer than the child's cold twin (keeper's models end "
+             "below cold's loss), and the copy's climb after the restart is paid again each time.", "",
              "| seed | family | trials | steps to target: cold / copy / copy-recipe / keeper (keeper's warmed "
              "trials) | validation loss at the first evaluation: copy / copy-recipe / cold's final (median) |",
              "|---|---|---|---|---|"]
