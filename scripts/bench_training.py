@@ -318,7 +318,10 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
         lines += [f"**Resumed** (`--resume`): {resumed['runs']} (arm, seed) runs come from an earlier run of this "
                   f"setting ({resumed['wall_s'] / 60:.1f} min of arm runs, included in the wall time below; its "
                   f"1-minute load average: mean {resumed['load']['mean']:.1f}, range {resumed['load']['min']:.1f}-"
-                  f"{resumed['load']['max']:.1f}); the load figures below are of the resumed part.", ""]
+                  f"{resumed['load']['max']:.1f}); the load figures below are of the runs made now"
+                  + (f": the arms {args.rerun} ran again on the current code (the cold arm is deterministic: same "
+                     "initial weights, data order and schedule), the kept runs are as they ran then"
+                     if getattr(args, "rerun", "") else "") + ".", ""]
     if not progress["complete"]:
         done = progress["plan"][:progress["arm_runs_done"]]
         left = progress["plan"][progress["arm_runs_done"]:]
@@ -328,6 +331,8 @@ def _report(args, run, specs, results, tables, plateau, wall, load, arm_walls, p
     profile = _profile(results, arm_walls, run)
     compute = sum(v["train_cpu"] + v["warm_cpu"] for by in profile.values() for v in by.values())
     other = sum(v["other_slot_seconds"] for by in profile.values() for v in by.values())
+    if getattr(args, "copy_recipe_seeds", None) not in (None, args.copy_seeds):
+        quick += f" --copy-recipe-seeds {args.copy_recipe_seeds}"
     lines += [f"Command: `python scripts/bench_training.py{quick}` (archs {args.archs}, seeds {args.seeds}, baseline "
               f"seeds {args.baseline_seeds}, copy seeds {getattr(args, 'copy_seeds', args.baseline_seeds)}, budgets "
               f"{args.budgets}, eval every {args.eval_every}); wall time "
