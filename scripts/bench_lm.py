@@ -7,7 +7,8 @@ arms, the plateau budgets and how steps to target are counted. Writes reports/be
 and two PNG plots under reports/figures/.
 
 Usage:
-    python scripts/bench_lm.py            # 24 archs, 3 seeds for cold/keeper, baselines on seed 0
+    python scripts/bench_lm.py            # 24 archs, 3 seeds for cold/keeper and the copy bounds, baselines on seed 0
+    python scripts/bench_lm.py --copy-seeds 0   # without the copy bounds
     python scripts/bench_lm.py --quick    # 6 archs, 1 seed, cold/keeper/published, half budgets (< 5 min)
     python scripts/bench_lm.py --baseline-seeds 3   # every arm on every seed
     python scripts/bench_lm.py --estimate # projected wall time of a setting from measured step costs
@@ -165,7 +166,8 @@ def _rewrite(path: str, out: str) -> int:
                          f"Python's standard library corpus ({corpus.sha256[:12]}); rewrite it where it ran")
     args = argparse.Namespace(**{**d["settings"], "out": out, "report_from": None})
     run = LmRun(**{**d["run"], "budgets": tuple(tuple(b) for b in d["run"]["budgets"])})
-    results = {arm: {int(s): [LmRecord(**r) for r in recs] for s, recs in by.items()} for arm, by in d["trials"].items()}
+    results = {arm: {int(s): [LmRecord(**r) for r in recs] for s, recs in by.items()}
+               for arm, by in d["trials"].items()}
     walls = {arm: {int(s): w for s, w in by.items()} for arm, by in d["arm_run_seconds"].items()}
     print(_write(args, run, d["specs"], corpus, results, d["wall_seconds"], d["arm_runs_planned"], torch.__version__,
                  ray.__version__, walls, d["load_average_1min"]))
