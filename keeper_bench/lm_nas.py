@@ -131,7 +131,6 @@ def _trainable(arm: str, specs: list[dict], run: LmRun, service: dict, states: s
     return trial
 
 
-
 def run_arm(arm: str, specs: list[dict], run: LmRun, workdir: str, seed: int = 0,
             progress: Callable[[str, LmRecord], None] | None = None) -> list[LmRecord]:
     """Train ``specs`` in order through Ray Tune for one arm; one record per spec, in spec order.

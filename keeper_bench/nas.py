@@ -173,9 +173,8 @@ def warm_by_arm(arm: str, model: Any, example: Any, service: dict, dynamo: bool,
     if parent is None:
         return {"parent": "", "score": 0.0}
     if arm == "published":
-        from keeper_bench.baselines import published_warm_from_store
-
         from keeper.torch_support import module_weights
+        from keeper_bench.baselines import published_warm_from_store
 
         r = published_warm_from_store(choice.uri, parent, exported.onnx,
                                       child_weights=module_weights(model, exported), seed=seed)
