@@ -191,8 +191,10 @@ def _resume(path: str, args, results: dict, walls: dict, load: "LoadSampler") ->
     unknown = [a for a in args.rerun if a not in ARMS + BOUNDS]
     if unknown:
         raise SystemExit(f"--rerun {','.join(unknown)}: unknown arm; expected some of {', '.join(ARMS + BOUNDS)}")
-    if "cold" not in args.rerun and (args.copy_seeds or args.copy_recipe_seeds):
-        missing = [b for b in BOUNDS if b not in d["trials"] or b in args.rerun]
+    if "cold" not in args.rerun:
+        wanted = {"copy": args.copy_seeds, "copy-recipe": args.copy_recipe_seeds}
+        missing = [b for b, n in wanted.items()
+                   if any(b in args.rerun or str(seed) not in d["trials"].get(b, {}) for seed in range(n))]
         if missing:
             raise SystemExit(f"--resume: the copy bounds ({', '.join(missing)}) need the cold runs' final weights, "
                              "which a resumed run does not keep; add cold to --rerun (the cold arm is "
@@ -474,7 +476,7 @@ def _copy_bound_lines(results, rows, run) -> list[str]:
              "The ceiling is keeper's arm had every warmed trial taken its copy's steps (the trials without a "
              "parent counting as they did). It is not a hard limit: a warmed child can need fewer steps than its "
              "copy when its parent's lineage has trained longer than the child's cold twin (keeper's models end "
-             "below cold's loss), and the copy's climb after the restart is paid again each time.", "",
+             "below cold's loss).", "",
              "| seed | family | trials | steps to target: cold / copy / copy-recipe / keeper (keeper's warmed "
              "trials) | validation loss at the first evaluation: copy / copy-recipe / cold's final (median) |",
              "|---|---|---|---|---|"]
