@@ -31,8 +31,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from keeper.recipe import Recipe, recipe_for
-from keeper_bench.nas import ARMS, BOUNDS, cold_final, service_config, warm_by_arm
+from keeper.recipe import Recipe
+from keeper_bench.nas import ARMS, BOUNDS, copy_bound_start, service_config, warm_by_arm
 
 __all__ = ["ARMS", "BOUNDS", "LmRun", "LmRecord", "run_arm", "steps_to_target", "summarize", "plateau_check",
            "records_to_json"]
@@ -103,10 +103,7 @@ def _trainable(arm: str, specs: list[dict], run: LmRun, service: dict, states: s
         budget = run.budget(spec["family"])
         t0 = time.perf_counter()
         if arm in BOUNDS:
-            model.load_state_dict(torch.load(cold_final(states, seed, i, prefix="lm-"), weights_only=True))
-            info = {"parent": f"cold-s{seed}-{i}", "score": 1.0}
-            if arm == "copy-recipe":
-                info["recipe"] = recipe_for(info["parent"], 1.0, True, budget).as_dict()
+            info = copy_bound_start(arm, model, states, seed, i, budget, prefix="lm-")
         elif arm != "cold":
             info = warm_by_arm(arm, model, example_input(run.context), service, run.dynamo, states, seed, budget)
         warm_seconds = time.perf_counter() - t0

@@ -49,7 +49,7 @@ from keeper.torch_support import warm_start
 from keeper.torch_support.load import load_result
 from keeper.torch_support.start import choose_for_module
 
-__all__ = ["ARMS", "BOUNDS", "NasRun", "TrialRecord", "arrivals", "cold_final", "run_arm", "steps_to_target",
+__all__ = ["ARMS", "BOUNDS", "NasRun", "TrialRecord", "arrivals", "copy_bound_start", "run_arm", "steps_to_target",
            "summarize", "service_config", "warm_by_arm", "plateau_check"]
 
 ARMS = ("cold", "keeper", "keeper-recipe", "keeper-no-accuracy", "published", "name-shape")
@@ -210,10 +210,7 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         budget = run.budget(spec["family"])
         t_warm, c_warm = time.perf_counter(), time.thread_time()
         if arm in BOUNDS:
-            model.load_state_dict(torch.load(cold_final(states, seed, i), weights_only=True))
-            info = {"parent": f"cold-s{seed}-{i}", "score": 1.0}
-            if arm == "copy-recipe":
-                info["recipe"] = recipe_for(info["parent"], 1.0, True, budget).as_dict()
+            info = copy_bound_start(arm, model, states, seed, i, budget)
         elif arm != "cold":
             info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed, budget)
         info.update(warm_seconds=time.perf_counter() - t_warm, warm_cpu_seconds=time.thread_time() - c_warm)
@@ -239,14 +236,23 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
     return trial
 
 
-def cold_final(states: str, seed: int, index: int, prefix: str = "") -> str:
-    """Where the cold arm of ``seed`` left trial ``index``'s final weights: ``{prefix}states-cold-s{seed}`` beside
-    ``states`` (a copy bound's own directory; ``prefix``: the benchmark's, "lm-" for the language models)."""
+def copy_bound_start(arm: str, model: Any, states: str, seed: int, index: int, budget: int,
+                     prefix: str = "") -> dict:
+    """Load into ``model`` the final weights the cold arm of ``seed`` left for trial ``index`` (in
+    ``{prefix}states-cold-s{seed}`` beside ``states``, the bound's own directory; ``prefix``: the benchmark's, "lm-"
+    for the language models); returns the trial's ``{"parent", "score"}``, and for copy-recipe the recipe of a
+    restart over ``budget`` steps."""
+    import torch
+
     path = os.path.join(os.path.dirname(states), f"{prefix}states-cold-s{seed}", f"{index}.pt")
     if not os.path.exists(path):
         raise FileNotFoundError(f"copy bound, seed {seed}, trial {index}: no cold-trained weights at {path}; run the "
                                 f"cold arm of seed {seed} first in the same work directory")
-    return path
+    model.load_state_dict(torch.load(path, weights_only=True))
+    info: dict[str, Any] = {"parent": f"cold-s{seed}-{index}", "score": 1.0}
+    if arm == "copy-recipe":
+        info["recipe"] = recipe_for(info["parent"], 1.0, True, budget).as_dict()
+    return info
 
 
 _datasets: dict[tuple[int, int], Any] = {}

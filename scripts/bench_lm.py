@@ -274,11 +274,6 @@ def _write(args, run, specs, corpus, results, wall, planned, torch_version, ray_
     return report
 
 
-def _baselines(args) -> str:
-    chosen = getattr(args, "baselines", None)
-    return f" ({chosen})" if chosen else ""
-
-
 def _span(specs: list[dict], key: str, before: str, after: str = "") -> str:
     lo, hi = min(s[key] for s in specs), max(s[key] for s in specs)
     return f"{before}{lo}{after}" if lo == hi else f"{before}{lo}-{hi}{after}"
@@ -288,13 +283,13 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
             planned, walls, load) -> str:
     from keeper_bench.lm import arch_label
 
-    quick = " --quick" if args.quick else ""
+    flags = " --quick" if args.quick else ""
     for flag, value, default in (("--baseline-seeds", args.baseline_seeds, 1),
                                  ("--baselines", getattr(args, "baselines", None), None),
                                  ("--copy-seeds", getattr(args, "copy_seeds", 0), 0 if args.quick else args.seeds),
                                  ("--copy-recipe-seeds", getattr(args, "copy_recipe_seeds", 0),
                                   getattr(args, "copy_seeds", 0))):
-        quick += f" {flag} {value}" if value != default else ""
+        flags += f" {flag} {value}" if value != default else ""
     lines = ["# Training saved by warm starts: language modelling (scripts/bench_lm.py)", ""]
     if done < planned:
         lines += [f"**Incomplete run**: {done} of the {planned} (arm, seed) runs of this setting finished; the "
@@ -318,8 +313,8 @@ def _report(args, run, specs, corpus, results, rows, plateau, wall, torch_versio
         lines += ["**Quick setting** (6 architectures, 1 seed, cold/keeper/published, half the default budgets, "
                   "so the cold runs are not expected at their plateau): a smoke run, not the benchmark's default "
                   "setting.", ""]
-    lines += [f"Command: `python scripts/bench_lm.py{quick}` (archs {args.archs}, seeds {args.seeds}, baseline "
-              f"seeds {args.baseline_seeds}{_baselines(args)}, budgets {args.budgets}, batch {args.batch_size}); "
+    lines += [f"Command: `python scripts/bench_lm.py{flags}` (archs {args.archs}, seeds {args.seeds}, baseline "
+              f"seeds {args.baseline_seeds}, budgets {args.budgets}, batch {args.batch_size}); "
               "wall time "
               f"{wall / 60:.1f} min on "
               f"{os.cpu_count()} CPUs shared with other work ({platform.processor() or platform.machine()}; "
