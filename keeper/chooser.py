@@ -56,7 +56,12 @@ class ParentSource(Protocol):
 
 
 def reason_of(choice: ParentChoice) -> str:
-    """One sentence: why this parent, or why none."""
+    """One sentence: why this parent, or why none (and the choice's note, when it has one)."""
+    why = _why(choice)
+    return f"{why}; {choice.note}" if choice.note else why
+
+
+def _why(choice: ParentChoice) -> str:
     if choice.parent is None:
         if choice.models == 0 and not choice.candidates:
             return "the zoo holds no model yet; the child keeps its own weights"
@@ -69,6 +74,10 @@ def reason_of(choice: ParentChoice) -> str:
         return (f"no candidate preserves function or has a fit (similarity x structure) of at least the floor "
                 f"{choice.floor}; the child keeps its own weights")
     best = next(c for c in choice.candidates if c.name == choice.parent)
+    if best.preserved and best.score >= 1.0 - 1e-9 and choice.restart_shrink < 1.0:
+        return (f"the child is {best.name!r}'s architecture: it starts from {choice.restart_shrink:g} x its weights + "
+                f"{1 - choice.restart_shrink:g} x its own initialisation (shrink and perturb), so its own "
+                "hyperparameters, not only the parent's, decide where it ends")
     if best.preserved:
         return f"the child grows from {best.name!r} without losing its function"
     return (f"{best.name!r} has the best fit ({best.fit:.3f} = similarity {best.score:.3f} x structure "

@@ -135,7 +135,9 @@ class ParentChoice:
     ``score``, the zoo ``uri`` to read it from, the ``noise`` and ``seed`` the transfer is to use, and the
     ``candidates`` the choice considered: the first ``qualified`` of them qualify, in rank order (a data probe scores
     the first ``probe_top`` of those), then the best of the rest by score. ``floor`` is the policy's floor and
-    ``models`` how many models the zoo held, for the reason a result gives.
+    ``models`` how many models the zoo held, for the reason a result gives; ``note`` anything else the reason must say
+(registrations the choice did not wait for); ``restart_shrink`` the share of the parent's weights the transfer
+keeps when the child is the parent's own architecture (1.0: all of it; see :mod:`keeper.transforms.shrink`).
 
     Plain data (strings, numbers, a tuple of Candidates), so it crosses Ray without pickling user objects, and
     :meth:`to_json` / :meth:`from_json` carry it as JSON (Ray Train ranks).
@@ -151,6 +153,8 @@ class ParentChoice:
     qualified: int = 0
     floor: float = 0.3
     models: int = 0
+    note: str = ""
+    restart_shrink: float = 1.0
 
     def ranked(self) -> tuple[Candidate, ...]:
         """The qualifying candidates, best first."""

@@ -119,7 +119,7 @@ def read_parent_graph(uri: str, parent: str) -> tuple[LayerGraph, Any]:
 def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
                     seed: int = 0, child_graph: LayerGraph | dict[str, np.ndarray] | None = None, *,
                     child_weights: WeightsInput | None = None, out: Any = None,
-                    report: Mapping[str, Any] | None = None) -> WarmResult:
+                    report: Mapping[str, Any] | None = None, restart_shrink: float = 1.0) -> WarmResult:
     """Warm ``child`` from the zoo model ``parent`` stored at ``uri`` (the child's own weights when None).
 
     Args:
@@ -129,6 +129,7 @@ def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: floa
             :func:`keeper.warm.warm_from_parent`).
         out: stream the warmed weights into this safetensors file.
         report: the choice's report (``candidates``, ``reason``, ``probe``) the result carries.
+        restart_shrink: see :func:`keeper.warm.warm_from_parent`.
 
     Raises:
         ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
@@ -141,5 +142,5 @@ def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: floa
         blob, graph, weights = read_parent(uri, parent)
         result = warm_from_parent(blob, child, parent_weights=weights, child_weights=child_weights,
                                   parent_name=parent, parent_graph=graph, child_graph=child_graph, out=out,
-                                  noise=noise, seed=seed)
+                                  noise=noise, seed=seed, restart_shrink=restart_shrink)
     return dataclasses.replace(result, **report) if report else result

@@ -18,7 +18,7 @@ import os
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx
@@ -32,6 +32,7 @@ from keeper.onnx_safety import MAX_MODEL_BYTES, ModelInput, load_model
 from keeper.onnx_weights import apart_specs, model_weights, write_weights
 from keeper.transforms import transfer
 from keeper.transforms.compose import Transfer
+from keeper.transforms.shrink import mixer
 from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, save_weights
 
 __all__ = ["WarmResult", "warm_from_parent", "cold_result", "DEFAULT_NOISE"]
@@ -64,6 +65,9 @@ class WarmResult:
             score, coverage, preserved, structure, fit, accuracy, clean).
         probe: the data probe's report (``ProbeReport.as_dict()``) when one ran, else None.
         reason: why this parent, or why none (one sentence).
+        shrink: the share of the parent's weights a restart kept (shrink and perturb: ``restart_shrink`` of
+            :func:`warm_from_parent`); 1.0 when the whole of them was kept, and for every warm that is not a
+            restart.
     """
 
     parent: str | None
@@ -79,6 +83,7 @@ class WarmResult:
     candidates: list[dict[str, Any]] = field(default_factory=list)
     probe: dict[str, Any] | None = None
     reason: str = ""
+    shrink: float = 1.0
 
     def lineage(self) -> dict[str, Any]:
         """How this child was obtained, for :meth:`keeper.zoo.Zoo.register` (``lineage=``): its parent, whether
@@ -173,7 +178,7 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
                      child_weights: WeightsInput | None = None, parent_name: str | None = None,
                      parent_graph: LayerGraph | None = None, child_graph: LayerGraph | None = None,
                      alignment: Alignment | None = None, noise: float = DEFAULT_NOISE, seed: int = 0,
-                     out: str | os.PathLike | None = None) -> WarmResult:
+                     out: str | os.PathLike | None = None, restart_shrink: float = 1.0) -> WarmResult:
     """Warm ``child`` from ``parent`` (ONNX bytes, paths or ModelProtos, each with its weights inline or apart).
 
     Args:
@@ -183,6 +188,10 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
             are listed in ``unset``.
         out: write the child's weights to this safetensors file as they are made (peak memory: one tensor);
             the result's ``weights`` are then memory-mapped views of it.
+        restart_shrink: for a restart only (the child is the parent's own architecture, its whole function
+            inherited), the share of the parent's weights kept: each learned tensor becomes ``restart_shrink x
+            parent + (1 - restart_shrink) x the child's own`` (shrink and perturb, :mod:`keeper.transforms.shrink`);
+            the result is then not ``preserved`` and reports ``shrink``. 1.0 keeps the whole function.
 
     Raises:
         InvalidWeightsError: a weights file is unreadable or does not fit its graph (nothing is transformed).
@@ -199,17 +208,20 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
     cg = child_graph or graph_from_proto(cproto)
     al = alignment or align(pg, cg)
     model = cproto.SerializeToString()
+    fit = assess(pg, cg, al)
+    shrink = float(restart_shrink) if fit.preserved and al.score >= 1.0 - 1e-9 and restart_shrink < 1.0 else 1.0
+    # a restart inherits every tensor it has, so the mix needs no provenance and can run as the transfer streams
+    mix = mixer(cg, cweights, shrink, lambda key: True) if shrink < 1.0 else None
     if out is None:
         moved = transfer(pg, pweights, cg, cweights, al, noise=noise, seed=seed)
         weights = dict(cweights)
-        weights.update(moved.weights)
+        weights.update({k: mix(k, v) for k, v in moved.weights.items()} if mix else moved.weights)
     else:
-        moved = _transfer_to_file(pg, pweights, cg, cweights, al, noise, seed, out, set(unset))
+        moved = _transfer_to_file(pg, pweights, cg, cweights, al, noise, seed, out, set(unset), mix)
         weights = dict(SafeTensors(out, "warmed weights"))  # read-only memory-mapped views
     unset = [k for k in unset if moved.provenance.get(k, (None, "init"))[1] == "init"]
     for k in unset:
         weights.pop(k, None)
-    fit = assess(pg, cg, al)
     if moved.unkept:  # constant zeros of a bias built from pieces could not take the transform's values
         warnings.warn(PartialWarmWarning(
             f"warm: the transform gave non-zero values to the constant zero rows of {len(moved.unkept)} layers' "
@@ -217,14 +229,15 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
             "child does not compute the transform's function"))
     # learned tensors no layer holds (an op keeper has no rule for) keep the child's values: say which
     return WarmResult(parent_name, al.score, weights, moved.provenance, model, missing=sorted(cg.unread),
-                      unset=unset, preserved=fit.preserved and not moved.unkept, structure=fit.structure)
+                      unset=unset, preserved=fit.preserved and not moved.unkept and shrink == 1.0,
+                      structure=fit.structure, shrink=shrink)
 
 
 def _transfer_to_file(pg, pweights, cg, cweights: Mapping[str, np.ndarray], al, noise, seed,
-                      out, unset: set[str]) -> Transfer:
-    """The transfer with each child tensor written to ``out`` as it is made; tensors no layer reads (not in the
-    LayerGraph) are copied from the child afterwards. ``unset`` tensors the parent does not supply are left as
-    zeros in the file (never materialised)."""
+                      out, unset: set[str], mix: Callable[[str, np.ndarray], np.ndarray] | None = None) -> Transfer:
+    """The transfer with each child tensor written to ``out`` as it is made (through ``mix`` when given); tensors
+    no layer reads (not in the LayerGraph) are copied from the child afterwards. ``unset`` tensors the parent does
+    not supply are left as zeros in the file (never materialised)."""
     specs = {k: (np.asarray(v).dtype, np.shape(v)) for k, v in cweights.items()}
     for refs in cg.tensors:
         for r in refs:
@@ -235,7 +248,7 @@ def _transfer_to_file(pg, pweights, cg, cweights: Mapping[str, np.ndarray], al, 
         def sink(key: str, value: np.ndarray) -> None:
             written.add(key)
             if not (key in unset and value is cweights[key]):  # the placeholder: its bytes stay zero
-                w.write(key, value)
+                w.write(key, mix(key, value) if mix else value)
         moved = transfer(pg, pweights, cg, cweights, al, noise=noise, seed=seed, sink=sink)
         for k in specs.keys() - written - unset:
             w.write(k, cweights[k])

@@ -464,7 +464,8 @@ class Zoo:
             result = warm_from_parent(self.store.get(parent), child, parent_weights=stored_weights(self.store, parent),
                                       child_weights=weights, parent_name=parent, parent_graph=self.graph(parent),
                                       child_graph=graph, out=out, seed=seed,
-                                      noise=self.config.noise if noise is None else noise)
+                                      noise=self.config.noise if noise is None else noise,
+                                      restart_shrink=1.0 if choice is None else choice.restart_shrink)
         return dataclasses.replace(result, **report) if report else result
 
     def hit(self, name: str) -> None:

@@ -133,8 +133,10 @@ def draws(run: PbtRun, seed: int, n: int) -> list[dict]:
     return out
 
 
-def _train_round(run: PbtRun, model: Any, opt: Any, data: dict, steps: int, seed: int) -> float:
-    """``steps`` Adam steps on batches drawn (with replacement) by a generator seeded with ``seed``; mean loss."""
+def _train_round(run: PbtRun, model: Any, opt: Any, data: dict, steps: int, seed: int,
+                 after_step: Any = None) -> float:
+    """``steps`` Adam steps on batches drawn (with replacement) by a generator seeded with ``seed``; mean loss.
+    ``after_step``: called after every optimizer step (a learning-rate schedule's ``step``)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -158,6 +160,8 @@ def _train_round(run: PbtRun, model: Any, opt: Any, data: dict, steps: int, seed
         if run.workload == "lm":
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         opt.step()
+        if after_step is not None:
+            after_step()
         total += loss.item()
     return total / steps
 

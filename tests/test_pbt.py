@@ -14,6 +14,7 @@ from ray import tune
 
 from keeper.errors import ConfigError
 from keeper.tune_integration import KeeperCallback, warm_start
+from keeper.tune_integration.pbt import grows_from
 
 # starts Ray on loopback once (conftest's local_ray); `-m "not ray"` leaves these out
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
@@ -128,13 +129,18 @@ def test_keeper_pbt_exploits_across_architectures(tmp_path):
                       run_config=tune.RunConfig(name="pbt", storage_path=str(tmp_path / "results"),
                                                 stop={"training_iteration": 3}, callbacks=[cb], verbose=0)).fit()
     assert not grid.errors
-    restored = _restores(grid)
-    crossing = _crossing(restored)
-    assert crossing, f"no exploit crossed architectures: {[(s, r['parent']) for s, r in restored]}"
-    for source, row in crossing:
+    exploits = [(s, r) for s, r in _restores(grid) if s["trial"] != r["trial_id"]]
+    assert exploits, "the bottom half cloned the top half at iteration 2"
+    for source, row in exploits:
         assert row["parent"].startswith("checkpoint"), row["parent"]
-        if row["preserved"]:  # the clone's function, up to the default symmetry-breaking noise
-            assert abs(row["start_loss"] - source["loss"]) <= 0.05 * source["loss"] + 1e-3, (source, row)
+        # never thrown away: a member that grows from the clone gets its function by keeper's transforms, one that
+        # would shrink takes the clone's architecture; either way it starts where the clone was (up to the default
+        # symmetry-breaking noise), never back at chance
+        assert grows_from({"w": source["width"], "d": source["depth"]},
+                          {"w": row["config/width"], "d": row["config/depth"]}), (source, row)
+        assert row["preserved"], (source, row)
+        assert abs(row["start_loss"] - source["loss"]) <= 0.05 * source["loss"] + 1e-3, (source, row)
+    assert pbt.took_clone_architecture == sum(1 for s, r in exploits if not _crossing([(s, r)]))
 
 
 @pytest.mark.slow  # > 20 s on two idle cores
@@ -248,8 +254,11 @@ def test_keeper_pbt_with_ray_train_trials(tmp_path):
             checkpoint, from_tune = result.checkpoint, False
             tune.report(dict(result.metrics), checkpoint=checkpoint)
 
+    # grows= says every architecture grows from every other, so the narrower member keeps its own architecture
+    # too and its workers carry the clone across (KeeperPBT's default would give it the clone's architecture)
     pbt = KeeperPBT(time_attr="training_iteration", perturbation_interval=1, quantile_fraction=0.5, synch=True,
-                    hyperparam_mutations={"lr": [0.01, 0.05, 0.2]}, architecture_keys=("width", "depth"))
+                    hyperparam_mutations={"lr": [0.01, 0.05, 0.2]}, architecture_keys=("width", "depth"),
+                    grows=lambda theirs, mine: True)
     # two members of two architectures: the weaker clones the stronger, across architectures (each Train run
     # starts processes: a larger population would cost this suite minutes)
     space = {"width": tune.grid_search([8, 16]), "depth": 1, "lr": 0.05}
@@ -267,6 +276,31 @@ def test_keeper_pbt_with_ray_train_trials(tmp_path):
         assert row["preserved"] == (source["width"] < row["config/width"]), "a wider member keeps the function"
         if row["preserved"]:
             assert abs(row["start_loss"] - source["loss"]) <= 0.05 * source["loss"] + 1e-3, (source, row)
+
+
+def test_an_exploit_into_an_architecture_that_does_not_grow_from_the_clone_takes_the_clone_s():
+    """A narrower or shallower member cannot receive the clone's function: it takes the clone's architecture for
+    that exploit (its weights then copied exactly); a wider one keeps its own and grows the clone."""
+    from types import SimpleNamespace
+
+    from keeper.tune_integration import KeeperPBT
+
+    assert grows_from({"w": 8, "d": 1}, {"w": 16, "d": 1}) and grows_from({"w": 8}, {"w": 8})
+    assert not grows_from({"w": 24, "d": 1}, {"w": 8, "d": 2}) and not grows_from({"act": "relu"}, {"act": "gelu"})
+    assert not grows_from({"w": 8}, {"w": True}), "a bool is not a size"
+    pbt = KeeperPBT(metric="m", mode="max", hyperparam_mutations={"lr": [0.1, 0.2]},
+                    architecture_keys=("width", "depth"))
+    clone = SimpleNamespace(config={"lr": 0.1, "width": 24, "depth": 1})
+    narrow = SimpleNamespace(config={"lr": 0.2, "width": 8, "depth": 2})
+    config, _ = pbt._get_new_config(narrow, clone)
+    assert (config["width"], config["depth"]) == (24, 1) and pbt.took_clone_architecture == 1
+    wide = SimpleNamespace(config={"lr": 0.2, "width": 32, "depth": 2})
+    config, _ = pbt._get_new_config(wide, clone)
+    assert (config["width"], config["depth"]) == (32, 2) and pbt.took_clone_architecture == 1
+    custom = KeeperPBT(metric="m", mode="max", hyperparam_mutations={"lr": [0.1, 0.2]},
+                       architecture_keys=("width", "depth"), grows=lambda theirs, mine: True)
+    config, _ = custom._get_new_config(narrow, clone)
+    assert (config["width"], config["depth"]) == (8, 2), "grows= decides"
 
 
 def test_architecture_keys_nested_in_a_trainer_config_are_kept():
@@ -329,3 +363,47 @@ def test_a_checkpoint_that_cannot_be_restored_leaves_the_trial_on_its_own(tmp_pa
     row = grid[0].metrics
     assert row["same"] and row["parent"].startswith("checkpoint checkpoint_000000"), row
     assert "checkpoint_000009" in row["reason"] and "continues from its own" in row["reason"], row["reason"]
+
+
+def test_a_clone_carried_without_its_function_never_replaces_the_member_s_own_weights(tmp_path):
+    """A checkpoint of a wider architecture handed to a narrower member is transformed without its function
+    (preserved False): without a probe the member keeps its own latest checkpoint, exactly; with one, the lower
+    loss of the two stays, and the result says which and why."""
+    from keeper.torch_support.export import export_graph
+    from keeper.torch_support.templates import architecture_template
+    from keeper.torch_support.trial import ARCHITECTURE_FILE
+
+    service = _service(tmp_path)
+    x, y, wide = _mlp_task({"width": 16, "depth": 1})
+    clone = tmp_path / "other-trial" / "checkpoint_000005"
+    clone.mkdir(parents=True)
+    torch.save(wide.state_dict(), clone / "model.pt")
+    (clone.parent / ARCHITECTURE_FILE).write_bytes(architecture_template(export_graph(wide, x[:2])))
+
+    def trainable(config: dict) -> None:
+        x, y, model = _mlp_task(config)
+        warm_start(model, x[:2], config=service)
+        with torch.no_grad():
+            model[0].weight.mul_(2.0)  # weights no fresh init or transform could give
+        saved = [t.clone() for t in model.state_dict().values()]
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+            tune.report({"step": 0}, checkpoint=tune.Checkpoint.from_directory(d))
+        _, _, again = _mlp_task(config)
+        result = warm_start(again, x[:2], config=service, checkpoint=str(clone))
+        same = all(torch.equal(a, b) for a, b in zip(saved, again.state_dict().values()))
+        _, _, probed = _mlp_task(config)
+        judged = warm_start(probed, x[:2], config=service, checkpoint=str(clone),
+                            probe=((x, y), torch.nn.CrossEntropyLoss()))
+        tune.report({"step": 1, "same": same, "preserved": bool(result.preserved), "reason": result.reason,
+                     "probed_reason": judged.reason})
+
+    grid = tune.Tuner(trainable, param_space={"width": 8, "depth": 1},
+                      run_config=tune.RunConfig(name="keep", storage_path=str(tmp_path / "results"),
+                                                callbacks=[KeeperCallback(metric="step", mode="max", config=service)],
+                                                verbose=0)).fit()
+    assert not grid.errors
+    row = grid[0].metrics
+    assert row["same"] and row["preserved"], row
+    assert "checkpoint_000005" in row["reason"] and "keeps its own checkpoint checkpoint_000000" in row["reason"]
+    assert "probe" in row["probed_reason"] and "checkpoint_000005" in row["probed_reason"], row["probed_reason"]

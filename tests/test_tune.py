@@ -111,9 +111,11 @@ def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registe
     restored.set_state(cb.get_state())
     for trial in cb.trials:
         restored.on_trial_complete(0, cb.trials, trial)
+    restored.on_experiment_end(cb.trials)  # registrations run in the registrar; the experiment's end waits for them
     assert _registers(service) == before, "a restored callback registers no trial again"
     fresh = KeeperCallback(metric="accuracy", mode="max", config=service)
     fresh.on_trial_complete(0, cb.trials, cb.trials[0])
+    fresh.on_experiment_end(cb.trials)
     assert _registers(service) == before + 1, "without the state the same trial would be registered again"
     assert len(Zoo(service["zoo"])) == 4, "and the zoo stores identical content once"
 
@@ -355,7 +357,8 @@ class KillsTheManagerMidRun(KeeperCallback):
     """Kills the ZooManager (SIGKILL) when the second trial completes, before that trial is registered."""
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        if len(self.registered) == 1 and not getattr(self, "killed", None):
+        self.completed = getattr(self, "completed", 0) + 1
+        if self.completed == 2:
             from keeper.actors.launcher import find
 
             self.killed = ray.get(find(self.config).manager_pid.remote(), timeout=30)

@@ -59,7 +59,8 @@ class ServiceClient:
                  out: str | os.PathLike | None = None, report: dict[str, Any] | None = None) -> WarmResult:
         """``child`` warmed here from ``parent`` as stored in the choice's zoo."""
         return warm_from_store(choice.uri, parent, child, choice.noise if noise is None else noise, choice.seed,
-                               graph, child_weights=weights, out=out, report=report)
+                               graph, child_weights=weights, out=out, report=report,
+                               restart_shrink=choice.restart_shrink)
 
     def hit(self, parent: str) -> None:
         """Count one use of ``parent`` in the service's zoo (fire and forget)."""

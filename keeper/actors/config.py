@@ -28,7 +28,7 @@ __all__ = ["ServiceConfig", "ClusteringConfig", "Timeouts", "ConfigError", "load
            "DEFAULT_CONFIG_PATH"]
 
 #: The actors (and the transfer task) whose Ray options the config holds.
-ACTOR_KINDS = ("keeper", "zoo_manager", "matcher", "transfer")
+ACTOR_KINDS = ("keeper", "zoo_manager", "matcher", "registrar", "transfer")
 
 #: Where the repository keeps the YAML twin of the defaults below.
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
@@ -47,6 +47,9 @@ _DEFAULT_ACTORS: dict[str, dict[str, Any]] = {
     # take from Tune trials a CPU they need (on a 2-CPU Ray, two 1-CPU matchers starve every trial).
     "matcher": {"num_cpus": 0.0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1,
                 "scheduling_strategy": "SPREAD"},
+    # Turns finished Tune trials' checkpoints into zoo models: one long-lived process whose imports (torch, onnx)
+    # are paid once, where a task per trial paid them in a fresh worker every time (2-3 s on 2 busy cores).
+    "registrar": {"num_cpus": 0.0, "max_restarts": -1, "max_task_retries": -1, "max_concurrency": 4},
     # No CPU reserved either: a warm must never wait for a CPU that trials hold.
     "transfer": {"num_cpus": 0.0, "max_retries": 2},
 }
@@ -77,6 +80,7 @@ class Timeouts:
     transfer_s: float = 300.0   # the weight transform task
     control_s: float = 30.0     # small control calls (view, stats, ping)
     start_s: float = 120.0      # start(): the front door answering its first ping
+    arrival_s: float = 10.0     # a parent choice waits at most this long for registrations announced before it
 
 
 @dataclass
@@ -110,6 +114,10 @@ class ServiceConfig:
     @property
     def manager_name(self) -> str:
         return f"{self.name}-zoo"
+
+    @property
+    def registrar_name(self) -> str:
+        return f"{self.name}-registrar"
 
     @property
     def zoo_uri(self) -> str:

@@ -24,6 +24,7 @@ transfer task), so this module never imports the launcher.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import math
 import os
@@ -37,6 +38,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from keeper import chooser
 from keeper.actors.config import ServiceConfig
+from keeper.actors.inflight import InFlight
 from keeper.actors.matcher import Matcher
 from keeper.actors.metrics import QueryClock, ServiceMetrics
 from keeper.actors.pool import MatcherPool
@@ -108,6 +110,7 @@ class Keeper:
         self._parents_key = ""
         self._closed = threading.Event()
         self._pulled = False
+        self._inflight = InFlight(config.timeouts.register_s)
         threading.Thread(target=self._refresher, daemon=True, name="keeper-view-refresher").start()
 
     # ------------------------------------------------------------------------------------------- public API
@@ -166,9 +169,14 @@ class Keeper:
         t0 = time.perf_counter()
         try:
             graph = LayerGraph.from_arrays(model) if isinstance(model, dict) else as_graph(model)
+            late = self._inflight.wait(self.config.timeouts.arrival_s)
             if fresh:
                 self._refresh(force=True)
             choice = self._choose(graph)
+            if late:
+                choice = dataclasses.replace(choice, note=(
+                    f"registrations still in flight after {self.config.timeouts.arrival_s:g} s "
+                    f"(timeouts.arrival_s) were not waited for: {', '.join(late[:3])}"))
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise
@@ -176,6 +184,15 @@ class Keeper:
             self.hit(choice.parent)
         self._count(time.perf_counter() - t0, ok=True, timed=False)
         return choice
+
+    def expect(self, name: str) -> None:
+        """Announce that model ``name`` is being registered (a Tune trial that just ended): choices made from now
+        on wait for it, at most ``timeouts.arrival_s``, so a trial that starts next can inherit from it."""
+        self._inflight.announce(name)
+
+    def settled(self, name: str) -> None:
+        """``name``'s announced registration is over, registered or refused."""
+        self._inflight.settle(name)
 
     def hit(self, name: str) -> None:
         """Count one use of ``name`` as a parent (fire and forget: a lost hit only ages a model sooner)."""
@@ -301,7 +318,8 @@ class Keeper:
         """The transfer task's ObjectRef; the graph goes as flat arrays, so the task neither extracts it again nor
         unpickles an object."""
         return self._transfer.remote(choice.uri, parent, blob, choice.noise if noise is None else float(noise),
-                                     choice.seed if seed is None else int(seed), graph.to_arrays(), report=report)
+                                     choice.seed if seed is None else int(seed), graph.to_arrays(), report=report,
+                                     restart_shrink=choice.restart_shrink)
 
     def _choose(self, graph: LayerGraph) -> ParentChoice:
         t0 = time.perf_counter()

@@ -37,7 +37,7 @@ from keeper.stored import warm_from_store
 logger = logging.getLogger(__name__)
 
 __all__ = ["start", "shutdown", "connect", "find", "check_resources", "launch_manager", "launch_keeper",
-           "launch_matcher", "transfer_task"]
+           "launch_matcher", "launch_registrar", "transfer_task"]
 
 _remote_classes: dict[type, Any] = {}
 
@@ -59,6 +59,15 @@ def launch_keeper(config: ServiceConfig) -> Any:
     return _actor(Keeper, config, "keeper", name=config.name, namespace=config.namespace, lifetime="detached",
                   get_if_exists=True).remote(config, spawn_matcher=functools.partial(launch_matcher, config),
                                              transfer_task=functools.partial(transfer_task, config))
+
+
+def launch_registrar(config: ServiceConfig) -> Any:
+    """The named, detached registrar of finished Tune trials (the running one when it exists); started by
+    ``KeeperCallback``, so a service that never serves Tune never imports what it needs."""
+    from keeper.tune_integration.registrar import Registrar
+
+    return _actor(Registrar, config, "registrar", name=config.registrar_name, namespace=config.namespace,
+                  lifetime="detached", get_if_exists=True).remote()
 
 
 def launch_matcher(config: ServiceConfig) -> Any:
@@ -128,11 +137,13 @@ def check_resources(config: ServiceConfig) -> None:
                            "matchers to avoid this", config.matchers, need.resources, short)
 
 
-def start(config: ConfigInput = None, **overrides: Any) -> Any:
+def start(config: ConfigInput = None, *, wait: bool = True, **overrides: Any) -> Any:
     """Start the keeper service, or find the running one, and return its front door's handle.
 
     Args:
         config: a YAML path, a mapping, a ServiceConfig, or None for the defaults (``configs/default.yaml``).
+        wait: wait for the front door's first answer (bounded by ``timeouts.start_s``); False returns as soon as
+            the actors are created (calls queue until they are up; the caller checks ``handle.ping``).
         **overrides: settings on top, e.g. ``zoo="s3://bucket/zoo"``, ``matchers=4``.
 
     Re-running ``start`` returns the running instance (its own settings stay in force; use ``scale`` to change
@@ -153,6 +164,8 @@ def start(config: ConfigInput = None, **overrides: Any) -> Any:
         check_resources(cfg)
         launch_manager(cfg)
         handle = launch_keeper(cfg)
+    if not wait:
+        return handle
     need = demand_of(f"the front door {cfg.name!r} answering its first ping (timeouts.start_s; zoo "
                      f"{cfg.zoo_uri!r})", "keeper", cfg.actor_options("keeper"), handle)
     get(handle.ping.remote(), cfg.timeouts.start_s, need)
@@ -160,7 +173,8 @@ def start(config: ConfigInput = None, **overrides: Any) -> Any:
 
 
 def shutdown(config: ConfigInput = None, **overrides: Any) -> list[str]:
-    """Kill the named actors of the service (front door first, then the manager); returns the names killed.
+    """Kill the named actors of the service (front door first, then the manager and the registrar); returns the
+    names killed.
 
     The zoo itself stays in its store; ``start`` again serves it.
     """
@@ -168,7 +182,7 @@ def shutdown(config: ConfigInput = None, **overrides: Any) -> list[str]:
     if not ray.is_initialized():
         return []
     killed = []
-    for name in (cfg.name, cfg.manager_name):
+    for name in (cfg.name, cfg.manager_name, cfg.registrar_name):
         try:
             handle = ray.get_actor(name, namespace=cfg.namespace)
         except ValueError:

@@ -21,7 +21,7 @@ from keeper.errors import KeeperError, PartialWarmWarning
 from keeper.torch_support.load import load_result
 from keeper.warm import WarmResult
 
-__all__ = ["DataProbe", "module_probe"]
+__all__ = ["DataProbe", "as_module_probe", "module_probe"]
 
 
 @dataclass
@@ -73,6 +73,17 @@ class DataProbe:
         return float(np.mean(losses))
 
 
+def as_module_probe(probe: Any) -> Callable[[torch.nn.Module], float]:
+    """``probe`` as a callable over modules (lower is better): itself when callable, a :class:`DataProbe` for a
+    ``(batches, loss_fn)`` pair."""
+    if isinstance(probe, (tuple, list)) and len(probe) == 2 and callable(probe[1]) and not callable(probe):
+        probe = DataProbe(probe[0], probe[1])
+    if not callable(probe):
+        raise KeeperError(f"probe {probe!r}: expected a callable probe(module) -> loss, a DataProbe, or a "
+                          "(batches, loss_fn) pair")
+    return probe
+
+
 def module_probe(module: torch.nn.Module, keys: dict[str, tuple[str, str]],
                  probe: Any) -> Callable[[WarmResult], float]:
     """A probe over WarmResults from a probe over modules: each result is loaded into a fresh copy of ``module``
@@ -81,11 +92,7 @@ def module_probe(module: torch.nn.Module, keys: dict[str, tuple[str, str]],
     ``probe``: a callable ``probe(module) -> loss`` (lower is better; it may train the copy), a
     :class:`DataProbe`, or ``(batches, loss_fn)``, which becomes ``DataProbe(batches, loss_fn)``.
     """
-    if isinstance(probe, (tuple, list)) and len(probe) == 2 and callable(probe[1]) and not callable(probe):
-        probe = DataProbe(probe[0], probe[1])
-    if not callable(probe):
-        raise KeeperError(f"probe {probe!r}: expected a callable probe(module) -> loss, a DataProbe, or a "
-                          "(batches, loss_fn) pair")
+    probe = as_module_probe(probe)
 
     def score(result: WarmResult) -> float:
         twin = copy.deepcopy(module)

@@ -18,6 +18,8 @@ trial it also leaves the architecture template and the warm's lineage for the Tu
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 from typing import Any
 
@@ -33,9 +35,10 @@ from keeper.selection import ParentChoice
 from keeper.torch_support import distributed, trial
 from keeper.torch_support.export import Exported, export_graph, module_weights
 from keeper.torch_support.load import load_result
-from keeper.torch_support.probe import module_probe
+from keeper.torch_support.probe import as_module_probe, module_probe
 from keeper.torch_support.restore import restore
 from keeper.torch_support.templates import architecture_template, find_template
+from keeper.transforms.shrink import TRIAL_RESTART_SHRINK
 from keeper.warm import WarmResult
 from keeper.weights import weights_bytes
 from keeper.zoo import Zoo
@@ -65,7 +68,7 @@ def parent_source(zoo: Any, config: Any = None, timeout_s: float = 300.0) -> Par
 
 def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any = None, noise: float | None = None,
                probe: Any = None, dynamo: bool | None = None, timeout_s: float = 300.0,
-               trainable: Any = None, checkpoint: Any = None) -> WarmResult:
+               trainable: Any = None, checkpoint: Any = None, shrink: float | None = None) -> WarmResult:
     """Warm-start ``module`` (a ``torch.nn.Module``, on any device) in place from the best parent in a zoo.
 
     Args:
@@ -88,6 +91,11 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
             checkpoints, so the trial passes ``tune.get_checkpoint()`` through ``train_loop_config``. A checkpoint
             of the Train run itself (a restart after a worker failure) comes first; elsewhere the trial's own
             checkpoint is found without it.
+        shrink: when the zoo's parent is the module's own architecture, the share of its weights the module
+            starts from (shrink and perturb: ``shrink x parent + (1 - shrink) x the module's own init``; 1.0: the
+            parent's whole function). None: :data:`~keeper.transforms.shrink.TRIAL_RESTART_SHRINK` in a Tune trial
+            or Ray Train worker (a search over hyperparameters: see that constant), 1.0 elsewhere. Checkpoint
+            restores are never shrunk.
 
     Returns:
         The WarmResult: ``parent`` is None (the module keeps its own weights) when the zoo holds nothing similar
@@ -105,10 +113,16 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
         >>> result.parent, result.score, result.preserved, result.reason                     # doctest: +SKIP
         >>> result = warm_start(model, x, zoo, probe=((xb, yb), torch.nn.CrossEntropyLoss()))  # doctest: +SKIP
     """
+    if shrink is not None and not (isinstance(shrink, (int, float)) and 0.0 <= shrink <= 1.0):
+        raise KeeperError(f"warm_start: shrink={shrink!r} is not a share in [0, 1] of the parent's weights; pass "
+                          "e.g. 0.5, 1.0 for the parent's whole function, or None for keeper's default")
     rank, size = distributed.rank_and_size()
     source = parent_source(zoo, config, timeout_s)
     exported, choice = _choose_once(module, example_input, source, dynamo, trainable, rank, size)
-    result, failed = _restore_checkpoint(module, exported, choice, noise, trainable, checkpoint)
+    if shrink is None:
+        shrink = TRIAL_RESTART_SHRINK if trial.in_trial(trainable) else 1.0
+    choice = dataclasses.replace(choice, restart_shrink=float(shrink))
+    result, failed = _restore_checkpoint(module, exported, choice, noise, trainable, checkpoint, probe)
     if result is None:
         score = module_probe(module, exported.keys, probe) if probe is not None else None
         result = chooser.warm(source, exported.onnx, exported.graph, noise=noise, probe=score, choice=choice,
@@ -142,19 +156,23 @@ def _choose_once(module: Any, example_input: Any, source: ParentSource, dynamo: 
 
 
 def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, noise: float | None,
-                        trainable: Any, given: Any = None) -> tuple[WarmResult | None, str]:
+                        trainable: Any, given: Any = None, probe: Any = None) -> tuple[WarmResult | None, str]:
     """The trial's checkpoint (or ``given``, see :func:`trial.checkpoint_state`) restored into ``module`` (every
     rank alike: same checkpoint, same seed), else the trial's own latest checkpoint (a function trainable's, when
-    the one cloned into it cannot be restored), or (None, why not) when there is none or neither can be restored;
-    a failure never ends the trial."""
+    the one cloned into it cannot be restored or would not keep its function: :func:`_keep_better`), or (None, why
+    not) when there is none or neither can be restored; a failure never ends the trial."""
     found = trial.checkpoint_state(trainable, given)
     if found is None:
         return None, ""
     noise = choice.noise if noise is None else noise
     try:
-        return _restore_one(module, exported, found, choice, noise), ""
+        result = _restore_one(module, exported, found, choice, noise)
     except (KeeperError, StoreError) as exc:
         failed = f"{found[2]} could not be restored ({exc})"
+    else:
+        if result.preserved or trainable is not None:
+            return result, ""
+        return _keep_better(module, exported, found, result, choice, noise, probe), ""
     # a checkpoint cloned from another trial that cannot be restored: the trial goes on from its own latest one
     own = trial.own_checkpoint_state(exclude=found[2]) if trainable is None else None
     if own is not None:
@@ -168,6 +186,49 @@ def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, n
             return result, ""
     log.warning("keeper: %s; the trial starts from the zoo instead", failed)
     return None, failed
+
+
+def _keep_better(module: Any, exported: Exported, found: tuple, clone: WarmResult, choice: ParentChoice,
+                 noise: float, probe: Any) -> WarmResult:
+    """After a checkpoint of another architecture was carried into ``module`` without its function (``clone``:
+    a population-based-training exploit into a narrower or shallower member), the better of it and the member's
+    own latest checkpoint stays in ``module``, so an exploit never leaves a member worse than its own last
+    checkpoint: with a ``probe``, the lower loss of the two; without one, the member's own checkpoint when it is of
+    the module's architecture (its quality is known, the transformed clone's is not). ``reason`` says which."""
+    own = trial.own_checkpoint_state(exclude=found[2])
+    if own is None:
+        clone.reason += "; the member has no checkpoint of its own to compare it with"
+        return clone
+    if probe is None and not _fits(module, own[0]):
+        clone.reason += (f"; kept over the member's own {own[2]}, which is another architecture as well (pass "
+                         "probe= to warm_start to compare the two on data)")
+        return clone
+    twin = copy.deepcopy(module)
+    try:
+        mine = _restore_one(twin, exported, own, choice, noise)
+    except (KeeperError, StoreError) as exc:
+        clone.reason += f"; the member's own {own[2]} could not be restored to compare ({exc})"
+        return clone
+    if probe is not None:
+        judge = as_module_probe(probe)
+        clone_loss, own_loss = judge(copy.deepcopy(module)), judge(copy.deepcopy(twin))
+        if clone_loss < own_loss:
+            clone.reason += f"; kept over the member's own {own[2]} (probe loss {clone_loss:.4g} < {own_loss:.4g})"
+            return clone
+        why = f"the probe's loss was no lower ({clone_loss:.4g} against {own_loss:.4g})"
+    else:
+        why = "its function was not kept and no probe= was given to compare the two on data"
+    module.load_state_dict(twin.state_dict())
+    log.warning("keeper: %s was not carried onto this architecture with its function; the member keeps its own %s",
+                found[2], own[2])
+    mine.reason = f"{clone.reason}, but {why}: the member keeps its own {own[2]} ({mine.reason})"
+    return mine
+
+
+def _fits(module: Any, state: dict[str, Any]) -> bool:
+    """Whether ``state`` is a state_dict of ``module``'s own architecture (same keys, same shapes)."""
+    own = module.state_dict()
+    return set(state) == set(own) and all(tuple(state[k].shape) == tuple(own[k].shape) for k in own)
 
 
 def _restore_one(module: Any, exported: Exported, found: tuple, choice: ParentChoice, noise: float) -> WarmResult:

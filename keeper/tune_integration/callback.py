@@ -2,7 +2,11 @@
 
 It finds or starts the keeper service when the experiment starts, and registers every finished trial's trained
 model with its best metric. The heavy part (reading the checkpoint, filling the architecture template, the
-registration itself) runs in a zero-CPU Ray task, so the driver stays thin and no trial's CPU is needed.
+registration itself) runs in the service's registrar (:mod:`keeper.tune_integration.registrar`, one zero-CPU
+process started with the experiment), and the driver never waits for it: Tune schedules the next trial as it would
+without keeper. A trial that starts after another ended can still inherit from it: the driver announces each
+registration to the front door, and a parent choice waits for the registrations announced before it (in the
+trial, at most ``timeouts.arrival_s``).
 
 Invariants:
 - A trial is registered at most once, across ``Tuner.restore`` too (the registered set is the callback's
@@ -20,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -30,11 +35,9 @@ import ray
 from ray.tune import Callback
 
 from keeper.actors.config import load_config
-from keeper.actors.launcher import start
-from keeper.actors.remote import Demand, get
+from keeper.actors.launcher import launch_registrar, start
+from keeper.actors.remote import Demand, demand_of, get
 from keeper.errors import ConfigError
-from keeper.torch_support.export import export_graph
-from keeper.tune_integration.checkpoint import register_trial
 
 __all__ = ["KeeperCallback"]
 
@@ -56,16 +59,18 @@ class KeeperCallback(Callback):
         model_builder: optional ``fn(trial_config) -> (module, example_input)``. With it, keeper prepares each
             trial's match while the trial starts, and can register checkpoints of trials that never called
             ``warm_start``.
-        wait_for_registration: finish registering a trial before Tune schedules the next one, so trials that
-            start after it can inherit from it (True); False registers in the background.
+        wait_for_registration: a trial's parent choice waits for the registrations of the trials that ended
+            before it started (at most ``timeouts.arrival_s``), so it can inherit from them (True); False never
+            waits. Either way the driver does not wait: registration runs in the registrar.
         name_prefix: prefix of the zoo names (default: the experiment's directory name and ``-``); the
             trial id follows it.
 
     Attributes:
         outcomes: per trial id, what happened to it (``"registered as NAME"``, ``"errored"``, ``"skipped: ..."``,
             ``"refused: ..."``).
-        registration_s: per registered trial id, seconds from handing its checkpoint to the registration task to
-            the zoo's record (the driver waits that long when ``wait_for_registration``).
+        registration_s: per registered trial id, seconds from handing its checkpoint to the registrar to the
+            driver seeing the zoo's record (an upper bound: the driver looks between Tune's steps).
+        hook_s: seconds the driver spent in this callback's hooks, all told (what keeper adds to Tune's loop).
     """
 
     def __init__(self, metric: str, mode: str = "max", *, score_fn: Callable[[float], float] | None = None,
@@ -89,52 +94,46 @@ class KeeperCallback(Callback):
         self._pending: dict[str, Any] = {}
         self._prepares: list[Any] = []
         self._handle: Any = None
+        self._registrar: Any = None
+        self._starting: tuple[Any, float] | None = None
+        self.hook_s = 0.0
 
     # ------------------------------------------------------------------------------------------------ Tune hooks
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info) -> None:
-        self._service()
+        with self._clock():
+            # the service starts while the first trials do (their first asks queue until it answers); its first
+            # answer is checked between Tune's steps, so a service that cannot start still ends the experiment
+            self._handle = start(self.config, wait=False)
+            self._starting = (self._handle.ping.remote(), time.monotonic())
+            self._registrar_handle()  # started now: its imports overlap the first trials, not their registration
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info) -> None:
         if self.model_builder is None:
             return
-        self._prepares = [r for r in self._prepares if not _done(r)]
-        self._prepares.append(ray.remote(_prepare).options(num_cpus=0).remote(
-            self._service(), self.model_builder, dict(trial.config)))
+        with self._clock():
+            self._prepares = [r for r in self._prepares if not _done(r)]
+            self._prepares.append(self._registrar_handle().prepare.remote(self._service(), self.model_builder,
+                                                                           dict(trial.config)))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info) -> None:
         self._errored.add(trial.trial_id)
         self.outcomes[trial.trial_id] = "errored"
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
-        tid = trial.trial_id
-        if tid in self._registered or tid in self._pending or tid in self._errored:
-            return
-        checkpoint, value = self._best(trial)
-        if checkpoint is None:
-            self.outcomes[tid] = "skipped: no checkpoint"
-            logger.warning("keeper: trial %s reported no checkpoint, so it is not registered; report one holding "
-                           "model.pt (torch.save(model.state_dict(), ...)) with tune.report(..., checkpoint=...)", tid)
-            return
-        if value is None:
-            self.outcomes[tid] = f"skipped: no {self.metric!r} reported"
-            logger.warning("keeper: trial %s never reported metric %r, so it is not registered", tid, self.metric)
-            return
-        accuracy = float(self.score_fn(value)) if self.score_fn is not None else float(value)
-        name = self._name(trial)
-        # retried when its worker or node dies: registration is idempotent by content, so a retry stores nothing twice
-        ref = ray.remote(register_trial).options(num_cpus=0, max_retries=3).remote(
-            self._service(), checkpoint, trial.storage.storage_filesystem, trial.storage.trial_fs_path, accuracy,
-            name, self.model_builder, dict(trial.config), self.config.timeouts.register_s, self.config.zoo_uri)
-        self._pending[tid] = (ref, name, time.perf_counter())
-        if self.wait_for_registration:
-            self._collect(wait=True, only=tid)
+        with self._clock():
+            self._submit(trial)
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
+        if self._starting is not None:
+            with self._clock():
+                self._check_started()
         if self._pending:
-            self._collect(wait=False)
+            with self._clock():
+                self._collect(wait=False)
 
     def on_experiment_end(self, trials: list, **info) -> None:
-        self._collect(wait=True)
+        with self._clock():
+            self._collect(wait=True)
 
     def get_state(self) -> dict | None:
         # a pending registration completes in the service whatever the driver does next
@@ -152,10 +151,61 @@ class KeeperCallback(Callback):
         """Ids of the trials whose models reached the zoo."""
         return set(self._registered)
 
+    @contextlib.contextmanager
+    def _clock(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.hook_s += time.perf_counter() - t0
+
     def _service(self) -> Any:
         if self._handle is None:
             self._handle = start(self.config)
         return self._handle
+
+    def _check_started(self) -> None:
+        """The service's first answer, once it is back (raises the service's failure); ServiceError past
+        ``timeouts.start_s`` without one."""
+        ref, since = self._starting
+        waited = time.monotonic() - since
+        if not _done(ref) and waited < self.config.timeouts.start_s:
+            return
+        self._starting = None
+        get(ref, max(0.0, self.config.timeouts.start_s - waited),
+            demand_of(f"the keeper service {self.config.name!r} answering its first ping (timeouts.start_s; zoo "
+                      f"{self.config.zoo_uri!r})", "keeper", self.config.actor_options("keeper"), self._handle))
+
+    def _registrar_handle(self) -> Any:
+        if self._registrar is None:
+            self._registrar = launch_registrar(self.config)
+        return self._registrar
+
+    def _submit(self, trial: Any) -> None:
+        """Hand a finished trial's best checkpoint to the registrar (announced to the front door first); no wait."""
+        tid = trial.trial_id
+        if tid in self._registered or tid in self._pending or tid in self._errored:
+            return
+        checkpoint, value = self._best(trial)
+        if checkpoint is None:
+            self.outcomes[tid] = "skipped: no checkpoint"
+            logger.warning("keeper: trial %s reported no checkpoint, so it is not registered; report one holding "
+                           "model.pt (torch.save(model.state_dict(), ...)) with tune.report(..., checkpoint=...)", tid)
+            return
+        if value is None:
+            self.outcomes[tid] = f"skipped: no {self.metric!r} reported"
+            logger.warning("keeper: trial %s never reported metric %r, so it is not registered", tid, self.metric)
+            return
+        accuracy = float(self.score_fn(value)) if self.score_fn is not None else float(value)
+        name = self._name(trial)
+        handle = self._service()
+        if self.wait_for_registration:
+            handle.expect.remote(name)  # before the next trial asks: actor calls arrive in milliseconds
+        # retried on the registrar's restart: registration is idempotent by content, so a retry stores nothing twice
+        ref = self._registrar_handle().register.remote(
+            handle, name, checkpoint, trial.storage.storage_filesystem, trial.storage.trial_fs_path, accuracy,
+            self.model_builder, dict(trial.config), self.config.timeouts.register_s, self.config.zoo_uri)
+        self._pending[tid] = (ref, name, time.perf_counter())
 
     def _best(self, trial: Any) -> tuple[Any, float | None]:
         """The trial's checkpoint with the best metric among those Tune kept, and that metric."""
@@ -179,11 +229,14 @@ class KeeperCallback(Callback):
             prefix = _UNSAFE.sub("-", str(trial.storage.experiment_dir_name)).strip(".-") + "-"
         return (prefix + trial.trial_id)[-128:].lstrip(".")
 
-    def _collect(self, wait: bool, only: str | None = None) -> None:
-        for tid in [only] if only is not None else list(self._pending):
+    def _collect(self, wait: bool) -> None:
+        """Take in the registrations that are back (``wait``: all of them, each within ``timeouts.register_s``)."""
+        refs = {tid: entry[0] for tid, entry in self._pending.items()}
+        if not wait and refs:  # one look at all of them: the driver's loop must stay cheap
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
+            refs = {tid: ref for tid, ref in refs.items() if ref in ready}
+        for tid in refs:
             ref, name, submitted = self._pending[tid]
-            if not wait and not _done(ref):
-                continue
             del self._pending[tid]
             try:
                 record = get(ref, self.config.timeouts.register_s,
@@ -196,12 +249,6 @@ class KeeperCallback(Callback):
             self._registered.add(tid)
             self.outcomes[tid] = f"registered as {record.get('name', name)}"
             self.registration_s[tid] = time.perf_counter() - submitted
-
-
-def _prepare(handle: Any, builder: Callable[[dict], tuple[Any, Any]], config: dict) -> None:
-    """Build the trial's model from its config and ask for its parent, so the trial's own ask is a cache hit."""
-    module, example = builder(config)
-    handle.choose.remote(export_graph(module, example).graph.to_arrays())
 
 
 def _done(ref: Any) -> bool:

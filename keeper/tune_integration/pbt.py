@@ -13,6 +13,12 @@ architectures:
   ``keep_architecture=True`` (the default) an exploiting trial keeps its own values of them and inherits only the
   clone's function, so the population keeps its architectures; with False it takes the clone's, as Tune's PBT
   does; either way a key in ``hyperparam_mutations`` may mutate.
+* An exploit never throws the clone's training away: keeper carries a clone's function exactly onto a member that
+  grows from it (wider, deeper), but not onto a narrower or shallower one (a width-24 clone shrunk into a width-8
+  member started at chance in a held-out run). So when the member's architecture after the exploit is not a
+  growth of the clone's, the member takes the clone's architecture for that exploit, as Tune's PBT does, and
+  inherits its weights exactly (logged). ``grows(clone_arch, member_arch)`` decides it, over the dicts of
+  architecture key -> value; the default: every key equal, or a number no smaller than the clone's.
 * ``validate(config)``: raises (any exception, its message naming what is wrong) for a config whose architecture
   cannot be built. The values listed in ``hyperparam_mutations`` for architecture keys are checked at
   construction, each in ``base_config`` when given; every explored config is checked before its trial runs, redrawn
@@ -32,7 +38,7 @@ from ray.tune.schedulers import PopulationBasedTraining
 
 from keeper.errors import ConfigError
 
-__all__ = ["KeeperPBT"]
+__all__ = ["KeeperPBT", "grows_from"]
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +58,16 @@ class KeeperPBT(PopulationBasedTraining):
 
     def __init__(self, *args: Any, architecture_keys: tuple[str, ...] | list[str] = (),
                  keep_architecture: bool = True, validate: Callable[[dict], Any] | None = None,
-                 base_config: dict | None = None, **kwargs: Any):
+                 base_config: dict | None = None, grows: Callable[[dict, dict], bool] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         if isinstance(architecture_keys, str):
             architecture_keys = (architecture_keys,)
         self.architecture_keys = tuple(architecture_keys)
         self.keep_architecture = bool(keep_architecture)
         self.validate = validate
+        self.grows = grows or grows_from
+        #: exploits whose member took the clone's architecture because it would not grow from it
+        self.took_clone_architecture = 0
         self._check_listed(kwargs.get("hyperparam_mutations") or {}, base_config or {})
 
     def _check_listed(self, mutations: dict, base: dict) -> None:
@@ -119,17 +128,57 @@ class KeeperPBT(PopulationBasedTraining):
                     path = _path(trial.config, key)
                     if _get(trial.config, path) is not _MISSING and _get(operations, path) is _MISSING:
                         _set(config, path, copy.deepcopy(_get(trial.config, path)))
+            self._grow_or_copy(trial, trial_to_clone, config, operations)
             why = self._invalid(config) if self.validate is not None else None
             if why is None:
                 return config, operations
-        log.warning("KeeperPBT: %d explored configs of trial %s had invalid architectures (last: %s); it keeps its "
-                    "own architecture", self.MAX_REDRAWS, trial, why)
+        own = self.grows(self._architecture(trial_to_clone.config), self._architecture(trial.config))
+        log.warning("KeeperPBT: %d explored configs of trial %s had invalid architectures (last: %s); it keeps %s",
+                    self.MAX_REDRAWS, trial, why, "its own architecture" if own else "the clone's architecture")
+        source = trial.config if own else trial_to_clone.config
         for key in self.architecture_keys:
-            path = _path(trial.config, key)
-            if _get(trial.config, path) is not _MISSING:
-                _set(config, path, copy.deepcopy(_get(trial.config, path)))
+            path = _path(source, key)
+            if _get(source, path) is not _MISSING:
+                _set(config, path, copy.deepcopy(_get(source, path)))
             _drop(operations, path)
         return config, operations
+
+
+    def _architecture(self, config: dict) -> dict[str, Any]:
+        return {key: _get(config, _path(config, key)) for key in self.architecture_keys}
+
+    def _grow_or_copy(self, trial: Any, clone: Any, config: dict, operations: dict) -> None:
+        """The member keeps (or mutates to) an architecture only when it grows from the clone's; else it takes the
+        clone's, so the exploit inherits the clone's function exactly (see the module docstring)."""
+        theirs, mine = self._architecture(clone.config), self._architecture(config)
+        if not self.architecture_keys or self.grows(theirs, mine):
+            return
+        for key in self.architecture_keys:
+            path = _path(clone.config, key)
+            if theirs[key] is not _MISSING:
+                _set(config, path, copy.deepcopy(theirs[key]))
+                _drop(operations, path)
+        self.took_clone_architecture += 1
+        log.info("KeeperPBT: trial %s does not grow from %s's architecture (%s -> %s), so it takes that architecture "
+                 "for this exploit and inherits the clone exactly", trial, clone, _shown(theirs), _shown(mine))
+
+
+def grows_from(parent: dict[str, Any], child: dict[str, Any]) -> bool:
+    """Whether architecture ``child`` grows from ``parent`` (dicts of architecture key -> value): every key equal,
+    or a number (not a bool) no smaller than the parent's. A key missing on either side counts as equal only when
+    missing on both."""
+    for key in set(parent) | set(child):
+        a, b = parent.get(key, _MISSING), child.get(key, _MISSING)
+        if a == b:
+            continue
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+        if not numbers or b < a:
+            return False
+    return True
+
+
+def _shown(arch: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={'?' if v is _MISSING else v}" for k, v in arch.items())
 
 
 _MISSING = object()

@@ -1,0 +1,69 @@
+"""Registrations in flight: models announced to the front door whose registration has not settled yet.
+
+A Tune trial that ends is announced (``Keeper.expect``) the moment the driver hands its checkpoint to the
+registrar, without waiting for it; a trial that starts after that asks for its parent and may wait for the
+announced registrations to settle, so it can inherit from the trial that just ended, while Tune's driver goes on
+scheduling. The wait is the trial's, never the driver's, and it is bounded.
+
+Invariants: a choice waits only for registrations announced before it arrived; every wait ends by its deadline
+and names what was still in flight; an announcement that never settles (its registrar died) is forgotten after
+``ttl_s``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+__all__ = ["InFlight"]
+
+
+class InFlight:
+    """Announced registrations and the bounded wait for them.
+
+    Args:
+        ttl_s: an announcement not settled after this long is dropped (the registration's own bound).
+    """
+
+    def __init__(self, ttl_s: float):
+        self.ttl_s = float(ttl_s)
+        self._cond = threading.Condition()
+        self._seq = 0
+        self._pending: dict[str, tuple[int, float]] = {}  # name -> (sequence number, announced at)
+
+    def announce(self, name: str) -> None:
+        with self._cond:
+            self._seq += 1
+            self._pending[name] = (self._seq, time.monotonic())
+
+    def settle(self, name: str) -> None:
+        """``name``'s registration is over (registered or refused); unknown names are ignored."""
+        with self._cond:
+            if self._pending.pop(name, None) is not None:
+                self._cond.notify_all()
+
+    def pending(self) -> list[str]:
+        with self._cond:
+            self._expire()
+            return sorted(self._pending)
+
+    def wait(self, timeout_s: float) -> list[str]:
+        """Wait until every registration announced before this call has settled, at most ``timeout_s`` seconds;
+        returns the names still in flight when the wait ran out (empty when none was, or all settled)."""
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        with self._cond:
+            mark = self._seq
+            while True:
+                self._expire()
+                late = sorted(n for n, (s, _) in self._pending.items() if s <= mark)
+                now = time.monotonic()
+                left = deadline - now
+                if not late or left <= 0:
+                    return late
+                expiry = min(t for n, (_, t) in self._pending.items() if n in late) + self.ttl_s - now
+                self._cond.wait(min(left, max(expiry, 0.0) + 1e-3))
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for name in [n for n, (_, t) in self._pending.items() if now - t > self.ttl_s]:
+            del self._pending[name]

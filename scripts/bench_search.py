@@ -1,0 +1,277 @@
+"""A whole search with and without keeper, under FIFO, ASHA and PBT, on MNIST-1D and byte-level language models:
+how much sooner the search holds a model as good as the cold search's best, and whether it ends as well.
+
+Arms (keeper_bench/search.py), on each workload and seed, at the same budget of trials x steps training steps, two
+trials at a time on a 2-CPU Ray with keeper's shipped defaults: fifo / fifo+keeper (every draw trained for its
+steps), asha / asha+keeper (ASHA, grace one round, reduction 3, up to 3x the draws, stopped at the budget), pbt
+(Tune's PBT over the learning rate; an exploit takes the clone's whole config) / pbt+keeper (KeeperPBT over the
+learning rate, width and depth). The keeper arms add exactly what a user adds: KeeperCallback and one warm_start
+line (with warm_lr over the schedule); draw i (architecture, learning rate, initial weights, data order) is the
+same in every arm.
+
+Target, per workload and seed: the test accuracy of the cold FIFO search's best model (the trial with the best
+final validation accuracy) minus 1% of it. Time to target: the first reported round of any trial at or above it,
+as wall seconds from the search's start (the headline: keeper's start, registrations and warm starts included)
+and as training steps the search had consumed by then. Best model: each search's own choice at its end (best final
+validation accuracy), read on the test split. keeper's overhead: the driver's time in KeeperCallback's hooks, plus
+the trials' time in warm_start and the CPU time of keeper's actors, each halved (two slots share the machine),
+against the search's wall time. Per trial: each warmed FIFO trial against its cold twin (same draw, same steps).
+
+Usage:
+    python scripts/bench_search.py                       # both workloads, 3 seeds, every arm (a few hours)
+    python scripts/bench_search.py --workload lm --arms asha,asha+keeper --seeds 1
+    python scripts/bench_search.py --resume reports/bench_search.json --rerun fifo+keeper   # add or redo arms
+    python scripts/bench_search.py --quick               # 1 seed, 8 trials of 100 steps: a smoke run
+
+Writes reports/bench_search.md and .json, rewritten after every arm run (marked incomplete until the end). Run it
+on an otherwise idle machine: wall times are its figures (the report gives the load beside them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, replace
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import numpy as np
+
+from keeper_bench.pbt import PbtRun
+from keeper_bench.reporting import LoadSampler, spread
+from keeper_bench.search import ARMS, scheduler_of, summarize, twins, uses_keeper
+
+WORKLOADS = ("mnist1d", "lm")
+SCHEDULERS = ("fifo", "asha", "pbt")
+
+
+def settings(workload: str, args: argparse.Namespace) -> PbtRun:
+    base = {"population": args.trials, "steps": args.steps, "round_steps": args.round_steps}
+    return PbtRun.language(**base) if workload == "lm" else PbtRun(**base)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=(*WORKLOADS, "both"), default="both")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--trials", type=int, default=32, help="FIFO trials, ASHA's budget unit, PBT's population")
+    p.add_argument("--steps", type=int, default=400, help="training steps of a FIFO trial")
+    p.add_argument("--round-steps", type=int, default=50, help="steps between evaluations (a rung, a PBT round)")
+    p.add_argument("--pbt-interval", type=int, default=2, help="rounds between PBT perturbations")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
+    p.add_argument("--shrink", type=float, help="warm_start's shrink in the keeper arms (default: keeper's)")
+    p.add_argument("--resume", help="a bench_search.json to add to (its settings are kept)")
+    p.add_argument("--rerun", default="", help="with --resume: arms to run again even where they have results")
+    p.add_argument("--quick", action="store_true", help="1 seed, 8 trials of 100 steps in rounds of 25")
+    p.add_argument("--workdir", help="zoos, Tune results and the cold FIFO arm's final weights (default: "
+                   "OUT/tmp/bench_search, kept between runs so a resumed run's copy arm finds them)")
+    p.add_argument("--out", default="reports")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.trials, args.steps, args.round_steps = 1, 8, 100, 25
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        p.error(f"unknown arms {unknown}; expected a subset of {','.join(ARMS)}")
+    workloads = list(WORKLOADS) if args.workload == "both" else [args.workload]
+    name = "bench_search" + ("_quick" if args.quick else "")
+    command = "python scripts/bench_search.py" + (" " + " ".join(sys.argv[1:]) if argv is None and sys.argv[1:] else "")
+    state = {"commands": [], "runs": {}, "settings": {}}
+    if args.resume:
+        with open(args.resume) as f:
+            state = json.load(f)
+    state["commands"].append(command)
+    rerun = {a for a in args.rerun.split(",") if a}
+
+    import ray
+    import torch
+
+    from keeper_bench.search import run_arm
+
+    workdir = args.workdir or os.path.join(args.out, "tmp", "bench_search")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    t0 = time.perf_counter()
+    try:
+        for seed in range(args.seeds):
+            for workload in workloads:
+                run = PbtRun(**state["settings"][workload]) if workload in state["settings"] else settings(workload, args)
+                state["settings"][workload] = asdict(run)
+                for arm in arms:
+                    key = f"{workload}/{arm}/{seed}"
+                    if key in state["runs"] and arm not in rerun:
+                        continue
+                    load = LoadSampler(every=10.0)
+                    out = run_arm(arm, run, seed, workdir, pbt_interval=args.pbt_interval,
+                                  shrink=args.shrink if uses_keeper(arm) else None)
+                    load.stop()
+                    out["load"] = load.summary()
+                    out["shrink_arg"] = args.shrink
+                    state["runs"][key] = out
+                    print(f"{key}: {out['wall_s']:.0f} s, {len(out['errors'])} errors, load {out['load']['mean']:.1f}",
+                          flush=True)
+                    _write(args.out, name, state, done=False)
+    finally:
+        ray.shutdown()
+    state["versions"] = f"torch {torch.__version__}, ray {ray.__version__}"
+    state["wall_min"] = state.get("wall_min", 0.0) + (time.perf_counter() - t0) / 60
+    _write(args.out, name, state, done=True)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------- report
+def rows(state: dict) -> tuple[dict, dict]:
+    """Per (workload, arm, seed) the summary against the cold FIFO best of that workload and seed; and the targets."""
+    targets: dict[tuple[str, int], float] = {}
+    for key, run in state["runs"].items():
+        workload, arm, seed = key.split("/")
+        if arm == "fifo":
+            from keeper_bench.search import best_model
+
+            targets[(workload, int(seed))] = 0.99 * best_model(run["events"])["test_accuracy"]
+    out: dict[tuple[str, str, int], dict] = {}
+    for key, run in state["runs"].items():
+        workload, arm, seed = key.split("/")
+        target = targets.get((workload, int(seed)))
+        if target is not None:
+            out[(workload, arm, int(seed))] = summarize(run, target)
+    return out, targets
+
+
+def _mean(values: list[float], fmt: str) -> str:
+    return spread(values, fmt) if values else "-"
+
+
+def _markdown(state: dict, done: bool) -> str:
+    table, targets = rows(state)
+    out = ["# A whole search with and without keeper (scripts/bench_search.py)", ""]
+    if not done:
+        out += ["**Incomplete**: the run is still going or was stopped; the tables hold the arm runs that finished.", ""]
+    loads = [r["load"]["mean"] for r in state["runs"].values() if "load" in r]
+    out += [f"Commands: {'; '.join(f'`{c}`' for c in state['commands'])}. Machine: {platform.machine()}, "
+            f"{os.cpu_count()} cores, Ray with 2 CPUs (two trials at a time, one thread each), keeper's shipped "
+            f"defaults; {state.get('versions', '')}; 1-minute load average over the arm runs "
+            f"{np.mean(loads) if loads else 0:.1f} (2 is this benchmark alone).", ""]
+    for workload, s in state["settings"].items():
+        out.append(f"- **{workload}**: {s['population']} trials x {s['steps']} steps = {s['population'] * s['steps']} "
+                   f"training steps per arm, rounds of {s['round_steps']}; widths {s['widths']}, depths {s['blocks']}, "
+                   f"learning rate log-uniform in {s['lr_range']}, batch {s['batch_size']}.")
+    out += ["", ("Target: the cold FIFO search's best model (best final validation accuracy), its test accuracy "
+            "minus 1% of it. **Sooner**: the cold arm's wall time to the target over the keeper arm's (same "
+            "scheduler); an arm that never reaches it counts as its whole wall time. Best model: the search's own "
+            "choice at its end, on the test split."), ""]
+    out += ["## Time to the cold search's best, per scheduler", "",
+            "| workload | scheduler | cold: wall to target (s) | keeper: wall to target (s) | sooner (x, per seed) | "
+            "cold: steps | keeper: steps | best model, cold | best model, keeper | keeper overhead | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for workload in state["settings"]:
+        for sched in SCHEDULERS:
+            cold_arm, keep_arm = sched, f"{sched}+keeper"
+            seeds = sorted({s for (w, a, s) in table if w == workload and a in (cold_arm, keep_arm)})
+            pairs = [(table.get((workload, cold_arm, s)), table.get((workload, keep_arm, s))) for s in seeds]
+            pairs = [(c, k) for c, k in pairs if c and k]
+            if not pairs:
+                continue
+            wall = lambda r: r["wall_to_target_s"] if r["reached"] else r["wall_s"]  # noqa: E731
+            ratios = [wall(c) / wall(k) for c, k in pairs]
+            out.append(
+                f"| {workload} | {sched} | {_mean([wall(c) for c, _ in pairs], '.0f')} | "
+                f"{_mean([wall(k) for _, k in pairs], '.0f')} | **{np.mean(ratios):.2f}x** "
+                f"({' / '.join(f'{r:.2f}' for r in ratios)}) | "
+                f"{_mean([c['steps_to_target'] or c['steps'] for c, _ in pairs], '.0f')} | "
+                f"{_mean([k['steps_to_target'] or k['steps'] for _, k in pairs], '.0f')} | "
+                f"{_mean([c['best_test'] for c, _ in pairs], '.3f')} | {_mean([k['best_test'] for _, k in pairs], '.3f')} | "
+                f"{100 * np.mean([k['overhead_share'] for _, k in pairs]):.1f}% | "
+                f"{sum(c['errors'] for c, _ in pairs)} / {sum(k['errors'] for _, k in pairs)} |")
+    out += ["", ("Mean ± sample std over seeds. keeper overhead: the driver's time in KeeperCallback's hooks, plus "
+            "half the trials' time in warm_start and half the CPU time of keeper's actors (two trials share two "
+            "cores), over the search's wall time. Errors: cold / keeper."), ""]
+    out += ["## Per arm and seed", "",
+            "| workload | seed | target | arm | reached | wall to target (s) | steps to target | best model (arch, lr, "
+            "test acc) | trials (warmed / same arch) | wall (s) | slot idle after a trial ends, median (s) | driver "
+            "hooks (s) | warm_start (s) | actors' CPU (s) | load |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (workload, arm, seed), r in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][2], ARMS.index(kv[0][1]))):
+        run = state["runs"][f"{workload}/{arm}/{seed}"]
+        reached = (f"yes | {r['wall_to_target_s']:.0f} | {r['steps_to_target']}" if r["reached"] else "no | - | -")
+        out.append(f"| {workload} | {seed} | {targets[(workload, seed)]:.3f} | {arm} | {reached} | "
+                   f"{r['best_arch']}, {r['best_lr']:.4f}, {r['best_test']:.3f} | {r['trials']} ({r['warmed']} / "
+                   f"{r['same_arch']}) | {r['wall_s']:.0f} | {r['gap_median_s']:.2f} | {r['hook_s']:.1f} | "
+                   f"{r['warm_s']:.1f} | {r['actor_cpu_s']:.1f} | {run.get('load', {}).get('mean', 0):.1f} |")
+    out += _copy_bound(table, targets, state) + _honesty(state)
+    out += ["", "## Warmed trials against their cold twins (FIFO)", "",
+            "| workload | seed | warmed trials | ended below their cold twin | by more than 1 point | mean final "
+            "difference | worst |", "|---|---|---|---|---|---|---|"]
+    for key, run in sorted(state["runs"].items()):
+        workload, arm, seed = key.split("/")
+        cold = state["runs"].get(f"{workload}/fifo/{seed}")
+        if arm != "fifo+keeper" or cold is None:
+            continue
+        t, t1 = twins(cold, run), twins(cold, run, margin=0.01)
+        out.append(f"| {workload} | {seed} | {t['warmed']} | {t['below']} | {t1['below']} | {t['mean_diff']:+.3f} | "
+                   f"{t['worst_diff']:+.3f} |")
+    return "\n".join(out) + "\n"
+
+
+def _copy_bound(table: dict, targets: dict, state: dict) -> list[str]:
+    """ASHA with each draw restarted from its own cold-trained weights, against ASHA cold and ASHA with keeper."""
+    out = ["", "## The copy bound under ASHA", "",
+           ("asha+copy restarts every draw the cold FIFO arm trained from its own final weights there (keeper's "
+            "restart recipe), the later draws cold: what a perfect warm start could give this search. Share: "
+            "keeper's saving over the copy's, (cold - keeper) / (cold - copy), in wall time to the target."), "",
+           "| workload | seed | asha (s) | asha+keeper (s) | asha+copy (s) | keeper's share of the copy's saving |",
+           "|---|---|---|---|---|---|"]
+    wall = lambda r: r["wall_to_target_s"] if r["reached"] else r["wall_s"]  # noqa: E731
+    for (workload, seed) in sorted(targets):
+        c, k, b = (table.get((workload, a, seed)) for a in ("asha", "asha+keeper", "asha+copy"))
+        if not (c and k and b):
+            continue
+        share = (wall(c) - wall(k)) / (wall(c) - wall(b)) if wall(c) > wall(b) else float("nan")
+        out.append(f"| {workload} | {seed} | {wall(c):.0f} | {wall(k):.0f} | {wall(b):.0f} | {100 * share:.0f}% |")
+    return out
+
+
+def _honesty(state: dict) -> list[str]:
+    """Whether a search still finds the configuration that trains best: the draw each search ends with, and how that
+    draw's configuration trains from scratch (its cold FIFO run), ranked among the cold FIFO runs."""
+    from keeper_bench.search import best_model, final_by_trial
+
+    out = ["", "## Does the search still pick the configuration that trains best?", "",
+           ("The draw each search ends with (its best model's trial) and how that draw's configuration did trained "
+            "cold for the full run (the cold FIFO arm; draws past the FIFO trials have none), ranked among the cold "
+            "FIFO runs (1: the configuration that trains best)."), "",
+           "| workload | seed | arm | chosen draw | its config | its cold final test acc | rank of its config |",
+           "|---|---|---|---|---|---|---|"]
+    for key, run in sorted(state["runs"].items()):
+        workload, arm, seed = key.split("/")
+        cold = state["runs"].get(f"{workload}/fifo/{seed}")
+        if cold is None or scheduler_of(arm) == "pbt":
+            continue
+        index = {tid: t["index"] for tid, t in cold["trials"].items()}
+        finals = {index[tid]: e["test_accuracy"] for tid, e in final_by_trial(cold["events"]).items()}
+        ranked = sorted(finals, key=lambda i: -finals[i])
+        best = best_model(run["events"])
+        draw = run["trials"][best["trial"]]["index"]
+        config = f"w{best['width']}/b{best['blocks']}, lr {best['lr']:.4f}"
+        if draw in finals:
+            out.append(f"| {workload} | {seed} | {arm} | {draw} | {config} | {finals[draw]:.3f} | "
+                       f"{ranked.index(draw) + 1} of {len(ranked)} |")
+        else:
+            out.append(f"| {workload} | {seed} | {arm} | {draw} | {config} | - | - |")
+    return out
+
+
+def _write(out_dir: str, name: str, state: dict, done: bool) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump({**state, "complete": done}, f)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(_markdown(state, done))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
