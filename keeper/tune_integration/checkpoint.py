@@ -77,15 +77,23 @@ def _checkpoint_model(directory: str, template: bytes | None, what: str,
     if found.onnx is not None:
         return found.onnx, None, False
     state, what = found.state, f"{what}: {found.source}"
+    misfit = None
     if template is not None:
         try:
             return (*template_apart(template, state, what), True)
-        except KeeperError:
+        except KeeperError as exc:
             if find is None and builder is None:
                 raise
             # the trial changed architecture after this checkpoint (population-based training mutates width or
             # depth): the template in its directory is its latest architecture's; the checkpoint's is looked up
-    return (*template_apart(_template_of(state, what, builder, find), state, what), False)
+            misfit = exc
+    try:
+        other = _template_of(state, what, builder, find)
+    except KeeperError:
+        if misfit is not None:  # no other architecture known: why the trial's own did not fit is the answer
+            raise misfit from None
+        raise
+    return (*template_apart(other, state, what), False)
 
 
 def _template_of(state: dict, what: str, builder: Callable[[], tuple[Any, Any]] | None,
