@@ -23,8 +23,8 @@ Invariants:
 - A folder holding two weight files that disagree (other keys, shapes or values) is refused naming both; equal
   ones are read once. A sharded index names only files of its own folder, and every key it maps must be in its
   shard.
-- Every failure is one :class:`~keeper.errors.KeeperError` line naming the file and the fix; nothing is returned
-  in part.
+- Every failure is one :class:`~keeper.errors.CheckpointError` line naming the file and the fix; nothing is
+  returned in part.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import torch
 
-from keeper.errors import KeeperError
+from keeper.errors import CheckpointError
 
 __all__ = ["WEIGHT_FILES", "LOOKED_FOR", "Found", "find_weights", "read_state_dict", "nothing_found"]
 
@@ -74,7 +74,7 @@ def find_weights(directory: str, what: str) -> Found | None:
     """The weights of the checkpoint in ``directory`` in any layout above, or None when it holds no weight file.
 
     Raises:
-        KeeperError: a weight file cannot be read, two disagree, or a sharded index is broken (one line, naming
+        CheckpointError: a weight file cannot be read, two disagree, or a sharded index is broken (one line, naming
             the file).
     """
     for folder, layout in _folders(directory):
@@ -143,7 +143,7 @@ def _safetensors(path: str, label: str, what: str) -> dict[str, torch.Tensor]:
     try:
         return load_file(path)
     except Exception as exc:  # the safetensors library raises its own types for a damaged file
-        raise KeeperError(f"{what}: {label} is not a readable safetensors file ({_one_line(exc)}); report the "
+        raise CheckpointError(f"{what}: {label} is not a readable safetensors file ({_one_line(exc)}); report the "
                           "checkpoint as the framework saved it") from None
 
 
@@ -151,7 +151,7 @@ def _pickle(path: str, label: str, what: str) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a file it cannot or will not read
-        raise KeeperError(f"{what}: {label} cannot be read with torch.load(weights_only=True) ({_one_line(exc)}); "
+        raise CheckpointError(f"{what}: {label} cannot be read with torch.load(weights_only=True) ({_one_line(exc)}); "
                           "keeper never unpickles code: save only tensors and plain values in it (e.g. "
                           "torch.save(model.state_dict(), ...))") from None
 
@@ -159,7 +159,7 @@ def _pickle(path: str, label: str, what: str) -> Any:
 def _tensors(obj: Any, label: str, what: str, fix: str) -> dict[str, torch.Tensor]:
     if not isinstance(obj, dict) or not obj or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                                        for k, v in obj.items()):
-        raise KeeperError(f"{what}: {label} holds {_describe(obj)}, not a state_dict of tensors; {fix}")
+        raise CheckpointError(f"{what}: {label} holds {_describe(obj)}, not a state_dict of tensors; {fix}")
     return obj
 
 
@@ -184,7 +184,7 @@ def _bin(path: str, label: str, what: str) -> dict[str, torch.Tensor]:
 def _ckpt(path: str, label: str, what: str) -> dict[str, torch.Tensor]:
     obj = _pickle(path, label, what)
     if not isinstance(obj, dict) or "state_dict" not in obj:
-        raise KeeperError(f"{what}: {label} holds {_describe(obj)} without a 'state_dict' entry, which a Lightning "
+        raise CheckpointError(f"{what}: {label} holds {_describe(obj)} without a 'state_dict' entry, which a Lightning "
                           "checkpoint keeps; report the file Lightning's Trainer saved (ray.train.lightning."
                           "RayTrainReportCallback writes checkpoint.ckpt)")
     return _tensors(obj["state_dict"], f"{label}'s 'state_dict'", what,
@@ -201,24 +201,24 @@ def _index(read_shard: Callable[[str, str, str], dict]) -> Callable[[str, str, s
                 data = f.read(_INDEX_CAP + 1)
             weight_map = json.loads(data)["weight_map"] if len(data) <= _INDEX_CAP else None
         except (ValueError, KeyError, TypeError) as exc:
-            raise KeeperError(f"{what}: {label} is not a shard index with a 'weight_map' ({_one_line(exc)}); "
+            raise CheckpointError(f"{what}: {label} is not a shard index with a 'weight_map' ({_one_line(exc)}); "
                               "report the folder save_pretrained wrote, whole") from None
         if not isinstance(weight_map, dict) or not weight_map or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-            raise KeeperError(f"{what}: {label} has no 'weight_map' of tensor names to shard files (or is over "
+            raise CheckpointError(f"{what}: {label} has no 'weight_map' of tensor names to shard files (or is over "
                               f"{_INDEX_CAP} bytes); report the folder save_pretrained wrote, whole")
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_map.values())):
             if os.path.basename(shard) != shard or shard in (".", ".."):
-                raise KeeperError(f"{what}: {label} names shard {shard!r} outside its own folder; a shard index "
+                raise CheckpointError(f"{what}: {label} names shard {shard!r} outside its own folder; a shard index "
                                   "names files beside it only")
             if not os.path.isfile(os.path.join(folder, shard)):
-                raise KeeperError(f"{what}: {label} names shard {shard!r}, which is not in the checkpoint; report "
+                raise CheckpointError(f"{what}: {label} names shard {shard!r}, which is not in the checkpoint; report "
                                   "the folder save_pretrained wrote with every shard")
             tensors = read_shard(os.path.join(folder, shard), prefix + shard, what)
             for key in (k for k, s in weight_map.items() if s == shard):
                 if key not in tensors:
-                    raise KeeperError(f"{what}: {label} puts {key!r} in {prefix + shard}, which does not hold it; "
+                    raise CheckpointError(f"{what}: {label} puts {key!r} in {prefix + shard}, which does not hold it; "
                                       "report the folder save_pretrained wrote, unchanged")
                 state[key] = tensors[key]
         return state
@@ -227,7 +227,7 @@ def _index(read_shard: Callable[[str, str, str], dict]) -> Callable[[str, str, s
 
 
 def _agree(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], name_a: str, name_b: str, what: str) -> None:
-    """Nothing when ``a`` and ``b`` hold the same tensors; else KeeperError naming both files."""
+    """Nothing when ``a`` and ``b`` hold the same tensors; else CheckpointError naming both files."""
     only = sorted(set(a) ^ set(b))
     if only:
         where = name_a if only[0] in a else name_b
@@ -238,7 +238,7 @@ def _agree(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], name_a: str, 
         if differ is None:
             return
         why = f"{differ!r} differs"
-    raise KeeperError(f"{what}: {name_a} and {name_b} hold different weights ({why}); keep one weight file in the "
+    raise CheckpointError(f"{what}: {name_a} and {name_b} hold different weights ({why}); keep one weight file in the "
                       "reported checkpoint, the one of the trained model")
 
 
@@ -269,7 +269,7 @@ _HINTS = (
 )
 
 
-def nothing_found(directory: str, what: str) -> KeeperError:
+def nothing_found(directory: str, what: str) -> CheckpointError:
     """The error for a checkpoint holding no weight file: what it holds, what was looked for, and which
     framework's layout is closest (with where that layout keeps the weights)."""
     seen = _listing(directory)
@@ -278,7 +278,7 @@ def nothing_found(directory: str, what: str) -> KeeperError:
     best = max(range(len(_HINTS)), key=lambda i: (scores[i], -i)) if max(scores) else len(_HINTS) - 1
     layout, _, _, where = _HINTS[best]
     shown = ", ".join(seen[:10]) + (f" and {len(seen) - 10} more" if len(seen) > 10 else "") if seen else "nothing"
-    return KeeperError(f"{what}: the checkpoint holds no model weights keeper reads: it holds {shown}; keeper looks "
+    return CheckpointError(f"{what}: the checkpoint holds no model weights keeper reads: it holds {shown}; keeper looks "
                        f"for {LOOKED_FOR}. Closest: {layout} layout, whose weights are {where}")
 
 

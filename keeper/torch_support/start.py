@@ -28,7 +28,7 @@ from keeper.actors.client import ServiceClient
 from keeper.actors.launcher import connect
 from keeper.actors.remote import Demand, get
 from keeper.chooser import ParentSource
-from keeper.errors import KeeperError, ServiceError, StoreError
+from keeper.errors import CheckpointError, KeeperError, ServiceError, StoreError
 from keeper.selection import ParentChoice
 from keeper.torch_support import distributed, trial
 from keeper.torch_support.export import Exported, export_graph, module_weights
@@ -174,7 +174,11 @@ def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, n
     rank alike: same checkpoint, same seed), else the trial's own latest checkpoint (a function trainable's, when
     the one cloned into it cannot be restored), or (None, why not) when there is none or neither can be restored;
     a failure never ends the trial."""
-    found = trial.checkpoint_state(trainable, given)
+    try:
+        found = trial.checkpoint_state(trainable, given)
+    except CheckpointError as exc:  # a checkpoint that cannot be read whole (a bad layout): the zoo's warm start
+        log.warning("keeper: %s; the trial starts from the zoo instead", exc)
+        return None, f"its checkpoint could not be read ({exc})"
     if found is None:
         return None, ""
     noise = choice.noise if noise is None else noise
@@ -183,7 +187,10 @@ def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, n
     except (KeeperError, StoreError) as exc:
         failed = f"{found[2]} could not be restored ({exc})"
     # a checkpoint cloned from another trial that cannot be restored: the trial goes on from its own latest one
-    own = trial.own_checkpoint_state(exclude=found[2]) if trainable is None else None
+    try:
+        own = trial.own_checkpoint_state(exclude=found[2]) if trainable is None else None
+    except CheckpointError:  # its own latest cannot be read either
+        own = None
     if own is not None:
         try:
             result = _restore_one(module, exported, own, choice, noise)
