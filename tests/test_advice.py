@@ -35,8 +35,8 @@ def test_an_accuracy_outside_0_1_names_score_fn_and_for_the_hf_objective_a_metri
 
 
 def test_zoo_refusals_name_the_keeper_callback_argument_that_changes_them():
-    outlier = AdmissionError("model 'm': accuracy 0.1000 is more than 3.0 std below the zoo mean ... Set outlier_z=None "
-                             "to admit it anyway")
+    outlier = AdmissionError("model 'm': accuracy 0.1000 is more than 3.0 std below the zoo mean ... Set "
+                             "outlier_z=None to admit it anyway")
     assert advice.refused("t1", outlier).endswith("In the Tune code: KeeperCallback(..., outlier_z=None) admits "
                                                   "such trials")
     assert "capacity_bytes=" in advice.refused("t1", AdmissionError("model 'm': 9 bytes exceeds the zoo capacity"))

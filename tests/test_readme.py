@@ -27,7 +27,8 @@ README = ROOT / "README.md"
 USAGE = ROOT / "docs" / "usage.md"
 MARKER = re.compile(r"<!-- (?:readme|doc)-test: ([\w-]+) -->\s*\n```(\w+)\n(.*?)\n```", re.S)
 FENCE = re.compile(r"```(\w+)\n(.*?)\n```", re.S)
-PRELUDE = "import ray\nray.init(address=\"local\", num_cpus=2, include_dashboard=False)\n"  # a Ray of its own, whatever else runs here
+# a Ray of its own (address="local"), whatever other Ray instances run on the machine
+PRELUDE = "import ray\nray.init(address=\"local\", num_cpus=2, include_dashboard=False)\n"
 
 
 def blocks(doc: Path = README) -> dict[str, tuple[str, str]]:

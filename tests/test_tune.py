@@ -536,7 +536,8 @@ def test_checkpoints_keeper_cannot_read_whole_reach_the_zoo_never_and_repeated_w
                               accuracy, name, None, {}, 60, service["zoo"])
 
     other = build(_spec([16])).state_dict()
-    bad = {"two-files": ({"model.pt": model.state_dict(), "pytorch_model.bin": other}, "pytorch_model.bin and model.pt hold different"),
+    bad = {"two-files": ({"model.pt": model.state_dict(), "pytorch_model.bin": other},
+                         "pytorch_model.bin and model.pt hold different"),
            "no-state-dict": ({"checkpoint.ckpt": {"epoch": 1}}, "checkpoint.ckpt"),
            "refused-pickle": ({"model.pt": {"state_dict": model.state_dict(), "payload": _Payload()}}, "model.pt"),
            "extra-key": ({"model.pt": {**model.state_dict(), "head2.weight": torch.zeros(2)}}, "'head2.weight'")}

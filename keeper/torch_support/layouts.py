@@ -278,8 +278,8 @@ def nothing_found(directory: str, what: str) -> CheckpointError:
     best = max(range(len(_HINTS)), key=lambda i: (scores[i], -i)) if max(scores) else len(_HINTS) - 1
     layout, _, _, where = _HINTS[best]
     shown = ", ".join(seen[:10]) + (f" and {len(seen) - 10} more" if len(seen) > 10 else "") if seen else "nothing"
-    return CheckpointError(f"{what}: the checkpoint holds no model weights keeper reads: it holds {shown}; keeper looks "
-                       f"for {LOOKED_FOR}. Closest: {layout} layout, whose weights are {where}")
+    return CheckpointError(f"{what}: the checkpoint holds no model weights keeper reads: it holds {shown}; keeper "
+                           f"looks for {LOOKED_FOR}. Closest: {layout} layout, whose weights are {where}")
 
 
 def _listing(directory: str) -> list[str]:
