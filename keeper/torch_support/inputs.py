@@ -49,11 +49,8 @@ def example_for(module: torch.nn.Module, given: Any = None) -> Any:
 
 
 def _is_hf(module: Any) -> bool:
-    if "transformers" not in sys.modules:  # a module of transformers' imports it; importing it here costs seconds
-        return False
-    from transformers import PreTrainedModel
-
-    return isinstance(module, PreTrainedModel)
+    modeling = sys.modules.get("transformers.modeling_utils")  # imported by every model of transformers'
+    return modeling is not None and isinstance(module, modeling.PreTrainedModel)
 
 
 def _is_lightning(module: Any) -> bool:
@@ -106,14 +103,13 @@ def _from_config(module: Any, main: str, device: torch.device, dtype: torch.dtyp
 def trainer_building() -> bool:
     """Whether this call runs inside the Hugging Face Trainer's ``call_model_init(None)``: the model it builds
     when it is constructed or trains outside a hyperparameter search (no trial)."""
-    if "transformers" not in sys.modules:
+    trainer = sys.modules.get("transformers.trainer")  # imported by a running Trainer; importing it costs seconds
+    if trainer is None:
         return False
-    from transformers import Trainer
-
     frame = inspect.currentframe()
     try:
         while frame is not None:
-            if frame.f_code.co_name == "call_model_init" and isinstance(frame.f_locals.get("self"), Trainer):
+            if frame.f_code.co_name == "call_model_init" and isinstance(frame.f_locals.get("self"), trainer.Trainer):
                 return frame.f_locals.get("trial") is None
             frame = frame.f_back
     finally:
