@@ -78,7 +78,8 @@ def find_weights(directory: str, what: str) -> Found | None:
             the file).
     """
     for folder, layout in _folders(directory):
-        names = set(os.listdir(os.path.join(directory, folder) if folder else directory))
+        here = os.path.join(directory, folder)
+        names = {n for n in os.listdir(here) if os.path.isfile(os.path.join(here, n))}
         present = [n for n in WEIGHT_FILES[:-1] if n in names] + sorted(n for n in names if n.endswith(".ckpt"))
         if not present:
             continue
