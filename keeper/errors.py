@@ -10,6 +10,7 @@ __all__ = [
     "InvalidModelError",
     "InvalidWeightsError",
     "AdmissionError",
+    "CheckpointError",
     "StoreError",
     "ProbeError",
     "CorruptModelError",
@@ -39,6 +40,11 @@ class InvalidWeightsError(InvalidModelError):
 
 class AdmissionError(KeeperError, ValueError):
     """A model offered to the zoo was refused (bad name, bad accuracy, outlier); nothing was stored."""
+
+
+class CheckpointError(KeeperError):
+    """A checkpoint's weight files cannot be read whole (damaged, refused by ``weights_only=True``, two that
+    disagree, a shard missing); the message names the file. Nothing is read from it in part."""
 
 
 class StoreError(KeeperError):

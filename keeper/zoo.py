@@ -3,7 +3,8 @@
 Invariants:
     * a refused registration (bad name, bad or outlying accuracy, unreadable model, too large) stores nothing;
     * registering identical content again under its name and accuracy returns the stored record and stores
-      nothing; under another name or accuracy it is refused, or aliased / updated when the caller asks so;
+      nothing; under another name or accuracy it is refused, or aliased / updated when the caller asks so, or,
+      with ``record_again`` (a Tune trial that trained the same weights again), recorded on the stored model;
     * after every successful registration the zoo's blobs fit the byte budget; eviction removes the models of
       least value per byte (value = accuracy plus decayed parent hits), losers of near-duplicate pairs first;
     * reopening the same URI restores every model (graphs come back from their stored arrays, not re-parsed;
@@ -196,7 +197,7 @@ class Zoo:
     # -- register / remove
     def register(self, model: ModelInput, accuracy: float, name: str | None = None, *,
                  weights: WeightsInput | None = None, lineage: Mapping[str, Any] | None = None,
-                 alias: bool = False, update_accuracy: bool = False) -> ModelRecord:
+                 alias: bool = False, update_accuracy: bool = False, record_again: bool = False) -> ModelRecord:
         """Admit a trained model with its accuracy in [0, 1]: ONNX with weights inside, or its graph (ONNX whose
         initializers hold no data, e.g. from :func:`keeper.torch_support.export_graph`) with ``weights`` apart as
         safetensors keyed by initializer name (bytes, a path, or a mapping of arrays), for models of any size.
@@ -212,6 +213,9 @@ class Zoo:
         under its name (or without a name) with its accuracy, the stored record is returned and nothing changes;
         with another accuracy it is refused unless ``update_accuracy`` (then the stored accuracy is replaced);
         under another name it is refused unless ``alias`` (then a second record names the same blobs).
+        ``record_again``: such content is the stored model trained again (a Tune trial repeating a seed): recorded
+        on its record (the better accuracy kept, ``summary["trained"]`` counts, ``summary["again"]`` lists the
+        last 16 names, accuracies, parents), which is returned; a retry of one of them changes nothing.
 
         Raises:
             AdmissionError: bad name or accuracy, an accuracy outlier, a name taken by other content, content
@@ -237,7 +241,7 @@ class Zoo:
         with tempfile.TemporaryDirectory(prefix="keeper-register-") as tmp:
             wpath = _normalized_weights(weights, specs, f"{what} weights", tmp) if specs else None
             return self._register(proto, wpath, accuracy, name, origin, alias=alias,
-                                  update_accuracy=update_accuracy)
+                                  update_accuracy=update_accuracy, record_again=record_again)
 
     def _lineage(self, lineage: Mapping[str, Any] | None, what: str) -> dict[str, Any] | None:
         """The stored lineage: the given one plus ``clean`` (no warm across block structures on the way here)."""
@@ -264,7 +268,7 @@ class Zoo:
 
     def _register(self, proto, wpath: Path | None, accuracy: float, name: str | None,
                   lineage: dict[str, Any] | None = None, *, alias: bool = False,
-                  update_accuracy: bool = False) -> ModelRecord:
+                  update_accuracy: bool = False, record_again: bool = False) -> ModelRecord:
         blob = proto.SerializeToString()
         graph = graph_from_proto(proto)
         wsum = None if wpath is None else sha256(wpath)
@@ -280,6 +284,8 @@ class Zoo:
                 if r.checksum == checksum and r.extra_checksums.get(WEIGHTS_EXTRA) == wsum]
         if same:
             stored = next((r for r in same if r.name == name), None if named else same[0])
+            if record_again:
+                return self._record_again(stored or same[0], name, acc, lineage)
             if stored is not None:
                 return self._again(stored, acc, update_accuracy)
             if not alias and name not in self.store:  # a name taken by other content: the store refuses it
@@ -305,6 +311,18 @@ class Zoo:
             self._cache(name, graph)
             self._evict(protect=name)
         return rec
+
+    def _record_again(self, stored: ModelRecord, name: str, acc: float,
+                      lineage: dict[str, Any] | None) -> ModelRecord:
+        """``stored`` registered again as ``name`` with ``acc`` (see ``record_again`` in :meth:`register`)."""
+        summary = dict(stored.summary)
+        again = [dict(e) for e in summary.get("again", ()) if isinstance(e, dict)]
+        if name == stored.name or any(e.get("name") == name for e in again):  # a retry of a recorded registration
+            return stored if acc <= stored.accuracy else self.store.update(stored.name, accuracy=acc)
+        again.append({"name": name, "accuracy": acc, "parent": (lineage or {}).get("parent")})
+        summary["again"] = again[-16:]  # the latest registrations, a record stays small
+        summary["trained"] = int(summary.get("trained", 1)) + 1
+        return self.store.update(stored.name, accuracy=max(stored.accuracy, acc), summary=summary)
 
     def _again(self, stored: ModelRecord, acc: float, update_accuracy: bool) -> ModelRecord:
         """Stored content registered again under its own name: the stored record when the accuracy agrees, the

@@ -138,6 +138,16 @@ def test_manager_register_is_idempotent_and_survives_a_restart(tmp_path):
     assert again.stats()["clusters"] >= 1 and again.view().key != view.key
 
 
+def test_manager_shows_an_accuracy_recorded_again_in_its_next_view(tmp_path):
+    mgr = ZooManager(load_config(zoo=str(tmp_path)))
+    a = mlp_onnx([32, 10])
+    mgr.register(a, 0.8, "a")
+    mgr.register(mlp_onnx([24, 10], seed=3), 0.7, "b")
+    assert mgr.register(a, 0.9, "a-again", record_again=True)["name"] == "a"
+    view = mgr.view()
+    assert view.names.tolist() == ["a", "b"] and view.accuracy.tolist() == pytest.approx([0.9, 0.7])
+
+
 def test_manager_follows_evictions(tmp_path):
     models = [mlp_onnx([32 + 8 * i, 10], seed=i) for i in range(6)]
     cap = sum(len(m) for m in models[:3]) + 16

@@ -1,6 +1,7 @@
-"""The README's examples, run as written: each block marked ``<!-- readme-test: NAME -->`` is executed in a fresh
-process, on a local Ray with 2 CPUs and the shipped defaults (no config override of any kind), with the zoo in
-``$KEEPER_ZOO`` and ``$HOME`` in a temporary directory. An example that stops working fails here.
+"""The README's examples, and those of docs/usage.md, run as written: each block marked
+``<!-- readme-test: NAME -->`` (``<!-- doc-test: NAME -->`` in docs/usage.md) is executed in a fresh process, on a
+local Ray with 2 CPUs and the shipped defaults (no config override of any kind), with the zoo in ``$KEEPER_ZOO``
+and ``$HOME`` in a temporary directory. An example that stops working fails here.
 
 The only thing a test adds is what the README leaves to the reader's machine: the 2-CPU Ray itself (the Python
 blocks start none; keeper and Tune connect to the one running) and, for ``--address auto``, a running Ray (the
@@ -23,13 +24,15 @@ pytestmark = pytest.mark.ray  # starts Ray on loopback; `-m "not ray"` leaves th
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-MARKER = re.compile(r"<!-- readme-test: ([\w-]+) -->\s*\n```(\w+)\n(.*?)\n```", re.S)
+USAGE = ROOT / "docs" / "usage.md"
+MARKER = re.compile(r"<!-- (?:readme|doc)-test: ([\w-]+) -->\s*\n```(\w+)\n(.*?)\n```", re.S)
 FENCE = re.compile(r"```(\w+)\n(.*?)\n```", re.S)
-PRELUDE = "import ray\nray.init(num_cpus=2, include_dashboard=False)\n"
+# a Ray of its own (address="local"), whatever other Ray instances run on the machine
+PRELUDE = "import ray\nray.init(address=\"local\", num_cpus=2, include_dashboard=False)\n"
 
 
-def blocks() -> dict[str, tuple[str, str]]:
-    return {m.group(1): (m.group(2), m.group(3)) for m in MARKER.finditer(README.read_text())}
+def blocks(doc: Path = README) -> dict[str, tuple[str, str]]:
+    return {m.group(1): (m.group(2), m.group(3)) for m in MARKER.finditer(doc.read_text())}
 
 
 def _env(tmp_path: Path, home: bool = True, **extra: str) -> dict[str, str]:
@@ -47,14 +50,14 @@ def _env(tmp_path: Path, home: bool = True, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_python(name: str, tmp_path: Path, ray: bool = True) -> str:
-    lang, code = blocks()[name]
-    assert lang == "python", f"README block {name!r} is {lang}, expected python"
+def run_python(name: str, tmp_path: Path, ray: bool = True, doc: Path = README) -> str:
+    lang, code = blocks(doc)[name]
+    assert lang == "python", f"{doc.name} block {name!r} is {lang}, expected python"
     script = tmp_path / f"readme_{name}.py"
     script.write_text((PRELUDE if ray else "") + code + "\n")
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
                          text=True, timeout=600)
-    assert out.returncode == 0, f"README example {name!r} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    assert out.returncode == 0, f"{doc.name} example {name!r} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     return out.stdout
 
 
@@ -146,3 +149,22 @@ def test_cli_service_example_on_a_running_two_cpu_ray(tmp_path):
 
         ka.shutdown()
         ray.shutdown()
+
+
+def test_hf_trainer_search_registers_every_trial_and_warms_the_deeper_ones_from_the_shallower(tmp_path):
+    """docs/usage.md's Hugging Face Trainer search (a grid of 4, 1 CPU each, 2 CPUs): every trial is registered
+    from the Trainer's checkpoint-<step>/ with the objective it reported, and the two 2-layer trials, which start
+    after the 1-layer ones, are warmed from them (a 64-wide 2-layer BERT has no other parent above the floor)."""
+    out = run_python("hf-trainer", tmp_path, doc=USAGE).strip().splitlines()
+    rows = [re.fullmatch(r"(\{.*?\}) (\S+) ([0-9.]+) parent: (\S+)", line) for line in out[-5:-1]]
+    assert all(rows), out[-5:]
+    configs = [eval(r.group(1), {}) for r in rows]  # noqa: S307 - dicts this test's own subprocess printed
+    names = {r.group(2): c for r, c in zip(rows, configs)}
+    parents = {(c["hidden"], c["layers"]): (None if r.group(4) == "None" else names[r.group(4)])
+               for r, c in zip(rows, configs)}
+    assert len(names) == 4 and all(0.0 <= float(r.group(3)) <= 1.0 for r in rows), out[-5:]
+    assert parents[(32, 1)] is None and parents[(64, 1)] is None, parents
+    assert parents[(64, 2)] == {"hidden": 64, "layers": 1}, parents
+    assert parents[(32, 2)]["layers"] == 1, parents
+    best = float(out[-1].split()[-1])  # the Trainer's best last objective; keeper keeps each trial's best
+    assert max(float(r.group(3)) for r in rows) >= best - 1e-4, out[-5:]

@@ -144,6 +144,10 @@ def test_warm_start_from_a_given_checkpoint(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), same.state_dict().values()))
     with pytest.raises(KeeperError, match="checkpoint=42 is a int; pass a ray.train.Checkpoint"):
         warm_start(same, x, zoo, checkpoint=42)
+    # a checkpoint keeper cannot read whole (two weight files that disagree) never ends the trial: the zoo's warm
+    torch.save(build({**RESNET, "widths": [12, 24]}, seed=5)[0].state_dict(), directory / "pytorch_model.bin")
+    result = warm_start(same, x, zoo, checkpoint=str(directory))
+    assert result.parent is None and "pytorch_model.bin and model.pt hold different weights" in result.reason
 
 
 @pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])

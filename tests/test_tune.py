@@ -417,3 +417,146 @@ def test_the_copy_bound_restarts_each_cold_trained_model_from_its_final_weights(
         assert untrained != c.final_accuracy  # the check below tells the two starts apart
         assert k.parent == f"cold-s0-{c.index}" and k.score == 1.0
         assert k.accuracies == [c.final_accuracy] * len(k.accuracies), (c.accuracies, k.accuracies)
+
+
+# ------------------------------------------------------------------------------- frameworks' checkpoint layouts
+
+def _lightning_loop(config: dict) -> None:
+    """One Ray Train worker training a LightningModule with ray.train.lightning; warm_start on its network."""
+    import json
+
+    import lightning.pytorch as pl
+    from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
+
+    torch.set_num_threads(1)
+    module = _lightning_module(config["width"])
+    warm = warm_start(module.net, torch.zeros(1, 8), config=config["service"], noise=0.0)
+    with open(config["report"], "w") as f:  # what the warm start chose, for the test to read
+        json.dump({"parent": warm.parent, "reason": warm.reason}, f)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 8, generator=g)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long()), batch_size=64)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", strategy=RayDDPStrategy(),
+                         plugins=[RayLightningEnvironment()], callbacks=[RayTrainReportCallback()], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    prepare_trainer(trainer).fit(module, data, data)
+
+
+def _lightning_module(width: int):
+    import lightning.pytorch as pl
+
+    class Classifier(pl.LightningModule):
+        def __init__(self, width: int):
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 2))
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, _):
+            return torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+        def validation_step(self, batch, _):
+            self.log("accuracy", (self(batch[0]).argmax(-1) == batch[1]).float().mean())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Classifier(width)
+
+
+def test_a_lightning_module_under_ray_train_in_a_tune_trial_is_warmed_and_its_ckpt_registered(tmp_path):
+    """ray.train.lightning inside a Tune trial: warm_start on the LightningModule's network in the Train worker
+    inherits from a model already in the zoo, and the callback registers Lightning's checkpoint.ckpt (its state_dict
+    under the attribute prefix 'net.'), the architecture found in the zoo's store."""
+    pytest.importorskip("lightning")
+    import json
+
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from keeper.torch_support import register
+
+    service, report = _service(tmp_path), str(tmp_path / "warm.json")
+    register(_lightning_module(16).net, torch.zeros(1, 8), Zoo(service["zoo"]), 0.6, "lit-parent")
+
+    def trial(config):
+        trainer = TorchTrainer(_lightning_loop, train_loop_config={**config, "service": service, "report": report},
+                               scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
+                               run_config=ray.train.RunConfig(name=f"lit-{tune.get_context().get_trial_id()}",
+                                                              storage_path=str(tmp_path / "train")))
+        result = trainer.fit()
+        tune.report(dict(result.metrics), checkpoint=result.checkpoint)
+
+    cb = KeeperCallback(metric="accuracy", mode="max", config=service)
+    grid = tune.Tuner(tune.with_resources(trial, {"CPU": 0.01}), param_space={"width": 32},
+                      run_config=tune.RunConfig(name="lit", storage_path=str(tmp_path / "results"), callbacks=[cb],
+                                                verbose=0)).fit()
+    assert not grid.errors
+    with open(report) as f:
+        assert json.load(f)["parent"] == "lit-parent"
+    (tid,) = cb.models
+    zoo = Zoo(service["zoo"])
+    assert cb.outcomes[tid] == f"registered as {cb.models[tid]}" and len(zoo) == 2, cb.outcomes
+    (ckpt,) = (tmp_path / "results").rglob("checkpoint.ckpt")
+    trained = torch.load(ckpt, weights_only=True)["state_dict"]
+    stored = zoo.store.get_extra(cb.models[tid], "weights.safetensors")
+    from keeper.weights import open_weights
+
+    assert sorted(float(torch.as_tensor(v).sum()) for v in open_weights(stored).values()) == pytest.approx(
+        sorted(float(v.sum()) for v in trained.values()), rel=1e-6), "the registered weights are the .ckpt's"
+
+
+def test_checkpoints_keeper_cannot_read_whole_reach_the_zoo_never_and_repeated_weights_are_recorded(tmp_path):
+    """register_trial (the callback's task, called here directly against the real service): each bad input is one
+    line naming the file and leaves the zoo as it was; the same weights registered by a second trial are recorded
+    on the stored model instead of refused."""
+    import pyarrow.fs as pafs
+    from ray.train import Checkpoint
+
+    from keeper.actors import start
+    from keeper.torch_support.templates import architecture_template
+    from keeper.torch_support.export import export_graph
+    from keeper.tune_integration.checkpoint import register_trial
+
+    service = _service(tmp_path)
+    handle = start(service)
+    spec = _spec([16])
+    model = build(spec)
+    trial_dir = tmp_path / "trial"
+    trial_dir.mkdir()
+    (trial_dir / ARCHITECTURE_FILE).write_bytes(
+        architecture_template(export_graph(model, example_input(spec)), model.state_dict()))
+
+    def register(files: dict, name: str, accuracy: float = 0.5) -> dict:
+        d = tmp_path / f"ckpt-{name}"
+        d.mkdir()
+        for file, content in files.items():
+            (d / file).parent.mkdir(exist_ok=True)
+            torch.save(content, d / file) if not isinstance(content, bytes) else (d / file).write_bytes(content)
+        return register_trial(handle, Checkpoint.from_directory(str(d)), pafs.LocalFileSystem(), str(trial_dir),
+                              accuracy, name, None, {}, 60, service["zoo"])
+
+    other = build(_spec([16])).state_dict()
+    bad = {"two-files": ({"model.pt": model.state_dict(), "pytorch_model.bin": other},
+                         "pytorch_model.bin and model.pt hold different"),
+           "no-state-dict": ({"checkpoint.ckpt": {"epoch": 1}}, "checkpoint.ckpt"),
+           "refused-pickle": ({"model.pt": {"state_dict": model.state_dict(), "payload": _Payload()}}, "model.pt"),
+           "extra-key": ({"model.pt": {**model.state_dict(), "head2.weight": torch.zeros(2)}}, "'head2.weight'")}
+    for name, (files, named) in bad.items():
+        with pytest.raises(KeeperError) as info:
+            register(files, name)
+        assert named in str(info.value) and "\n" not in str(info.value), (name, info.value)
+        assert len(Zoo(service["zoo"])) == 0, name
+    first = register({"model.pt": model.state_dict()}, "exp1-t0", 0.6)
+    again = register({"model.pt": model.state_dict()}, "exp2-t0", 0.7)
+    assert first["name"] == again["name"] == "exp1-t0" and again["accuracy"] == 0.7 and len(Zoo(service["zoo"])) == 1
+    assert again["summary"]["trained"] == 2 and again["summary"]["again"][0]["name"] == "exp2-t0"
+
+
+class _Payload:
+    """What ``torch.load(weights_only=True)`` refuses to unpickle (it could run code)."""
+
+    def __reduce__(self):
+        return (os.getcwd, ())

@@ -158,6 +158,23 @@ def test_identical_content_is_idempotent_under_its_name_and_refused_under_anothe
     assert unnamed.name.startswith("model-") and unnamed.name[len("model-"):] == unnamed.checksum[:12]
 
 
+def test_content_trained_again_is_recorded_on_the_stored_model(zoo, tmp_path):
+    """A Tune trial that trains the same weights again (a search repeated with the same seeds) is that model: its
+    registration is recorded on the stored record (better accuracy kept, counted, listed), retries change nothing,
+    and no second model or blob appears."""
+    blob = mlp_onnx(PARENT, 1)
+    zoo.register(blob, 0.8, name="exp1-t0", lineage={"parent": None})
+    blobs = files(tmp_path / "zoo")
+    rec = zoo.register(blob, 0.75, name="exp2-t0", lineage={"parent": "exp1-t0"}, record_again=True)
+    assert rec.name == "exp1-t0" and rec.accuracy == 0.8 and rec.summary["trained"] == 2
+    assert rec.summary["again"] == [{"name": "exp2-t0", "accuracy": 0.75, "parent": "exp1-t0"}]
+    assert zoo.register(blob, 0.75, name="exp2-t0", record_again=True) == rec  # a retry
+    better = zoo.register(blob, 0.9, name="exp3-t0", record_again=True)
+    assert better.accuracy == 0.9 == Zoo(zoo.uri).record("exp1-t0").accuracy and better.summary["trained"] == 3
+    assert zoo.names() == ["exp1-t0"] and {p for p in files(tmp_path / "zoo") if "blobs" in str(p)} == \
+        {p for p in blobs if "blobs" in str(p)}
+
+
 def test_a_name_taken_by_other_content_is_refused(zoo, tmp_path):
     rec = zoo.register(mlp_onnx(PARENT, 1), 0.8, name="taken")
     before = files(tmp_path / "zoo")

@@ -213,17 +213,18 @@ class Keeper:
                 "seconds": time.perf_counter() - t0, "phases": clock.split()}
 
     def register(self, model: ModelInput, accuracy: float, name: str | None = None,
-                 weights: bytes | None = None, lineage: dict[str, Any] | None = None) -> dict[str, Any]:
+                 weights: bytes | None = None, lineage: dict[str, Any] | None = None,
+                 record_again: bool = False) -> dict[str, Any]:
         """Admit a trained model through the ZooManager; returns its catalog record as a dict.
 
         ``weights``: safetensors bytes when ``model`` is its graph without weights (models of any size). Identical
         content is stored once: again under its name and accuracy it is the stored record, so retries are safe;
-        under another name or accuracy it is refused (:meth:`keeper.zoo.Zoo.register`). ``lineage``: how the model was
-        obtained (``WarmResult.lineage()``), as for :meth:`keeper.zoo.Zoo.register`.
+        under other terms it is refused, or recorded on its model with ``record_again``; ``lineage``: how the model
+        was obtained (``WarmResult.lineage()``); both as for :meth:`keeper.zoo.Zoo.register`.
         """
         rec = self._manager_call("register", self.config.timeouts.register_s,
                                  _as_bytes(model, weights_apart=weights is not None), accuracy, name, weights,
-                                 lineage)
+                                 lineage, record_again)
         with self._stats_lock:
             self.registers += 1
         self._view_backoff_until = 0.0

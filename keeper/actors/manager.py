@@ -150,6 +150,14 @@ class ZooManager:
                 self._index = None
         self._dirty = True
 
+    def _restated(self, name: str, accuracy: float) -> None:
+        """A held model's accuracy changed (same graph, same place): its view entry is written again."""
+        self._accuracy[name] = accuracy
+        if name not in self._t_added:  # not yet in the table: it enters with the new accuracy anyway
+            self._t_removed.add(name)
+            self._t_added.add(name)
+        self._dirty = True
+
     def _sync(self, before: set[str]) -> None:
         """Bring the caches in line with the zoo after a write (registrations can evict other models)."""
         after = set(self.zoo.names())
@@ -164,10 +172,12 @@ class ZooManager:
 
     # -- writes
     def register(self, model: ModelInput, accuracy: float, name: str | None = None,
-                 weights: bytes | None = None, lineage: dict[str, Any] | None = None) -> dict[str, Any]:
+                 weights: bytes | None = None, lineage: dict[str, Any] | None = None,
+                 record_again: bool = False) -> dict[str, Any]:
         """Admit a trained model; returns its catalog record as a dict (the stored one for identical content).
-        ``weights``: safetensors bytes when ``model`` is its graph without weights (any size); ``lineage``: as
-        for :meth:`keeper.zoo.Zoo.register`.
+        ``weights``: safetensors bytes when ``model`` is its graph without weights (any size); ``lineage`` and
+        ``record_again``: as for :meth:`keeper.zoo.Zoo.register` (a stored model's new accuracy is in the next
+        view).
 
         Raises:
             AdmissionError, InvalidModelError: refused; nothing was stored.
@@ -175,8 +185,11 @@ class ZooManager:
         """
         with self._lock:
             before = set(self.zoo.names())
-            rec = self.zoo.register(model, accuracy, name, weights=weights, lineage=lineage)
+            rec = self.zoo.register(model, accuracy, name, weights=weights, lineage=lineage,
+                                    record_again=record_again)
             self._sync(before)
+            if rec.name in before and self._accuracy.get(rec.name) != float(rec.accuracy):
+                self._restated(rec.name, float(rec.accuracy))
         self._maybe_refit()
         return rec.to_json()
 

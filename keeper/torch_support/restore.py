@@ -9,17 +9,15 @@ left beside it.
 
 Invariants: a same-architecture restore is exact (every state_dict entry loaded as saved); a checkpoint keeper
 cannot read or transform raises :class:`~keeper.errors.KeeperError` naming it, and ``warm_start`` then keeps the
-trial alive on the zoo's warm start, saying why in the result's reason; nothing is ever unpickled (``model.pt``
-is read with ``weights_only=True``).
+trial alive on the zoo's warm start, saying why in the result's reason; nothing is ever unpickled (checkpoints are
+read by :mod:`keeper.torch_support.layouts`, pickles with ``weights_only=True``).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from keeper.errors import KeeperError
 from keeper.torch_support.export import Exported, module_weights
@@ -27,29 +25,7 @@ from keeper.torch_support.load import load_result
 from keeper.torch_support.templates import state_signature, template_apart
 from keeper.warm import WarmResult, warm_from_parent
 
-__all__ = ["read_state_dict", "restore"]
-
-
-def read_state_dict(directory: str, what: str) -> dict[str, Any] | None:
-    """The state_dict a checkpoint directory holds (``model.safetensors``, else ``model.pt``: a state_dict, or a
-    dict holding one under ``"model"`` or ``"state_dict"``), or None when it holds neither."""
-    st = os.path.join(directory, "model.safetensors")
-    if os.path.exists(st):
-        return load_file(st)
-    pt = os.path.join(directory, "model.pt")
-    if not os.path.exists(pt):
-        return None
-    try:
-        obj = torch.load(pt, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a file it cannot read
-        raise KeeperError(f"{what}: model.pt could not be read as a state_dict ({type(exc).__name__}: {exc}); "
-                          "save it with torch.save(model.state_dict(), 'model.pt')") from None
-    if isinstance(obj, dict) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
-        obj = obj.get("model", obj.get("state_dict", obj))
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise KeeperError(f"{what}: model.pt holds {type(obj).__name__}, not a state_dict of tensors; save it with "
-                          "torch.save(model.state_dict(), 'model.pt')")
-    return obj
+__all__ = ["restore"]
 
 
 def restore(module: torch.nn.Module, exported: Exported, state: dict[str, Any], template: bytes | None,

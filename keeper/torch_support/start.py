@@ -30,10 +30,11 @@ from keeper.actors.client import ServiceClient
 from keeper.actors.launcher import connect
 from keeper.actors.remote import Demand, get
 from keeper.chooser import ParentSource
-from keeper.errors import KeeperError, StoreError
+from keeper.errors import CheckpointError, KeeperError, ServiceError, StoreError
 from keeper.selection import ParentChoice
 from keeper.torch_support import distributed, trial
 from keeper.torch_support.export import Exported, export_graph, module_weights
+from keeper.torch_support.inputs import example_for, trainer_building
 from keeper.torch_support.load import load_result
 from keeper.torch_support.probe import as_module_probe, module_probe
 from keeper.torch_support.restore import restore
@@ -66,13 +67,16 @@ def parent_source(zoo: Any, config: Any = None, timeout_s: float = 300.0) -> Par
                       "running service")
 
 
-def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any = None, noise: float | None = None,
+def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, config: Any = None,
+               noise: float | None = None,
                probe: Any = None, dynamo: bool | None = None, timeout_s: float = 300.0,
                trainable: Any = None, checkpoint: Any = None, shrink: float | None = None) -> WarmResult:
     """Warm-start ``module`` (a ``torch.nn.Module``, on any device) in place from the best parent in a zoo.
 
     Args:
-        example_input: an input the module accepts (a tensor or a tuple of them), for tracing its architecture.
+        example_input: an input the module accepts (a tensor or a tuple of them), for tracing its architecture;
+            None for a module that makes its own (:mod:`keeper.torch_support.inputs`: a Hugging Face model, a
+            LightningModule with ``example_input_array``).
         zoo: a :class:`keeper.Zoo`, the service's handle or a :class:`keeper.actors.ServiceClient`; None: the
             running keeper service (in a Tune trainable, the one ``KeeperCallback`` started).
         config: the service's config (YAML path, mapping or ServiceConfig) when ``zoo`` is None and it is not the
@@ -102,21 +106,32 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
         enough, e.g. for the first trials of an experiment; ``reason`` says why. A trial starting from a
         checkpoint is restored from it (``parent`` names the checkpoint; another architecture's is transformed);
         a checkpoint that cannot be restored leaves the trial on its own latest checkpoint, else on the zoo's warm
-        start, and ``reason`` says why.
+        start, and ``reason`` says why. The model the Hugging Face Trainer builds outside a search
+        (``model_init(None)``, before ``hyperparameter_search`` starts the service) keeps its init when no service
+        runs yet.
 
     Raises:
         ServiceError: ``zoo`` is None and no keeper service is running (start one with ``KeeperCallback`` or
             ``keeper serve``), or it did not answer within ``timeout_s``.
+        KeeperError: ``example_input`` is None and the module can make none.
 
     Example:
         >>> result = warm_start(model, torch.randn(1, 1, 40), zoo)                           # doctest: +SKIP
+        >>> result = warm_start(bert)              # a Hugging Face model makes its own input  # doctest: +SKIP
         >>> result.parent, result.score, result.preserved, result.reason                     # doctest: +SKIP
         >>> result = warm_start(model, x, zoo, probe=((xb, yb), torch.nn.CrossEntropyLoss()))  # doctest: +SKIP
     """
     if shrink is not None and not (isinstance(shrink, (int, float)) and 0.0 <= shrink <= 1.0):
         raise KeeperError(f"warm_start: shrink={shrink!r} is not a share in [0, 1] of the parent's weights; pass "
                           "e.g. 0.5, 1.0 for the parent's whole function, or None for keeper's default")
+    example_input = example_for(module, example_input)
     rank, size = distributed.rank_and_size()
+    if zoo is None and trainer_building() and not trial.in_trial(trainable):
+        zoo = _running_service(config, timeout_s)
+        if zoo is None:
+            return WarmResult(None, 0.0, {}, {}, reason="built by the Hugging Face Trainer outside a search "
+                              "(model_init(None)) with no keeper service running: it keeps its own init; the "
+                              "search's trials are warmed")
     source = parent_source(zoo, config, timeout_s)
     exported, choice = _choose_once(module, example_input, source, dynamo, trainable, rank, size)
     if shrink is None:
@@ -135,6 +150,18 @@ def warm_start(module: Any, example_input: Any, zoo: Any = None, *, config: Any 
     if size > 1:
         distributed.sync_module(module)
     return result
+
+
+def _running_service(config: Any, timeout_s: float) -> ServiceClient | None:
+    """The running service of ``config`` as a parent source, or None; never starts Ray to look for it."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        return ServiceClient(connect(config), timeout_s)
+    except ServiceError:
+        return None
 
 
 def _choose_once(module: Any, example_input: Any, source: ParentSource, dynamo: bool | None, trainable: Any,
@@ -161,7 +188,11 @@ def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, n
     rank alike: same checkpoint, same seed), else the trial's own latest checkpoint (a function trainable's, when
     the one cloned into it cannot be restored or would not keep its function: :func:`_keep_better`), or (None, why
     not) when there is none or neither can be restored; a failure never ends the trial."""
-    found = trial.checkpoint_state(trainable, given)
+    try:
+        found = trial.checkpoint_state(trainable, given)
+    except CheckpointError as exc:  # a checkpoint that cannot be read whole (a bad layout): the zoo's warm start
+        log.warning("keeper: %s; the trial starts from the zoo instead", exc)
+        return None, f"its checkpoint could not be read ({exc})"
     if found is None:
         return None, ""
     noise = choice.noise if noise is None else noise
@@ -174,7 +205,10 @@ def _restore_checkpoint(module: Any, exported: Exported, choice: ParentChoice, n
             return result, ""
         return _keep_better(module, exported, found, result, choice, noise, probe), ""
     # a checkpoint cloned from another trial that cannot be restored: the trial goes on from its own latest one
-    own = trial.own_checkpoint_state(exclude=found[2]) if trainable is None else None
+    try:
+        own = trial.own_checkpoint_state(exclude=found[2]) if trainable is None else None
+    except CheckpointError:  # its own latest cannot be read either
+        own = None
     if own is not None:
         try:
             result = _restore_one(module, exported, own, choice, noise)
@@ -248,14 +282,14 @@ def _restore_one(module: Any, exported: Exported, found: tuple, choice: ParentCh
         return restore(module, exported, state, stored, what, noise, choice.seed)
 
 
-def choose_for_module(module: Any, example_input: Any, zoo: Any = None, *, config: Any = None,
+def choose_for_module(module: Any, example_input: Any = None, zoo: Any = None, *, config: Any = None,
                       dynamo: bool | None = None, timeout_s: float = 300.0,
                       trainable: Any = None) -> tuple[Exported, ParentChoice]:
     """The first half of :func:`warm_start`: the module's architecture and the parent choice for it, with the
     trial's architecture template saved as ``warm_start`` saves it and a hit counted for the chosen parent; the
     module is not changed. For callers that transfer weights their own way (baselines, other operators)."""
     source = parent_source(zoo, config, timeout_s)
-    exported, choice = _choose(module, example_input, source, dynamo, trainable)
+    exported, choice = _choose(module, example_for(module, example_input), source, dynamo, trainable)
     if choice.parent is not None:
         source.hit(choice.parent)
     return exported, choice
@@ -265,7 +299,8 @@ def _choose(module: Any, example_input: Any, source: ParentSource, dynamo: bool 
             trainable: Any) -> tuple[Exported, ParentChoice]:
     exported = export_graph(module, example_input, dynamo=dynamo)
     choice = source.choose(exported.graph)
-    trial.save_architecture(architecture_template(exported), module.state_dict(), choice.uri, trainable)
+    state = module.state_dict()
+    trial.save_architecture(architecture_template(exported, state), state, choice.uri, trainable)
     return exported, choice
 
 
@@ -277,7 +312,7 @@ def register(module: Any, example_input: Any, zoo: Any, accuracy: float, name: s
     ``lineage``: ``WarmResult.lineage()`` of the warm start the module was trained from (see
     :meth:`keeper.Zoo.register`). Returns the zoo's record (a dict through the service).
     """
-    exported = export_graph(module, example_input, dynamo=dynamo)
+    exported = export_graph(module, example_for(module, example_input), dynamo=dynamo)
     weights = module_weights(module, exported)
     if isinstance(zoo, Zoo):
         return zoo.register(exported.onnx, accuracy, name, weights=weights, lineage=lineage)

@@ -7,6 +7,11 @@ template in the trial directory and in the zoo's store under a signature of the 
 floating-point keys and shapes), so the Tune callback turns a ``model.pt`` checkpoint into a zoo model wherever
 ``warm_start`` ran: a Tune trial, a Ray Train worker (whose run directory the Tune trial never sees), any process.
 
+A template made with the module's state_dict records every key of it and which keys share a tensor, so a checkpoint
+is read all or nothing (:mod:`keeper.torch_support.state_keys`): under an attribute prefix (Lightning's, DDP's),
+with tied weights left out (Hugging Face's), and refused, naming the keys, when a key maps onto no key of the
+module or a tensor the architecture reads is absent.
+
 Invariants: a template is stored under the signature of the state_dict of the module it was exported from, and a
 checkpoint of that module has the same signature (a collision between architectures with equal keys and shapes is
 harmless: their templates can be filled with each other's state_dicts); a template is untrusted like any ONNX:
@@ -28,16 +33,19 @@ from keeper.onnx_safety import load_model
 from keeper.onnx_weights import apart_specs, clear_data, write_weights
 from keeper.stored import store_for
 from keeper.torch_support.export import Exported
-from keeper.torch_support.tensors import key_shapes, state_arrays
+from keeper.torch_support.state_keys import map_state, prefix_parts
+from keeper.torch_support.tensors import key_shapes, state_arrays, tied_keys
 
 __all__ = ["architecture_template", "fill_template", "template_apart", "state_signature", "save_template",
            "find_template"]
 
 _KEYS_PROP = "keeper.state_dict_keys"
+_MODULE_PROP = "keeper.module_keys"  # every key of the module's state_dict, and the groups of tied keys
 
 
-def architecture_template(exported: Exported) -> bytes:
-    """``exported`` without its parameter values: the architecture plus the ONNX-to-state_dict map.
+def architecture_template(exported: Exported, state: dict[str, Any] | None = None) -> bytes:
+    """``exported`` without its parameter values: the architecture plus the ONNX-to-state_dict map, and, given
+    the module's ``state`` (its ``state_dict()``), every key of it and its tied keys.
 
     Small (kilobytes) whatever the model's size; :func:`fill_template` turns it and a state_dict back into
     ONNX with weights. Initializers that hold a mapped parameter keep their dims and lose their data.
@@ -50,6 +58,11 @@ def architecture_template(exported: Exported) -> bytes:
     prop = proto.metadata_props.add()
     table = {k: [sd, how, list(shapes[k])] for k, (sd, how) in exported.keys.items()}
     prop.key, prop.value = _KEYS_PROP, json.dumps(table, sort_keys=True)
+    if state is not None:
+        tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        groups = sorted({tuple(sorted(g)) for g in tied_keys(tensors).values()})
+        prop = proto.metadata_props.add()
+        prop.key, prop.value = _MODULE_PROP, json.dumps({"keys": list(state), "tied": groups})
     return proto.SerializeToString()
 
 
@@ -61,7 +74,8 @@ def fill_template(template: bytes, state: dict[str, Any], what: str = "checkpoin
     Raises:
         KeeperError: ``template`` is not a keeper template, or ``state`` misses or mis-shapes a tensor.
     """
-    proto, keys, shapes = _parse_template(template, what)
+    proto, keys, shapes, module = _parse_template(template, what)
+    state = _mapped(keys, module, state, what)
     return write_weights(proto, state_arrays(keys, shapes, state, what)).SerializeToString()
 
 
@@ -72,15 +86,23 @@ def template_apart(template: bytes, state: dict[str, Any], what: str = "checkpoi
     Raises:
         KeeperError: ``template`` is not a keeper template, or ``state`` misses or mis-shapes a tensor.
     """
-    proto, keys, shapes = _parse_template(template, what)
+    proto, keys, shapes, module = _parse_template(template, what)
     specs = apart_specs(proto)
+    state = _mapped(keys, module, state, what)
     arrays = state_arrays(keys, shapes, state, what)
     return proto.SerializeToString(), {k: np.asarray(v).astype(specs[k][0], copy=False) if k in specs else v
                                        for k, v in arrays.items()}
 
 
-def _parse_template(template: bytes, what: str) -> tuple[Any, dict[str, tuple[str, str]], dict[str, tuple]]:
-    """(graph proto without the key map, ONNX key -> (state_dict key, how), ONNX key -> shape)."""
+def _mapped(keys: dict[str, tuple[str, str]], module: dict, state: dict[str, Any], what: str) -> dict[str, Any]:
+    """``state`` keyed by the module's keys (:func:`~keeper.torch_support.state_keys.map_state`)."""
+    needed = list(dict.fromkeys(sd for sd, _ in keys.values()))
+    return map_state(state, needed, module.get("keys"), module.get("tied", ()), what)
+
+
+def _parse_template(template: bytes, what: str) -> tuple[Any, dict[str, tuple[str, str]], dict[str, tuple], dict]:
+    """(graph proto without keeper's entries, ONNX key -> (state_dict key, how), ONNX key -> shape, the module's
+    keys ``{"keys": [...], "tied": [[...]]}`` or ``{}`` for a template that does not record them)."""
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(bytes(template))  # protobuf parsing executes and unpickles nothing
@@ -94,13 +116,16 @@ def _parse_template(template: bytes, what: str) -> tuple[Any, dict[str, tuple[st
         table = json.loads(props[_KEYS_PROP])
         keys = {k: (str(v[0]), str(v[1])) for k, v in table.items()}
         shapes = {k: tuple(int(d) for d in v[2]) for k, v in table.items()}
-    except (ValueError, TypeError, IndexError, AttributeError) as exc:
+        module = json.loads(props.get(_MODULE_PROP, "{}"))
+        module = {"keys": [str(k) for k in module["keys"]],
+                  "tied": [tuple(str(k) for k in g) for g in module.get("tied", ())]} if module else {}
+    except (ValueError, TypeError, IndexError, AttributeError, KeyError) as exc:
         raise KeeperError(f"{what}: the template's {_KEYS_PROP!r} entry is malformed ({exc}); re-run warm_start") \
             from None
-    kept = [p for p in proto.metadata_props if p.key != _KEYS_PROP]
+    kept = [p for p in proto.metadata_props if p.key not in (_KEYS_PROP, _MODULE_PROP)]
     del proto.metadata_props[:]
     proto.metadata_props.extend(kept)
-    return proto, keys, shapes
+    return proto, keys, shapes, module
 
 
 def state_signature(state: dict[str, Any]) -> str:
@@ -116,5 +141,11 @@ def save_template(uri: str, template: bytes, state: dict[str, Any]) -> None:
 
 
 def find_template(uri: str, state: dict[str, Any]) -> bytes | None:
-    """The template stored in the zoo at ``uri`` for ``state``'s architecture, or None."""
-    return store_for(uri).get_template(state_signature(state))
+    """The template stored in the zoo at ``uri`` for ``state``'s architecture, or None: the whole state_dict's, else
+    the one of its keys under an attribute prefix (a Lightning checkpoint of a LightningModule's ``self.model``)."""
+    store = store_for(uri)
+    for _, part in prefix_parts(state):
+        found = store.get_template(state_signature(part)) if part else None
+        if found is not None:
+            return found
+    return None

@@ -114,6 +114,7 @@ def state_arrays(keys: dict[str, tuple[str, str]], shapes: dict[str, tuple[int, 
         shape = shapes[onnx_key]
         if int(np.prod(shape)) != arr.size:
             raise KeeperError(f"{what}: state_dict entry {sd_key!r} has shape {tuple(arr.shape)}, the architecture "
-                              f"expects {shape}; the checkpoint belongs to another architecture")
+                              f"expects {shape}; the checkpoint belongs to another architecture: report a checkpoint "
+                              "of the model passed to warm_start")
         real[onnx_key] = arr.reshape(shape)
     return real

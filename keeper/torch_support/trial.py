@@ -25,7 +25,7 @@ from typing import Any
 
 from keeper.errors import KeeperError, StoreError
 from keeper.torch_support.distributed import train_context
-from keeper.torch_support.restore import read_state_dict
+from keeper.torch_support.layouts import read_state_dict
 from keeper.torch_support.templates import save_template
 from keeper.warm import WarmResult
 

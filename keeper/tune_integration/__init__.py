@@ -10,7 +10,8 @@
 - :class:`KeeperPBT`: Tune's population-based training whose exploit step may cross architectures (the
   ``warm_start`` line restores a cloned checkpoint of any architecture onto the trial's own).
 
-Checkpoint layouts the callback reads are listed in :mod:`keeper.tune_integration.checkpoint`.
+Checkpoint layouts the callback reads (keeper's own, Ray Train's, the Hugging Face Trainer's, ``save_pretrained``
+folders, Lightning's) are listed in :mod:`keeper.torch_support.layouts`.
 """
 
 from keeper.torch_support import warm_lr, warm_start

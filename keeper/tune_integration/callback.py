@@ -13,7 +13,11 @@ Invariants:
   state, saved with the experiment); registration is also idempotent in the zoo (same content, one model).
 - Errored trials are never registered; trials stopped early by a scheduler (ASHA, a stopper) are registered
   with their metric and left to the zoo's admission rules.
-- A trial that reported no checkpoint is skipped with a warning that says how to report one.
+- A trial that reported no checkpoint is skipped with a warning that says how to report one (for the Hugging Face
+  Trainer: which ``save_strategy`` to set); every warning names what to change in the Tune code
+  (:mod:`keeper.tune_integration.advice`).
+- A trial whose weights are already in the zoo (a search repeated with the same seeds) is that model: it is
+  recorded on it (the better accuracy kept, the registration counted), never refused for it.
 
 Example::
 
@@ -38,6 +42,7 @@ from keeper.actors.config import load_config
 from keeper.actors.launcher import launch_registrar, start
 from keeper.actors.remote import Demand, demand_of, get
 from keeper.errors import ConfigError
+from keeper.tune_integration import advice
 
 __all__ = ["KeeperCallback"]
 
@@ -66,8 +71,9 @@ class KeeperCallback(Callback):
             trial id follows it.
 
     Attributes:
-        outcomes: per trial id, what happened to it (``"registered as NAME"``, ``"errored"``, ``"skipped: ..."``,
-            ``"refused: ..."``).
+        outcomes: per trial id, what happened to it (``"registered as NAME"``, ``"recorded on NAME"`` for weights
+            the zoo held already, ``"errored"``, ``"skipped: ..."``, ``"refused: ..."``).
+        models: per registered trial id, the zoo model's name (the stored model's, for weights it held already).
         registration_s: per registered trial id, seconds from handing its checkpoint to the registrar to the
             driver seeing the zoo's record (an upper bound: the driver looks between Tune's steps).
         hook_s: seconds the driver spent in this callback's hooks, all told (what keeper adds to Tune's loop).
@@ -88,6 +94,7 @@ class KeeperCallback(Callback):
         self.wait_for_registration = wait_for_registration
         self.name_prefix = name_prefix
         self.outcomes: dict[str, str] = {}
+        self.models: dict[str, str] = {}
         self.registration_s: dict[str, float] = {}
         self._registered: set[str] = set()
         self._errored: set[str] = set()
@@ -138,12 +145,13 @@ class KeeperCallback(Callback):
     def get_state(self) -> dict | None:
         # a pending registration completes in the service whatever the driver does next
         return {"registered": sorted(self._registered | set(self._pending)), "errored": sorted(self._errored),
-                "outcomes": dict(self.outcomes)}
+                "outcomes": dict(self.outcomes), "models": dict(self.models)}
 
     def set_state(self, state: dict) -> None:
         self._registered = set(state.get("registered", ()))
         self._errored = set(state.get("errored", ()))
         self.outcomes = dict(state.get("outcomes", {}))
+        self.models = dict(state.get("models", {}))
 
     # ------------------------------------------------------------------------------------------------- helpers
     @property
@@ -187,16 +195,21 @@ class KeeperCallback(Callback):
         if tid in self._registered or tid in self._pending or tid in self._errored:
             return
         checkpoint, value = self._best(trial)
+        last = dict(trial.last_result or {})
         if checkpoint is None:
             self.outcomes[tid] = "skipped: no checkpoint"
-            logger.warning("keeper: trial %s reported no checkpoint, so it is not registered; report one holding "
-                           "model.pt (torch.save(model.state_dict(), ...)) with tune.report(..., checkpoint=...)", tid)
+            logger.warning("keeper: %s", advice.no_checkpoint(tid, last))
             return
         if value is None:
             self.outcomes[tid] = f"skipped: no {self.metric!r} reported"
-            logger.warning("keeper: trial %s never reported metric %r, so it is not registered", tid, self.metric)
+            logger.warning("keeper: %s", advice.no_metric(tid, self.metric, last))
             return
         accuracy = float(self.score_fn(value)) if self.score_fn is not None else float(value)
+        why = advice.out_of_range(tid, self.metric, value, accuracy, self.score_fn is not None, last)
+        if why is not None:
+            self.outcomes[tid] = f"skipped: {self.metric!r} outside [0, 1]"
+            logger.warning("keeper: %s", why)
+            return
         name = self._name(trial)
         handle = self._service()
         if self.wait_for_registration:
@@ -244,10 +257,13 @@ class KeeperCallback(Callback):
             except Exception as exc:  # refused by admission, or a Ray failure: report it, never fail the experiment
                 cause = getattr(exc, "cause", None) or exc
                 self.outcomes[tid] = f"refused: {cause}"
-                logger.warning("keeper: trial %s was not registered: %s", tid, cause)
+                logger.warning("keeper: %s", advice.refused(tid, cause))
                 continue
             self._registered.add(tid)
-            self.outcomes[tid] = f"registered as {record.get('name', name)}"
+            stored = self.models[tid] = record.get("name", name)
+            self.outcomes[tid] = f"registered as {stored}" if stored == name else f"recorded on {stored}"
+            if stored != name:
+                logger.info("keeper: %s", advice.recorded(tid, record))
             self.registration_s[tid] = time.perf_counter() - submitted
 
 

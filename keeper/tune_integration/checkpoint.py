@@ -1,20 +1,20 @@
-"""Turning a finished trial's checkpoint into ONNX with weights, ready for the zoo.
+"""Turning a finished trial's checkpoint into a zoo model: its graph and its trained weights.
 
-Accepted checkpoint layouts (the first file found wins):
+The checkpoint's weights are read in any layout of :mod:`keeper.torch_support.layouts` (keeper's own, Ray Train's,
+the Hugging Face Trainer's ``checkpoint-<step>/``, ``save_pretrained`` folders, Lightning's ``.ckpt``); only
+weight files are read, pickles with ``weights_only=True``. ``model.onnx`` is used as is. A state_dict needs the
+trial's architecture: the template ``warm_start`` saved in the trial directory, else the one the zoo's store keeps
+for the state_dict's signature (``warm_start`` ran in a Ray Train worker), else the model the callback's
+``model_builder`` makes from the trial's config. The state_dict is mapped onto it all or nothing
+(:mod:`keeper.torch_support.state_keys`).
 
-- ``model.onnx``: the trained model as ONNX with its weights; used as is.
-- ``model.safetensors``: the model's ``state_dict`` in safetensors format.
-- ``model.pt``: the model's ``state_dict`` saved with ``torch.save`` (or a dict holding it under ``"model"``
-  or ``"state_dict"``), read with ``weights_only=True``: a checkpoint is never unpickled into code.
-
-A state_dict needs the trial's architecture: the template ``warm_start`` saved in the trial directory, or,
-when the callback has a ``model_builder``, the model that builder makes from the trial's config.
+Invariant: a checkpoint that cannot be read whole is refused with one line naming the file and what to change in
+the Tune code; nothing reaches the zoo then.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Callable
 
 
@@ -23,14 +23,16 @@ from keeper.errors import AdmissionError, KeeperError
 from keeper.onnx_safety import load_model
 from keeper.onnx_weights import write_weights
 from keeper.torch_support.export import export_graph
-from keeper.torch_support.restore import read_state_dict
+from keeper.torch_support.inputs import example_for
+from keeper.torch_support.layouts import WEIGHT_FILES, find_weights, nothing_found
 from keeper.torch_support.templates import architecture_template, find_template, template_apart
 from keeper.torch_support.trial import ARCHITECTURE_FILE, LINEAGE_FILE
 from keeper.weights import weights_bytes
 
 __all__ = ["CHECKPOINT_FILES", "checkpoint_onnx", "checkpoint_model", "register_trial"]
 
-CHECKPOINT_FILES = ("model.onnx", "model.safetensors", "model.pt")
+#: The weight files the callback reads (see :mod:`keeper.torch_support.layouts` for where).
+CHECKPOINT_FILES = WEIGHT_FILES
 
 
 def checkpoint_onnx(directory: str, template: bytes | None, what: str,
@@ -69,46 +71,55 @@ def _checkpoint_model(directory: str, template: bytes | None, what: str,
                       find: Callable[[dict], bytes | None] | None) -> tuple[bytes, dict | None, bool]:
     """:func:`checkpoint_model`, and whether the model's architecture is ``template``'s (False when the template
     did not fit the checkpoint and the architecture came from ``find`` or ``builder``)."""
-    onnx_path = os.path.join(directory, "model.onnx")
-    if os.path.exists(onnx_path):
-        with open(onnx_path, "rb") as f:
-            return f.read(), None, False
-    state = read_state_dict(directory, what)
-    if state is None:
-        raise KeeperError(f"{what}: the checkpoint holds none of {CHECKPOINT_FILES}; save the model's state_dict "
-                          "as model.pt in the directory passed to tune.Checkpoint.from_directory")
+    found = find_weights(directory, what)
+    if found is None:
+        raise nothing_found(directory, what)
+    if found.onnx is not None:
+        return found.onnx, None, False
+    state, what = found.state, f"{what}: {found.source}"
+    misfit = None
     if template is not None:
         try:
             return (*template_apart(template, state, what), True)
-        except KeeperError:
+        except KeeperError as exc:
             if find is None and builder is None:
                 raise
             # the trial changed architecture after this checkpoint (population-based training mutates width or
             # depth): the template in its directory is its latest architecture's; the checkpoint's is looked up
-    return (*template_apart(_template_of(directory, what, builder, find, state), state, what), False)
+            misfit = exc
+    try:
+        other = _template_of(state, what, builder, find)
+    except KeeperError:
+        if misfit is not None:  # no other architecture known: why the trial's own did not fit is the answer
+            raise misfit from None
+        raise
+    return (*template_apart(other, state, what), False)
 
 
-def _template_of(directory: str, what: str, builder: Callable[[], tuple[Any, Any]] | None,
-                 find: Callable[[dict], bytes | None] | None, state: dict | None = None) -> bytes:
-    """The architecture template of the state_dict in ``directory``: found by its signature, or built."""
-    state = state if state is not None else read_state_dict(directory, what)
+def _template_of(state: dict, what: str, builder: Callable[[], tuple[Any, Any]] | None,
+                 find: Callable[[dict], bytes | None] | None) -> bytes:
+    """The architecture template of ``state``: found by its signature, or built."""
     template = find(state) if find is not None else None
     if template is not None:
         return template
     if builder is None:
-        raise KeeperError(f"{what}: the trial's architecture is unknown (warm_start was not called in the "
-                          "trainable); call warm_start(model, example_input) or give KeeperCallback a "
+        raise KeeperError(f"{what}: the trial's architecture is unknown (warm_start never ran for it); call "
+                          "warm_start(model) where the trial builds its model (the trainable, the Hugging Face "
+                          "Trainer's model_init, Ray Train's train_loop_per_worker), or give KeeperCallback a "
                           "model_builder")
     module, example = builder()
-    return architecture_template(export_graph(module, example))
+    return architecture_template(export_graph(module, example_for(module, example)), module.state_dict())
 
 
 def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float, name: str,
                    builder: Callable[[dict], tuple[Any, Any]] | None, config: dict, timeout_s: float,
                    zoo_uri: str | None = None) -> dict:
-    """Register a finished trial's checkpoint into the zoo (runs as a Ray task, off the Tune driver).
+    """Register a finished trial's checkpoint into the zoo (runs in the registrar actor, off the Tune driver).
 
-    Returns the zoo's record of the model as a dict.
+    Weights already in the zoo are that stored model trained again (a search repeated with the same seeds): the
+    trial is recorded on it (``record_again``), never refused for it.
+
+    Returns the zoo's record of the model as a dict (the stored model's when the weights were there already).
     """
     what = f"trial {name}"
     try:
@@ -126,7 +137,8 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
     need = Demand(f"registering {what} (timeouts.register_s)", actor=handle)
     # weights apart as safetensors bytes: no ONNX 2 GB bound, and plain bytes on the wire
     blob = None if weights is None else weights_bytes(weights)
-    return get(handle.register.remote(model, float(accuracy), name, blob, lineage), timeout_s, need)
+    return get(handle.register.remote(model, float(accuracy), name, blob, lineage, record_again=True), timeout_s,
+               need)
 
 
 def _read_lineage(storage_fs: Any, path: str, what: str) -> dict | None:
@@ -143,7 +155,8 @@ def _read_lineage(storage_fs: Any, path: str, what: str) -> dict | None:
         lineage = None
     if not isinstance(lineage, dict):
         raise AdmissionError(f"{what}: {path} is not the JSON object warm_start writes (WarmResult.lineage()); "
-                              "remove the file to register the trial as trained from its own init")
+                             "remove the file to register the trial as trained from its own init, and let only "
+                             "warm_start write files named keeper-* into trial directories")
     return lineage
 
 

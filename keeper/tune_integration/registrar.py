@@ -30,9 +30,10 @@ class Registrar:
         """Build a starting trial's model from its config (``KeeperCallback(model_builder=...)``) and ask the front
         door for its parent, so the trial's own ask is a cache hit."""
         from keeper.torch_support.export import export_graph
+        from keeper.torch_support.inputs import example_for
 
         module, example = builder(config)
-        handle.choose.remote(export_graph(module, example).graph.to_arrays())
+        handle.choose.remote(export_graph(module, example_for(module, example)).graph.to_arrays())
 
     def register(self, handle: Any, name: str, checkpoint: Any, storage_fs: Any, trial_fs_path: str,
                  accuracy: float, builder: Any, config: dict, timeout_s: float, zoo_uri: str | None) -> dict:
