@@ -79,7 +79,9 @@ def _why(choice: ParentChoice) -> str:
                 f"{1 - choice.restart_shrink:g} x its own initialisation (shrink and perturb), so its own "
                 "hyperparameters, not only the parent's, decide where it ends")
     if best.preserved and best.score >= 1.0 - 1e-9:
-        return f"the child is {best.name!r}'s architecture: it restarts from that model's whole function"
+        return (f"the child is {best.name!r}'s architecture: it restarts from that model's whole function (whether "
+                "that model over-fit its training data keeper cannot tell: if warmed trials end below cold ones, "
+                "warm_start(..., shrink=0.5) starts from half of it)")
     if best.preserved:
         return f"the child grows from {best.name!r} without losing its function"
     return (f"{best.name!r} has the best fit ({best.fit:.3f} = similarity {best.score:.3f} x structure "

@@ -86,7 +86,7 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
             from keeper.tune_integration import warm_lr, warm_start
 
             t = time.perf_counter()
-            warm = warm_start(model, example, config=service, shrink=shrink)
+            warm = warm_start(model, example, config=service, **({} if shrink is None else {"shrink": shrink}))
             warm_s = time.perf_counter() - t
             if meta is None or meta["arch"] != arch:  # a resume keeps its optimizer state: no restart ramp
                 factor = warm_lr(opt, warm, total_steps=run.steps, ramp=ramp)

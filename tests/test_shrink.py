@@ -77,13 +77,14 @@ def test_the_mix_is_pure_and_keeps_dtypes_and_constant_zeros():
         mixer(graph, own, 1.5, lambda k: True)
 
 
-def test_warm_start_shrinks_a_restart_only_when_asked_outside_a_trial(tmp_path):
+def test_warm_start_shrinks_a_restart_only_when_asked(tmp_path):
     zoo = keeper.Zoo(str(tmp_path / "zoo"))
     parent = _cnn(6, seed=0)
     keeper.torch_support.register(parent, X, zoo, 0.9, "p")
     exact = _cnn(6, seed=1)
     result = warm_start(exact, X, zoo, noise=0.0)
-    assert result.preserved and result.shrink == 1.0, "outside a Tune trial a same-architecture warm is exact"
+    assert result.preserved and result.shrink == 1.0, "by default a same-architecture warm is exact"
+    assert "shrink=0.5" in result.reason, "the reason says what to do when warmed trials end below cold ones"
     assert all(torch.equal(a, b) for a, b in zip(exact.state_dict().values(), parent.state_dict().values()))
     child = _cnn(6, seed=1)
     init = {k: v.clone() for k, v in child.state_dict().items()}

@@ -39,7 +39,6 @@ from keeper.torch_support.load import load_result
 from keeper.torch_support.probe import as_module_probe, module_probe
 from keeper.torch_support.restore import restore
 from keeper.torch_support.templates import architecture_template, find_template
-from keeper.transforms.shrink import TRIAL_RESTART_SHRINK
 from keeper.warm import WarmResult
 from keeper.weights import weights_bytes
 from keeper.zoo import Zoo
@@ -70,7 +69,7 @@ def parent_source(zoo: Any, config: Any = None, timeout_s: float = 300.0) -> Par
 def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, config: Any = None,
                noise: float | None = None,
                probe: Any = None, dynamo: bool | None = None, timeout_s: float = 300.0,
-               trainable: Any = None, checkpoint: Any = None, shrink: float | None = None) -> WarmResult:
+               trainable: Any = None, checkpoint: Any = None, shrink: float = 1.0) -> WarmResult:
     """Warm-start ``module`` (a ``torch.nn.Module``, on any device) in place from the best parent in a zoo.
 
     Args:
@@ -96,10 +95,11 @@ def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, confi
             of the Train run itself (a restart after a worker failure) comes first; elsewhere the trial's own
             checkpoint is found without it.
         shrink: when the zoo's parent is the module's own architecture, the share of its weights the module
-            starts from (shrink and perturb: ``shrink x parent + (1 - shrink) x the module's own init``; 1.0: the
-            parent's whole function). None: :data:`~keeper.transforms.shrink.TRIAL_RESTART_SHRINK` in a Tune trial
-            or Ray Train worker (a search over hyperparameters: see that constant), 1.0 elsewhere. Checkpoint
-            restores are never shrunk.
+            starts from (shrink and perturb: ``shrink x parent + (1 - shrink) x the module's own init``); 1.0, the
+            default, restarts from the parent's whole function (in keeper's search benchmark it reached the cold
+            search's best as soon as 0.5 did and ended with better models: ``docs/architecture.md``). A smaller
+            share gives the trial's own hyperparameters more say, and is the remedy when warmed trials end below
+            cold ones (a parent that over-fit its training data). Checkpoint restores are never shrunk.
 
     Returns:
         The WarmResult: ``parent`` is None (the module keeps its own weights) when the zoo holds nothing similar
@@ -121,9 +121,9 @@ def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, confi
         >>> result.parent, result.score, result.preserved, result.reason                     # doctest: +SKIP
         >>> result = warm_start(model, x, zoo, probe=((xb, yb), torch.nn.CrossEntropyLoss()))  # doctest: +SKIP
     """
-    if shrink is not None and not (isinstance(shrink, (int, float)) and 0.0 <= shrink <= 1.0):
+    if isinstance(shrink, bool) or not (isinstance(shrink, (int, float)) and 0.0 <= shrink <= 1.0):
         raise KeeperError(f"warm_start: shrink={shrink!r} is not a share in [0, 1] of the parent's weights; pass "
-                          "e.g. 0.5, 1.0 for the parent's whole function, or None for keeper's default")
+                          "e.g. 0.5, or 1.0 (the default) for the parent's whole function")
     example_input = example_for(module, example_input)
     rank, size = distributed.rank_and_size()
     if zoo is None and trainer_building() and not trial.in_trial(trainable):
@@ -134,8 +134,6 @@ def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, confi
                               "search's trials are warmed")
     source = parent_source(zoo, config, timeout_s)
     exported, choice = _choose_once(module, example_input, source, dynamo, trainable, rank, size)
-    if shrink is None:
-        shrink = TRIAL_RESTART_SHRINK if trial.in_trial(trainable) else 1.0
     choice = dataclasses.replace(choice, restart_shrink=float(shrink))
     result, failed = _restore_checkpoint(module, exported, choice, noise, trainable, checkpoint, probe)
     if result is None:

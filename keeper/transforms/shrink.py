@@ -25,10 +25,7 @@ import numpy as np
 
 from keeper.graph import LayerGraph
 
-__all__ = ["MIXED_ROLES", "TRIAL_RESTART_SHRINK", "shrink_perturb", "mixer"]
-
-#: The share of a same-architecture parent's weights a Tune trial starts from (``warm_start``'s default in a trial).
-TRIAL_RESTART_SHRINK = 0.5
+__all__ = ["MIXED_ROLES", "shrink_perturb", "mixer"]
 
 #: The roles whose tensors gradient descent learns (a norm's running mean and variance, and tables read as
 #: inputs, are not).
