@@ -11,6 +11,8 @@ optimizer, architecture). The keeper arms differ from their cold twins by exactl
 
 Arms (:data:`ARMS`), each at the same budget of ``population x steps`` training steps:
     fifo, fifo+keeper: ``population`` draws, each trained for ``steps``, two at a time.
+    fifo+keeper-shrink: fifo+keeper with ``warm_start(shrink=SHRINK_ARM)``: a same-architecture parent gives
+        half its weights (shrink and perturb), the remedy for warmed trials that end below their cold twins.
     asha, asha+keeper: ASHA (grace one round, reduction factor 3, at most ``steps``) over up to
         ``asha_factor x population`` draws, stopped once the budget is spent.
     asha+copy: the copy bound under ASHA: each draw the cold FIFO arm trained starts from its own final weights
@@ -40,7 +42,9 @@ from keeper_bench.pbt import PbtRun, _accuracy, _build, _dataset, _read_checkpoi
 __all__ = ["ARMS", "Lifecycle", "best_model", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
            "summarize", "twins", "uses_keeper"]
 
-ARMS = ("fifo", "fifo+keeper", "asha", "asha+keeper", "asha+copy", "pbt", "pbt+keeper")
+ARMS = ("fifo", "fifo+keeper", "fifo+keeper-shrink", "asha", "asha+keeper", "asha+copy", "pbt", "pbt+keeper")
+#: warm_start's shrink in the arms named ``...-shrink`` (the others take keeper's default)
+SHRINK_ARM = 0.5
 
 
 def scheduler_of(arm: str) -> str:
@@ -49,7 +53,7 @@ def scheduler_of(arm: str) -> str:
 
 
 def uses_keeper(arm: str) -> bool:
-    return arm.endswith("+keeper")
+    return "+keeper" in arm
 
 
 def _copy_path(workdir: str, run: PbtRun, seed: int, index: int) -> str:
@@ -62,6 +66,8 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
     """The trainable of ``arm`` (see the module docstring); ``shrink``: ``warm_start``'s, ``ramp``: ``warm_lr``'s
     (None: keeper's defaults)."""
     keeper = uses_keeper(arm)
+    if arm.endswith("-shrink"):
+        shrink = SHRINK_ARM
 
     def member(config: dict) -> None:
         entered = time.time()

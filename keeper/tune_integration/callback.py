@@ -69,6 +69,11 @@ class KeeperCallback(Callback):
             waits. Either way the driver does not wait: registration runs in the registrar.
         name_prefix: prefix of the zoo names (default: the experiment's directory name and ``-``); the
             trial id follows it.
+        register_best: also register a running trial's checkpoint whenever its metric beats every model this
+            callback has registered (named ``<trial name>-i<iteration>``), so trials that start while the best
+            trial still trains (ASHA promotes it; a long FIFO trial) inherit from where it is, not from an older
+            finished one. Default False, from measurement: in ASHA searches on both workloads (2 seeds each) it
+            changed the steps to the cold search's best by -50 to +350 of 550-1350, within run-to-run noise.
 
     Attributes:
         outcomes: per trial id, what happened to it (``"registered as NAME"``, ``"recorded on NAME"`` for weights
@@ -81,7 +86,8 @@ class KeeperCallback(Callback):
 
     def __init__(self, metric: str, mode: str = "max", *, score_fn: Callable[[float], float] | None = None,
                  config: Any = None, model_builder: Callable[[dict], tuple[Any, Any]] | None = None,
-                 wait_for_registration: bool = True, name_prefix: str | None = None, **overrides: Any):
+                 wait_for_registration: bool = True, name_prefix: str | None = None, register_best: bool = False,
+                 **overrides: Any):
         if mode not in ("max", "min"):
             raise ConfigError(f"KeeperCallback: mode must be 'max' or 'min', got {mode!r}")
         if mode == "min" and score_fn is None:
@@ -92,6 +98,9 @@ class KeeperCallback(Callback):
         self.config = load_config(config, **overrides)  # checked now, on the driver, not in a trial
         self.model_builder = model_builder
         self.wait_for_registration = wait_for_registration
+        self.register_best = register_best
+        self.interim: dict[str, list[str]] = {}
+        self._best_value: float | None = None
         self.name_prefix = name_prefix
         self.outcomes: dict[str, str] = {}
         self.models: dict[str, str] = {}
@@ -130,6 +139,11 @@ class KeeperCallback(Callback):
         with self._clock():
             self._submit(trial)
 
+    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info) -> None:
+        if self.register_best:
+            with self._clock():
+                self._submit_best(trial, checkpoint)
+
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
         if self._starting is not None:
             with self._clock():
@@ -144,7 +158,8 @@ class KeeperCallback(Callback):
 
     def get_state(self) -> dict | None:
         # a pending registration completes in the service whatever the driver does next
-        return {"registered": sorted(self._registered | set(self._pending)), "errored": sorted(self._errored),
+        finals = {tid for tid, entry in self._pending.items() if not entry[3]}
+        return {"registered": sorted(self._registered | finals), "errored": sorted(self._errored),
                 "outcomes": dict(self.outcomes), "models": dict(self.models)}
 
     def set_state(self, state: dict) -> None:
@@ -210,7 +225,29 @@ class KeeperCallback(Callback):
             self.outcomes[tid] = f"skipped: {self.metric!r} outside [0, 1]"
             logger.warning("keeper: %s", why)
             return
-        name = self._name(trial)
+        self._hand_over(tid, trial, checkpoint, value, accuracy, self._name(trial), interim=False)
+
+    def _submit_best(self, trial: Any, checkpoint: Any) -> None:
+        """A running trial's new checkpoint, registered when its metric beats every model handed over so far."""
+        tid, last = trial.trial_id, dict(trial.last_result or {})
+        value = last.get(self.metric)
+        if tid in self._errored or not _finite(value) or not self._beats(float(value)):
+            return
+        accuracy = float(self.score_fn(value)) if self.score_fn is not None else float(value)
+        if not 0.0 <= accuracy <= 1.0:
+            return  # the trial's final registration says why
+        name = f"{self._name(trial)}-i{last.get('training_iteration', 0)}"[-128:].lstrip(".")
+        self._hand_over(f"{tid}@{name}", trial, checkpoint, float(value), accuracy, name, interim=True)
+
+    def _beats(self, value: float) -> bool:
+        sign = 1.0 if self.mode == "max" else -1.0
+        return self._best_value is None or sign * value > sign * self._best_value
+
+    def _hand_over(self, key: str, trial: Any, checkpoint: Any, value: float, accuracy: float, name: str,
+                   interim: bool) -> None:
+        """Announce ``name`` to the front door and hand the checkpoint to the registrar; no wait."""
+        if self._beats(value):
+            self._best_value = value
         handle = self._service()
         if self.wait_for_registration:
             handle.expect.remote(name)  # before the next trial asks: actor calls arrive in milliseconds
@@ -218,7 +255,7 @@ class KeeperCallback(Callback):
         ref = self._registrar_handle().register.remote(
             handle, name, checkpoint, trial.storage.storage_filesystem, trial.storage.trial_fs_path, accuracy,
             self.model_builder, dict(trial.config), self.config.timeouts.register_s, self.config.zoo_uri)
-        self._pending[tid] = (ref, name, time.perf_counter())
+        self._pending[key] = (ref, name, time.perf_counter(), interim)
 
     def _best(self, trial: Any) -> tuple[Any, float | None]:
         """The trial's checkpoint with the best metric among those Tune kept, and that metric."""
@@ -248,16 +285,22 @@ class KeeperCallback(Callback):
         if not wait and refs:  # one look at all of them: the driver's loop must stay cheap
             ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
             refs = {tid: ref for tid, ref in refs.items() if ref in ready}
-        for tid in refs:
-            ref, name, submitted = self._pending[tid]
-            del self._pending[tid]
+        for key in refs:
+            ref, name, submitted, interim = self._pending.pop(key)
+            tid = key.split("@")[0]
             try:
                 record = get(ref, self.config.timeouts.register_s,
-                             Demand(f"registering trial {tid} (timeouts.register_s)"))
+                             Demand(f"registering trial {tid} as {name} (timeouts.register_s)"))
             except Exception as exc:  # refused by admission, or a Ray failure: report it, never fail the experiment
                 cause = getattr(exc, "cause", None) or exc
+                if interim:  # the trial's final registration comes when it ends
+                    logger.info("keeper: a checkpoint of running trial %s was not registered: %s", tid, cause)
+                    continue
                 self.outcomes[tid] = f"refused: {cause}"
                 logger.warning("keeper: %s", advice.refused(tid, cause))
+                continue
+            if interim:
+                self.interim.setdefault(tid, []).append(record.get("name", name))
                 continue
             self._registered.add(tid)
             stored = self.models[tid] = record.get("name", name)
