@@ -163,17 +163,24 @@ def _sdpa(rec, args, kwargs, out):
     q_scaled = b.node("Mul", [rec.name_of(q), root])
     w = b.node("MatMul", [q_scaled, k_scaled])
     if mask is not None or is_causal:
-        if mask is None:
-            n, m = q.shape[-2], k.shape[-2]
-            mask = torch.ones(n, m, dtype=torch.bool).tril(diagonal=0)
-        if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
-        w = b.node("Softmax", [b.node("Add", [w, b.tensor_constant(mask)])], axis=-1)
+        w = b.node("Softmax", [b.node("Add", [w, b.tensor_constant(_additive_mask(mask, q, k, is_causal))])],
+                   axis=-1)
         zero = b.constant(np.array(0.0, dtype=_np_dtype(q)), dtype=None)
         w = b.node("Where", [b.node("IsNaN", [w]), zero, w])
     else:
         w = b.node("Softmax", [w], axis=-1)
     rec.bind(out, b.node("MatMul", [w, rec.name_of(v)], "scaled_dot_product_attention"))
+
+
+def _additive_mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The mask attention adds to its scores, as the exporter folds it: -inf where a boolean mask (or the causal
+    triangle) is False. Made on the CPU, whatever the default device and the mask's own: it becomes a Constant."""
+    if mask is None:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device="cpu").tril(diagonal=0)
+    mask = mask.detach().cpu()
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device="cpu").masked_fill(~mask, float("-inf"))
+    return mask
 
 
 # ----------------------------------------------------------------------------------------- elementwise
