@@ -6,7 +6,9 @@ each path (same parent, same similarity to 4 places, same warmed weights). Model
 listed with the reason (they fall back to the exporter at run time).
 
 Catalogue: tests/nets.py's family specs (MLP, ResNet, VGG, MobileNetV2, transformer), the Hugging Face catalogue
-(keeper_bench.hf_catalogue), and both directions of every growth pair of keeper_bench.hf_growth (reports/growth.md)
+(keeper_bench.hf_catalogue), the torchvision / timm models where those import (keeper_bench.vision_catalogue; run
+with the environment of reports/coverage.md: ``PYTHONPATH=. /tmp/tvenv/bin/python scripts/check_trace.py``), and
+both directions of every growth pair of keeper_bench.hf_growth (reports/growth.md)
 and of each family (base spec -> wider).
 
 Usage: python scripts/check_trace.py [--only NAME ...] [--no-warm]
@@ -25,6 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import nets  # noqa: E402
+from keeper_bench.vision_libs import import_torchvision  # noqa: E402
+
+import_torchvision()  # first: a torchvision that fails at import breaks transformers' vision models
 from keeper_bench import hf_catalogue, hf_growth  # noqa: E402
 from keeper_bench.trace_check import graph_differences, warm_differences  # noqa: E402
 
@@ -33,12 +38,16 @@ WIDER = {"mlp": {"widths": [48, 24]}, "resnet": {"widths": [12, 24]}, "vgg": {"w
 
 
 def models():
+    """(name, builder of (module, args)) for every model; built only when checked."""
     for fam, spec in nets.BASE_SPECS.items():
-        m, x = nets.build(spec)
-        yield f"family/{fam}", m, (x,)
+        yield f"family/{fam}", lambda spec=spec: (lambda m, x: (m, (x,)))(*nets.build(spec))
     for name in hf_catalogue.CATALOGUE:
-        m, args = hf_catalogue.build(name, seed=1)
-        yield f"hf/{name}", m, args
+        yield f"hf/{name}", lambda name=name: hf_catalogue.build(name, seed=1)
+    vision, skipped = hf_catalogue.optional_catalogue()
+    for lib, why in skipped.items():
+        print(f"left out {lib}: {why}", flush=True)
+    for name in vision:
+        yield f"vision/{name}", lambda name=name: hf_catalogue.build(name, 1, vision)
 
 
 def pairs():
@@ -64,9 +73,10 @@ def main() -> int:
     keep = (lambda name: any(s in name for s in opts.only)) if opts.only else (lambda name: True)
     bad, fell_back = 0, []
     torch.manual_seed(0)
-    for name, module, args in models():
+    for name, make in models():
         if not keep(name):
             continue
+        module, args = make()
         check = graph_differences(module, args)
         if check.fallback:
             fell_back.append((name, check.fallback))

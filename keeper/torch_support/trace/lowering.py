@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch._prims_common import suggest_memory_format  # the Python twin of ATen's, as export uses it
 
 from keeper.errors import TraceUnsupported
 from keeper.torch_support.trace.builder import onnx_dtype
@@ -294,6 +295,56 @@ for _f, _r in ((torch._C._nn.hardtanh_, _clip("hardtanh")), (torch._C._nn.relu6_
     RULES[func_key(_f)] = _r
 
 
+def _clamp(bounds: str) -> Callable:
+    """``clamp`` (``bounds`` "both"), ``clamp_min`` ("min"), ``clamp_max`` ("max") by Python numbers, as torchlib
+    writes them: ``Clip`` with each bound a constant ``CastLike`` the tensor."""
+    def rule(rec, args, kwargs, out):
+        x = args[0]
+        lo = _arg(args, kwargs, 1, "min") if bounds != "max" else None
+        hi = (_arg(args, kwargs, 2, "max") if bounds == "both" else _arg(args, kwargs, 1, "max")
+              if bounds == "max" else None)
+        if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
+            raise TraceUnsupported(f"clamp{'' if bounds == 'both' else '_' + bounds} by a tensor")
+        b, base = rec.b, "clamp" if bounds == "both" else f"clamp_{bounds}"
+        xn = rec.name_of(x)
+        if lo is None and hi is None:
+            rec.bind(out, b.node("Identity", [xn], base))
+            return
+        ins = [xn] + [b.node("CastLike", [_operand(rec, v, x), xn]) if v is not None else "" for v in (lo, hi)]
+        while not ins[-1]:
+            ins.pop()
+        rec.bind(out, b.node("Clip", ins, base))
+    return rule
+
+
+for _f in (torch.clamp, T.clamp, torch.clip, T.clip):
+    RULES[func_key(_f)] = _clamp("both")
+for _f in (torch.clamp_min, T.clamp_min):
+    RULES[func_key(_f)] = _clamp("min")
+for _f in (torch.clamp_max, T.clamp_max):
+    RULES[func_key(_f)] = _clamp("max")
+
+
+@_rule(torch.linalg.vector_norm)
+def _vector_norm(rec, args, kwargs, out):
+    """The norms torchlib writes with one reduction (ord 1, 2, inf); the axes a reshaped constant, as there."""
+    x, order = args[0], _arg(args, kwargs, 1, "ord", 2)
+    dim, keep = _arg(args, kwargs, 2, "dim"), bool(_arg(args, kwargs, 3, "keepdim", False))
+    if kwargs.get("dtype") is not None or order not in (1, 2, math.inf):
+        raise TraceUnsupported(f"linalg.vector_norm of ord {order!r} or with a dtype")
+    b = rec.b
+    ins = [rec.name_of(x)]
+    if dim is None:
+        ins[0], keep = b.node("Reshape", [ins[0], b.constant([-1])]), False
+    else:
+        dims = [int(d) for d in (dim if isinstance(dim, (list, tuple)) else [dim])]
+        ins.append(b.node("Reshape", [b.constant(dims), b.constant([-1])]))
+    if order == math.inf:
+        ins[0] = b.node("Abs", [ins[0]])
+    op = {1: "ReduceL1", 2: "ReduceL2", math.inf: "ReduceMax"}[order]
+    rec.bind(out, b.node(op, ins, "linalg_vector_norm", keepdims=int(keep)))
+
+
 @_rule(torch._C._nn.leaky_relu)
 def _leaky_relu(rec, args, kwargs, out):
     slope = _arg(args, kwargs, 1, "negative_slope", 0.01)
@@ -323,6 +374,26 @@ def _dropout(rec, args, kwargs, out):
     if _arg(args, kwargs, 2, "train", False):
         raise TraceUnsupported("dropout in training mode")
     rec.bind(out, rec.b.node("Identity", [rec.name_of(args[0])], "clone"))
+
+
+@_rule(torch.dropout_)
+def _dropout_in_place(rec, args, kwargs, out):
+    """In eval mode in-place dropout leaves its tensor as it is: the exporter writes nothing for it (not even an
+    in-place write, so no view of it goes stale)."""
+    if _arg(args, kwargs, 2, "train", False):
+        raise TraceUnsupported("dropout_ in training mode")
+    if out is not args[0]:
+        rec.bind(out, rec.name_of(args[0]))
+
+
+@_rule(T.zero_, in_place=True)
+def _zero(rec, args, kwargs, out):
+    """``zero_`` as the exporter functionalizes it: ``zeros_like``, written by torchlib as an Expand of a zero
+    cast like the tensor to its shape."""
+    b = rec.b
+    x = rec.name_of(args[0])
+    zero = b.node("CastLike", [b.constant(np.array(0, dtype=np.int64), dtype=None), x])
+    rec.bind(out, b.node("Expand", [zero, b.node("Shape", [x], start=0)], "zeros_like"))
 
 
 @_rule(torch.where)
@@ -404,8 +475,16 @@ def _adaptive_avg(dims: int) -> Callable:
         if any(s != 1 for s in size):
             raise TraceUnsupported(f"adaptive_avg_pool{dims}d to a size other than 1")
         axes = list(range(x.dim() - dims, x.dim()))
-        rec.bind(out, rec.b.node("ReduceMean", [rec.name_of(x), rec.b.constant(axes)], "mean", keepdims=1,
-                                 noop_with_empty_axes=0))
+        b = rec.b
+        mean = b.node("ReduceMean", [rec.name_of(x), b.constant(axes)], "mean", keepdims=1, noop_with_empty_axes=0)
+        if dims == 2 and x.dim() == 4 and suggest_memory_format(x) == torch.channels_last:
+            # ATen then restrides the mean to channels-last (``as_strided_``), which the exporter keeps and torchlib
+            # writes as a Gather of the flattened mean at the strided positions
+            n, c = x.shape[:2]
+            index = np.arange(n, dtype=np.int64).reshape(n, 1, 1, 1) * c + np.arange(c).reshape(1, c, 1, 1)
+            flat = b.node("Reshape", [mean, b.constant([-1])], allowzero=0)
+            mean = b.node("Gather", [flat, b.constant(index)], "as_strided", axis=0)
+        rec.bind(out, mean)
     return rule
 
 
