@@ -117,7 +117,9 @@ def _to(rec, args, kwargs, out):
         return
     if not isinstance(out, torch.Tensor):
         raise TraceUnsupported("Tensor.type() without a dtype")
-    if out.dtype == x.dtype:
+    if out.dtype == x.dtype or (out.dtype.is_floating_point and x.dtype.is_floating_point):
+        # a change of float precision is no part of the architecture: a module's graph is the same in fp32, bf16
+        # and fp16 (its norms' upcasts to float32 are no-ops in fp32), whatever the exporter writes for them
         rec.bind(out, rec.name_of(x))
         return
     rec.bind(out, rec.b.node("Cast", [rec.name_of(x)], "_to_copy", to=onnx_dtype(out.dtype)))
