@@ -303,10 +303,16 @@ def _clamp(bounds: str) -> Callable:
         lo = _arg(args, kwargs, 1, "min") if bounds != "max" else None
         hi = (_arg(args, kwargs, 2, "max") if bounds == "both" else _arg(args, kwargs, 1, "max")
               if bounds == "max" else None)
-        if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
-            raise TraceUnsupported(f"clamp{'' if bounds == 'both' else '_' + bounds} by a tensor")
         b, base = rec.b, "clamp" if bounds == "both" else f"clamp_{bounds}"
         xn = rec.name_of(x)
+        if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):  # clamp.Tensor: Max, then Min
+            steps = [(op, b.node("CastLike", [_operand(rec, v, x), xn])) for v, op in ((lo, "Max"), (hi, "Min"))
+                     if v is not None]
+            y = xn
+            for i, (op, bound) in enumerate(steps):
+                y = b.node(op, [y, bound], base if i == len(steps) - 1 else None)
+            rec.bind(out, y)
+            return
         if lo is None and hi is None:
             rec.bind(out, b.node("Identity", [xn], base))
             return
@@ -323,6 +329,26 @@ for _f in (torch.clamp_min, T.clamp_min):
     RULES[func_key(_f)] = _clamp("min")
 for _f in (torch.clamp_max, T.clamp_max):
     RULES[func_key(_f)] = _clamp("max")
+
+
+@_rule(torch.isinf, T.isinf)
+def _isinf(rec, args, kwargs, out):
+    x = rec.b.node("Cast", [rec.name_of(args[0])], to=onnx_dtype(torch.float32))
+    rec.bind(out, rec.b.node("IsInf", [x], "isinf"))
+
+
+@_rule(torch.any, T.any)
+def _any(rec, args, kwargs, out):
+    """``any`` over every element, as torchlib writes it (a ReduceMax of the values cast to bool, then int64)."""
+    if len(args) > 1 or kwargs:
+        raise TraceUnsupported("any over an axis")
+    b = rec.b
+    x = b.node("Cast", [rec.name_of(args[0])], to=onnx_dtype(torch.bool))
+    if args[0].dim() == 0:
+        rec.bind(out, b.node("Identity", [x], "any"))
+        return
+    r = b.node("ReduceMax", [b.node("Cast", [x], to=onnx_dtype(torch.int64))], keepdims=0)
+    rec.bind(out, b.node("Cast", [r], "any", to=onnx_dtype(torch.bool)))
 
 
 @_rule(torch.linalg.vector_norm)
@@ -401,8 +427,9 @@ def _where(rec, args, kwargs, out):
     if len(args) != 3:
         raise TraceUnsupported("torch.where with one argument")
     cond, a, b = args
-    like = _first_tensor(a, b, cond)
-    rec.bind(out, rec.b.node("Where", [rec.name_of(cond), _operand(rec, a, like), _operand(rec, b, like)], "where"))
+    # Python numbers take the result's dtype (with two numbers that is the default float type, not the bool
+    # condition's)
+    rec.bind(out, rec.b.node("Where", [rec.name_of(cond), _operand(rec, a, out), _operand(rec, b, out)], "where"))
 
 
 def _masked_fill(rec, args, kwargs, out):
