@@ -33,15 +33,8 @@ from keeper_bench.vision_libs import import_torchvision
 
 import_torchvision()  # first: a torchvision that fails at import breaks transformers' vision models
 
-# keeper_bench's families: the base specs and the variants whose code paths differ (post-LN and token-embedding
-# transformers, normed MLPs, 1-d convolutions)
-FAMILIES = {**{name: spec for name, spec in nets.BASE_SPECS.items()},
-            "transformer-post-ln": nets.spec("transformer", pre_ln=False),
-            "transformer-tokens-gelu": nets.spec("transformer", embedding="tokens", vocab_size=32, in_channels=1,
-                                                 activation="gelu"),
-            "mlp-layernorm": nets.spec("mlp", norm="layernorm"),
-            "mlp-batchnorm": nets.spec("mlp", norm="batchnorm"),
-            "resnet-1d": nets.spec("resnet", dim=1, in_channels=1, input_length=16)}
+# keeper_bench's families: the base specs and the variants whose code paths differ
+FAMILIES = {**nets.BASE_SPECS, **nets.VARIANT_SPECS}
 VISION, SKIPPED = hf_catalogue.optional_catalogue()
 NAMES = ([f"family/{n}" for n in FAMILIES] + [f"hf/{n}" for n in hf_catalogue.CATALOGUE]
          + [f"vision/{n}" for n in VISION])

@@ -62,5 +62,9 @@ def _axis(d: int, rank: int) -> int:
     return d + rank if d < 0 else d
 
 
+def _pair(v: Any, n: int) -> list[int]:
+    return [int(x) for x in v] if isinstance(v, (tuple, list)) else [int(v)] * n
+
+
 def _first_tensor(*xs: Any) -> torch.Tensor:
     return next(x for x in xs if isinstance(x, torch.Tensor))
