@@ -161,6 +161,17 @@ class _StaleView(torch.nn.Module):
         return self.fc(view.reshape(8) + x[1])
 
 
+class _CopiesValues(torch.nn.Module):
+    """``new_tensor`` takes its argument's values, not only its shape, unlike ``zeros_like``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(x.new_tensor(x * 2.0) + x)
+
+
 class _WritesAWeight(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -172,11 +183,13 @@ class _WritesAWeight(torch.nn.Module):
 
 
 def test_a_tensor_changed_behind_the_graphs_back_is_never_traced():
-    """Written as a Constant of the values it held, the view would hide the input behind it: the trace refuses,
-    and a write into the module's weights too (it would change the module)."""
+    """Written as a Constant of the values it held, the view (or a copy made by ``new_tensor``) would hide the
+    input behind it: the trace refuses, and a write into the module's weights too (it would change the module)."""
     m, x = _StaleView(), torch.randn(2, 8)
     with pytest.raises(TraceUnsupported, match="after an in-place op changed its memory"):
         trace_graph(m, (x,))
+    with pytest.raises(TraceUnsupported, match="from the values of a tensor computed from the input"):
+        trace_graph(_CopiesValues(), (x,))
     writer = _WritesAWeight()
     before = writer.fc.weight.detach().clone()
     with pytest.raises(TraceUnsupported, match="writes in place into a module tensor"):

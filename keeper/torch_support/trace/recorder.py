@@ -247,9 +247,14 @@ class Recorder(TorchFunctionMode):
             finally:
                 self.following.discard(func)
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        kinds = [self.kind_of(t, op) for t in tensors] if key not in _LIKE else [
-            self.values[id(t)].kind if id(t) in self.values else LEARNED if id(t) in self.state else None
-            for t in tensors]  # a stale tensor's shape is still right
+        if key in _LIKE:  # the first tensor lends its shape, dtype and device only (a stale one's are still right)
+            if any(self.kind_of(t, op) for t in tensors[1:]):
+                raise TraceUnsupported(f"{op} makes a tensor from the values of a tensor computed from the input or "
+                                       "the weights")
+            out = func(*args, **kwargs)
+            self.mark_plain(out)
+            return out
+        kinds = [self.kind_of(t, op) for t in tensors]
         if key in _CONVERSIONS and any(kinds):
             raise TraceUnsupported(f"{op} turns a tensor computed from the input or the weights into a Python "
                                    "value (control flow or shapes that depend on values)")
@@ -258,7 +263,7 @@ class Recorder(TorchFunctionMode):
         if isinstance(kwargs.get("out"), torch.Tensor):  # an ``out=`` argument is an in-place write too
             self.check_in_place(kwargs["out"], op)
         out = func(*args, **kwargs)
-        if not any(kinds) or key in _LIKE:
+        if not any(kinds):
             self.mark_plain(out)
             return out
         if rule is None:
