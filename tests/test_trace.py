@@ -1,7 +1,9 @@
 """Tests of keeper.torch_support.trace, the torch front end: on a representative subset its LayerGraph equals the
 dynamo exporter's and a growth pair warms identically through both paths (``scripts/check_trace.py`` runs the
-whole catalogue); a module it cannot read falls back to the exporter with a warning naming the op and gets the
-exporter's answer; the default path calls no torch.onnx exporter."""
+whole catalogue, tests/test_trace_catalogue.py traces it); in-place ops are written as the exporter
+functionalizes them, and a tensor changed behind the graph's back is refused; a module it cannot read falls back
+to the exporter with a warning naming the op and gets the exporter's answer; the default path calls no torch.onnx
+exporter."""
 
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ class _Branching(torch.nn.Module):
         return self.fc(x) if x.sum() > 0 else -self.fc(x)
 
 
-def test_a_module_the_trace_cannot_read_falls_back_with_a_warning():
+def test_a_module_the_trace_cannot_read_falls_back_with_a_warning(tmp_path, monkeypatch):
     cache.clear()
     m, x = _Cumulative(), torch.randn(2, 4, 8)
     with pytest.warns(TraceFallbackWarning, match=r"_Cumulative: .*cumsum"):
@@ -100,6 +102,11 @@ def test_a_module_the_trace_cannot_read_falls_back_with_a_warning():
         want = export_graph(m, x, dynamo=True)
     assert compare_graphs(got.graph, got.keys, want.graph, want.keys) == []
     assert got.keys == want.keys and got.apart == want.apart
+    cache.clear()  # the fallback under a meta default device: its stamps are drawn on the CPU, not there
+    monkeypatch.setenv(cache_files.ENV, str(tmp_path / "another-arch-cache"))
+    with pytest.warns(TraceFallbackWarning), torch.device("meta"):
+        meta = export_graph(m, x)
+    assert compare_graphs(meta.graph, meta.keys, want.graph, want.keys) == [] and meta.keys == want.keys
 
 
 def test_control_flow_on_the_data_is_never_traced():
