@@ -191,6 +191,16 @@ def _machine() -> tuple[str, list[tuple[str, str]]]:
     return machine, libs
 
 
+def _cache_state() -> str:
+    from keeper.torch_support import cache_files
+
+    where = cache_files.directory()
+    if where is None:
+        return "off (every export cold)"
+    return (f"at `{where}` as earlier runs on this machine left it (an export found there is a file read; "
+            "`KEEPER_ARCH_CACHE=off` for cold exports)")
+
+
 def _model_lines(rows: list[Row]) -> list[str]:
     lines = ["| model | exporter | parses | layers | elements keeper counts (of which no layer holds) / learned | "
              "self | warm similarity | same-arch deviation (child's own init) | tensors left behind | warning | "
@@ -234,7 +244,8 @@ def report(rows: list[Row], growth: list[GrowthRow], skipped: dict[str, str], pa
     machine, libs = _machine()
     lines = ["# Coverage of real architectures", "",
              f"Command: `{command}`", "", f"Machine: {machine}. Times are wall-clock per row (three exports, one "
-             "register, one warm) on a shared machine.", "",
+             "register, one warm) on a shared machine, with keeper's architecture cache "
+             f"{_cache_state()}.", "",
              f"Totals (model x exporter): {totals}.", ""] + _model_lines(rows)
     gaps = {r.model: GAPS[r.model] for r in rows if r.model in GAPS and not r.exact}
     if gaps:
