@@ -1,6 +1,7 @@
 """Does the torch front end (:mod:`keeper.torch_support.trace`) give the dynamo exporter's answers?
 
-Two checks per model, both against ``torch.onnx.export(dynamo=True)`` as keeper uses it:
+Two checks per model, both against ``torch.onnx.export(dynamo=True)`` as keeper uses it (and
+:func:`front_end_graph`, the front end alone, for coverage counts):
 
 * :func:`graph_differences`: the two LayerGraphs, array by array (kinds, predecessors, shapes, channel groups,
   resolution levels), each layer's tensors by state_dict key, role and orientation, attrs and unread tensors;
@@ -26,7 +27,7 @@ from keeper.graph import LayerGraph
 from keeper.torch_support.export import _export_graph
 from keeper.torch_support.tensors import drop_eval_caches
 
-__all__ = ["graph_differences", "warm_differences", "GraphCheck"]
+__all__ = ["graph_differences", "warm_differences", "front_end_graph", "GraphCheck"]
 
 
 class GraphCheck:
@@ -57,6 +58,22 @@ def compare_graphs(a: LayerGraph, keys_a: dict, b: LayerGraph, keys_b: dict) -> 
     if a.unread != b.unread:
         out.append(f"unread: {a.unread} vs {b.unread}")
     return out
+
+
+def front_end_graph(module: torch.nn.Module, args: tuple) -> tuple[LayerGraph, dict] | str:
+    """``(LayerGraph, keys)`` from the torch front end alone (no cache, no exporter), or why it cannot read the
+    module, as ``export_graph``'s fallback warning would say (it falls back on any failure of the trace)."""
+    from keeper.torch_support.trace import trace_graph
+
+    drop_eval_caches(module)
+    try:
+        _, keys, _, graph = trace_graph(module, args)
+    except Exception as exc:  # noqa: BLE001 (see the docstring)
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{type(exc).__name__}: {first}"[:200]
+    finally:
+        drop_eval_caches(module)
+    return graph, keys
 
 
 def graph_differences(module: torch.nn.Module, args: tuple) -> GraphCheck:

@@ -21,8 +21,11 @@ breaks ``import transformers``)::
     /tmp/tvenv/bin/pip install --no-deps torchvision==0.28.0 timm   # --no-deps: else pip pulls a CUDA torch
     PYTHONPATH=. /tmp/tvenv/bin/python scripts/bench_coverage.py
 
+Every model also gets the column "read by the front end, no fallback": whether keeper's torch front end (the
+default path of ``export_graph``, one eager forward) reads it, or why it would fall back to the dynamo exporter.
+
 Run: ``PYTHONPATH=. python scripts/bench_coverage.py`` (``--quick``: TorchScript only; ``--models gpt2,llama``;
-``--no-growth``: no growth pairs).
+``--no-growth``: no growth pairs; ``--front-end-only``: only the front-end column, printed in seconds, no report).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from keeper.torch_support import export_graph, register, warm_start
 from keeper.zoo import Zoo
 from keeper_bench.hf_catalogue import CATALOGUE, Builder, build, optional_catalogue
 from keeper_bench.hf_growth import GrowthResult, warm_deviation
+from keeper_bench.trace_check import front_end_graph
 from keeper_bench.vision_catalogue import GAPS, SIZES, growth_pairs
 
 EXACT = 1e-5  # a same-architecture warm deviating less than this is exact (float32 round-off is ~1e-7)
@@ -66,6 +70,7 @@ class Row:
     warned: bool = False
     seconds: float = 0.0
     error: str = ""
+    front: str = ""         # "yes" when the torch front end reads the model (no fallback), else why it cannot
 
     @property
     def exact(self) -> bool:
@@ -79,6 +84,17 @@ def learned_elements(module: torch.nn.Module) -> int:
 
 def rel_dev(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / a.abs().max().clamp_min(1e-12))
+
+
+def front_end(name: str, builders: dict[str, Builder]) -> str:
+    """"yes (N ms)" when the torch front end reads the model, so ``export_graph``'s default path writes its graph
+    with no exporter; else "no: " and why it falls back (:func:`keeper_bench.trace_check.front_end_graph`)."""
+    module, args = build(name, 1, builders)
+    t0 = time.perf_counter()
+    got = front_end_graph(module, args)
+    if isinstance(got, str):
+        return f"no: {got}"
+    return f"yes ({(time.perf_counter() - t0) * 1e3:.0f} ms)"
 
 
 def measure(name: str, builders: dict[str, Builder], dynamo: bool) -> Row:
@@ -142,15 +158,24 @@ def _score(v: float) -> str:
     return "-" if v != v else "1" if v == 1.0 else f"{v:.4f}"  # 0.9996 must not print as 1
 
 
-def report(rows: list[Row], growth: list[GrowthRow], skipped: dict[str, str], path: Path, command: str) -> str:
+def _totals(rows: list[Row]) -> str:
     n = len(rows)
     parsed = sum(r.parses for r in rows)
     self_one = sum(abs(r.self_score - 1.0) < 1e-9 for r in rows)
     complete = sum(r.parses and r.seen == r.learned and not r.unread for r in rows)
     exact = sum(r.exact for r in rows)
-    totals = (f"{parsed}/{n} parse, {self_one}/{n} score 1.0 against themselves, {complete}/{n} have every learned "
-              f"element held by a layer and nothing else counted as learned (tied tensors once), {exact}/{n} warm exactly from a parent of their own architecture "
-              f"(relative deviation < {EXACT:g}, no tensor left behind)")
+    read = sum(r.front.startswith("yes") for r in rows)
+    models = {r.model for r in rows}
+    models_read = {r.model for r in rows if r.front.startswith("yes")}
+    return (f"{parsed}/{n} parse, {self_one}/{n} score 1.0 against themselves, {complete}/{n} have every learned "
+            "element held by a layer and nothing else counted as learned (tied tensors once), "
+            f"{exact}/{n} warm exactly from a parent of their own architecture (relative deviation < {EXACT:g}, no "
+            f"tensor left behind), {read}/{n} are read by the torch front end with no fallback to the exporter "
+            f"({len(models_read)}/{len(models)} models; target: all)")
+
+
+def _machine() -> tuple[str, list[tuple[str, str]]]:
+    """The machine and library versions, and the optional vision libraries that imported."""
     import os
     import platform
 
@@ -163,21 +188,65 @@ def report(rows: list[Row], growth: list[GrowthRow], skipped: dict[str, str], pa
     machine = (f"{platform.machine()}, {os.cpu_count()} CPU cores visible, Python {platform.python_version()}, "
                f"torch {torch.__version__}, transformers {transformers.__version__}"
                + "".join(f", {lib} {v}" for lib, v in libs))
-    lines = ["# Coverage of real architectures", "",
-             f"Command: `{command}`", "", f"Machine: {machine}. Times are wall-clock per row (three exports, one "
-             "register, one warm) on a shared machine.", "",
-             f"Totals (model x exporter): {totals}.", "",
-             "| model | exporter | parses | layers | elements keeper counts (of which no layer holds) / learned | self | warm similarity | "
-             "same-arch deviation (child's own init) | tensors left behind | warning | time (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    return machine, libs
+
+
+def _cache_state() -> str:
+    from keeper.torch_support import cache_files
+
+    where = cache_files.directory()
+    if where is None:
+        return "off (every export cold)"
+    return (f"at `{where}` as earlier runs on this machine left it (an export found there is a file read; "
+            "`KEEPER_ARCH_CACHE=off` for cold exports)")
+
+
+def _model_lines(rows: list[Row]) -> list[str]:
+    lines = ["| model | exporter | parses | layers | elements keeper counts (of which no layer holds) / learned | "
+             "self | warm similarity | same-arch deviation (child's own init) | tensors left behind | warning | "
+             "read by the front end, no fallback | time (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         left = ", ".join(f"`{k}`" for k in r.left[:4]) + (f" +{len(r.left) - 4}" if len(r.left) > 4 else "")
         lines.append(f"| {r.model} | {r.exporter} | {'yes' if r.parses else 'no: ' + r.error} | {r.layers} | "
-                     f"{r.seen}{f' ({r.unread})' if r.unread else ''} / {r.learned} | {_score(r.self_score)} | {_score(r.similarity)} | {_fmt(r.deviation)} ({_fmt(r.cold)}) | "
-                     f"{left or '-'} | {'yes' if r.warned else '-'} | {r.seconds:.1f} |")
+                     f"{r.seen}{f' ({r.unread})' if r.unread else ''} / {r.learned} | {_score(r.self_score)} | "
+                     f"{_score(r.similarity)} | {_fmt(r.deviation)} ({_fmt(r.cold)}) | "
+                     f"{left or '-'} | {'yes' if r.warned else '-'} | {r.front or '-'} | {r.seconds:.1f} |")
         if r.parses and r.error:
-            lines.append(f"| | | error: {r.error} | | | | | | | | |")
-    lines.append("")
+            lines.append(f"| | | error: {r.error} | | | | | | | | | |")
+    return lines + ["", "The front-end column: the model's architecture read by keeper's torch front end alone (one "
+                    "eager forward, `keeper_bench.trace_check.front_end_graph`; no cache, no exporter), which is "
+                    "what `export_graph` and `warm_start` use by default; \"no\" gives the reason it would fall back "
+                    "to the dynamo exporter (seconds instead of milliseconds). The time is that one trace's, on the "
+                    "loaded machine. It is the model's, the same on both of its rows; `scripts/check_trace.py` shows "
+                    "the graph is the exporter's.", ""]
+
+
+def _growth_lines(growth: list[GrowthRow]) -> list[str]:
+    lines = ["## Growth pairs (torchvision CNNs)", "",
+             "Parent made trained-like, child warmed with noise 0; deviation = max |parent(x) - child(x)| / "
+             "max |parent(x)|, after the warm and at the child's own init.", "",
+             "| growth | parent -> child | exporter | deviation after warm | child's own init | score | "
+             "tensors not inherited | time (s) |", "|---|---|---|---|---|---|---|---|"]
+    for g in growth:
+        if g.result is None:
+            lines.append(f"| {g.growth} | {g.parent} -> {g.child} | {g.exporter} | error: {g.error} | | | | |")
+            continue
+        r = g.result
+        miss = ", ".join(f"`{k}`" for k in r.missing[:4]) + (f" +{len(r.missing) - 4}" if len(r.missing) > 4 else "")
+        lines.append(f"| {g.growth} | {g.parent} -> {g.child} | {g.exporter} | {r.warm:.2g} | {r.init:.2g} | "
+                     f"{r.score:.3f} | {miss or '-'} | {r.seconds:.1f} |")
+    return lines + [""]
+
+
+def report(rows: list[Row], growth: list[GrowthRow], skipped: dict[str, str], path: Path, command: str) -> str:
+    totals = _totals(rows)
+    machine, libs = _machine()
+    lines = ["# Coverage of real architectures", "",
+             f"Command: `{command}`", "", f"Machine: {machine}. Times are wall-clock per row (three exports, one "
+             "register, one warm) on a shared machine, with keeper's architecture cache "
+             f"{_cache_state()}.", "",
+             f"Totals (model x exporter): {totals}.", ""] + _model_lines(rows)
     gaps = {r.model: GAPS[r.model] for r in rows if r.model in GAPS and not r.exact}
     if gaps:
         lines += ["Why the rows above that are not exact are not (read from the ONNX graphs):", ""]
@@ -190,20 +259,7 @@ def report(rows: list[Row], growth: list[GrowthRow], skipped: dict[str, str], pa
                   "pulls a CUDA torch); torchvision 0.28's compiled ops do not load into this torch, so "
                   "`keeper_bench.vision_libs` defines the `torchvision::nms` / `qnms` schemas its import needs.", ""]
     if growth:
-        lines += ["## Growth pairs (torchvision CNNs)", "",
-                  "Parent made trained-like, child warmed with noise 0; deviation = max |parent(x) - child(x)| / "
-                  "max |parent(x)|, after the warm and at the child's own init.", "",
-                  "| growth | parent -> child | exporter | deviation after warm | child's own init | score | "
-                  "tensors not inherited | time (s) |", "|---|---|---|---|---|---|---|---|"]
-        for g in growth:
-            if g.result is None:
-                lines.append(f"| {g.growth} | {g.parent} -> {g.child} | {g.exporter} | error: {g.error} | | | | |")
-                continue
-            r = g.result
-            miss = ", ".join(f"`{k}`" for k in r.missing[:4]) + (f" +{len(r.missing) - 4}" if len(r.missing) > 4 else "")
-            lines.append(f"| {g.growth} | {g.parent} -> {g.child} | {g.exporter} | {r.warm:.2g} | {r.init:.2g} | "
-                         f"{r.score:.3f} | {miss or '-'} | {r.seconds:.1f} |")
-        lines.append("")
+        lines += _growth_lines(growth)
     if skipped:
         lines.append("Left out: " + "; ".join(f"{lib}: {why}" for lib, why in skipped.items()) + ". They are "
                      "optional (no CPU-only torchvision wheel on the package index; timm needs torchvision); to "
@@ -214,9 +270,8 @@ def report(rows: list[Row], growth: list[GrowthRow], skipped: dict[str, str], pa
                  "once; constant tables (rotary cos/sin, masks, position ids) are no layer and count for nothing. "
                  "keeper counts what the ONNX graph reads as learned: more than the module's parameters where a "
                  "floating-point buffer looks like one (a precomputed rotary table, a zero key bias).")
-    text = "\n".join(lines) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text("\n".join(lines) + "\n")
     return totals
 
 
@@ -225,6 +280,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="TorchScript exporter only (dynamo export is slow)")
     ap.add_argument("--models", default="", help="comma-separated names (default: all)")
     ap.add_argument("--no-growth", action="store_true", help="leave out the torchvision growth pairs")
+    ap.add_argument("--front-end-only", action="store_true",
+                    help="only the front-end column: print which models the torch front end reads (seconds; no "
+                         "report written)")
     ap.add_argument("--out", default="reports/coverage.md")
     a = ap.parse_args()
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the dynamo exporter logs every op it skips
@@ -237,14 +295,24 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"unknown model(s) {unknown}; choose from {sorted(models)}")
         models = {m: models[m] for m in wanted}
+    if a.front_end_only:
+        read = 0
+        for name in models:
+            got = front_end(name, models)
+            read += got.startswith("yes")
+            print(f"{name:28s} {got}", flush=True)
+        print(f"read by the front end with no fallback: {read}/{len(models)} models")
+        return
     exporters = [False] if a.quick else [False, True]
     rows = []
     for name in models:
+        front = front_end(name, models)
         for dynamo in exporters:
             r = measure(name, models, dynamo)
+            r.front = front
             rows.append(r)
-            print(f"{name:24s} {r.exporter:11s} layers={r.layers:4d} read={r.seen}({r.unread} unread)/{r.learned} "
-                  f"self={_fmt(r.self_score)} sim={_fmt(r.similarity)} dev={_fmt(r.deviation)} (cold {_fmt(r.cold)}) "
+            print(f"{name:24s} {r.exporter:11s} front end: {front:.40s} layers={r.layers:4d} "
+                  f"read={r.seen}({r.unread} unread)/{r.learned} self={_fmt(r.self_score)} sim={_fmt(r.similarity)} dev={_fmt(r.deviation)} (cold {_fmt(r.cold)}) "
                   f"left={len(r.left)} "
                   f"{r.seconds:.1f}s {r.error}", flush=True)
     growth = []

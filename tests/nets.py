@@ -94,6 +94,17 @@ def spec(family: str, **overrides: Any) -> dict[str, Any]:
     return {**BASE_SPECS[family], **overrides}
 
 
+# The family variants whose forward takes other code paths than the base specs' (post-LN and token-embedding
+# transformers, normed MLPs, 1-d convolutions): the torch front end's catalogue reads them too.
+VARIANT_SPECS: dict[str, dict[str, Any]] = {
+    "transformer-post-ln": spec("transformer", pre_ln=False),
+    "transformer-tokens-gelu": spec("transformer", embedding="tokens", vocab_size=32, activation="gelu"),
+    "mlp-layernorm": spec("mlp", norm="layernorm"),
+    "mlp-batchnorm": spec("mlp", norm="batchnorm"),
+    "resnet-1d": spec("resnet", dim=1, in_channels=1, input_length=16),
+}
+
+
 def _key(s: dict[str, Any]) -> str:
     return json.dumps(s, sort_keys=True)
 

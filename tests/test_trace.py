@@ -1,7 +1,9 @@
 """Tests of keeper.torch_support.trace, the torch front end: on a representative subset its LayerGraph equals the
 dynamo exporter's and a growth pair warms identically through both paths (``scripts/check_trace.py`` runs the
-whole catalogue); a module it cannot read falls back to the exporter with a warning naming the op and gets the
-exporter's answer; the default path calls no torch.onnx exporter."""
+whole catalogue, tests/test_trace_catalogue.py traces it); in-place ops are written as the exporter
+functionalizes them, and a tensor changed behind the graph's back is refused; a module it cannot read falls back
+to the exporter with a warning naming the op and gets the exporter's answer; the default path calls no torch.onnx
+exporter."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import pytest
 import torch
 
 import nets
-from keeper.errors import TraceFallbackWarning
+from keeper.errors import TraceFallbackWarning, TraceUnsupported
 from keeper.torch_support import cache, cache_files, export_graph
+from keeper.torch_support.trace import trace_graph
 from keeper_bench import hf_catalogue, hf_growth
 from keeper_bench.trace_check import compare_graphs, graph_differences, warm_differences
 
@@ -89,7 +92,7 @@ class _Branching(torch.nn.Module):
         return self.fc(x) if x.sum() > 0 else -self.fc(x)
 
 
-def test_a_module_the_trace_cannot_read_falls_back_with_a_warning():
+def test_a_module_the_trace_cannot_read_falls_back_with_a_warning(tmp_path, monkeypatch):
     cache.clear()
     m, x = _Cumulative(), torch.randn(2, 4, 8)
     with pytest.warns(TraceFallbackWarning, match=r"_Cumulative: .*cumsum"):
@@ -99,6 +102,11 @@ def test_a_module_the_trace_cannot_read_falls_back_with_a_warning():
         want = export_graph(m, x, dynamo=True)
     assert compare_graphs(got.graph, got.keys, want.graph, want.keys) == []
     assert got.keys == want.keys and got.apart == want.apart
+    cache.clear()  # the fallback under a meta default device: its stamps are drawn on the CPU, not there
+    monkeypatch.setenv(cache_files.ENV, str(tmp_path / "another-arch-cache"))
+    with pytest.warns(TraceFallbackWarning), torch.device("meta"):
+        meta = export_graph(m, x)
+    assert compare_graphs(meta.graph, meta.keys, want.graph, want.keys) == [] and meta.keys == want.keys
 
 
 def test_control_flow_on_the_data_is_never_traced():
@@ -121,3 +129,76 @@ def test_the_default_path_calls_no_onnx_exporter(monkeypatch):
     with pytest.warns(TraceFallbackWarning):
         export_graph(_Cumulative(), torch.randn(2, 4, 8))
     assert calls == [1], "the counting wrapper sees the exporter when it runs"
+
+
+class _InPlace(torch.nn.Module):
+    """ResNet's block ends ``out += identity; relu_(out)``; Swin V2 zeroes a slice of its qkv bias in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 6)
+
+    def forward(self, x):
+        out = self.fc1(x)
+        out += x
+        out = torch.nn.functional.relu(out, inplace=True)
+        bias = self.fc2.bias.clone()
+        bias[2:4].zero_()
+        return torch.nn.functional.linear(out, self.fc2.weight, bias)
+
+
+def test_in_place_ops_are_written_as_the_exporter_functionalizes_them():
+    check = graph_differences(_InPlace().eval(), (torch.randn(2, 4, 8),))
+    assert check.fallback is None
+    assert check.differences == []
+
+
+class _StaleView(torch.nn.Module):
+    """A view read after an in-place op changed its memory through its base: its values now depend on the input,
+    though it was made from no input."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        buf = torch.zeros(8)
+        view = buf.view(2, 4)
+        buf.add_(x[0])
+        return self.fc(view.reshape(8) + x[1])
+
+
+class _CopiesValues(torch.nn.Module):
+    """``new_tensor`` takes its argument's values, not only its shape, unlike ``zeros_like``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(x.new_tensor(x * 2.0) + x)
+
+
+class _WritesAWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        self.fc.weight[0].mul_(2.0)
+        return self.fc(x)
+
+
+def test_a_tensor_changed_behind_the_graphs_back_is_never_traced():
+    """Written as a Constant of the values it held, the view (or a copy made by ``new_tensor``) would hide the
+    input behind it: the trace refuses, and a write into the module's weights too (it would change the module)."""
+    m, x = _StaleView(), torch.randn(2, 8)
+    with pytest.raises(TraceUnsupported, match="after an in-place op changed its memory"):
+        trace_graph(m, (x,))
+    with pytest.raises(TraceUnsupported, match="from the values of a tensor computed from the input"):
+        trace_graph(_CopiesValues(), (x,))
+    writer = _WritesAWeight()
+    before = writer.fc.weight.detach().clone()
+    with pytest.raises(TraceUnsupported, match="writes in place into a module tensor"):
+        trace_graph(writer, (x,))
+    assert torch.equal(writer.fc.weight, before), "the module is left as it was"

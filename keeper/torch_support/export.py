@@ -134,8 +134,9 @@ def _export_graph(module: torch.nn.Module, args: tuple, dynamo: bool, seed: int)
     try:
         with torch.no_grad():
             for k, v in state.items():
-                # distinct values per tensor: a random draw plus a per-tensor offset
-                stamp = torch.rand(v.shape, generator=gen, dtype=torch.float32) + len(stamps) * 2.0 + 1.0
+                # distinct values per tensor: a random draw plus a per-tensor offset, drawn on the CPU (the
+                # generator's device) whatever torch's default device is
+                stamp = torch.rand(v.shape, generator=gen, dtype=torch.float32, device="cpu") + len(stamps) * 2.0 + 1.0
                 v.copy_(stamp.to(v.dtype))
                 # matched while the module still holds the stamps: a float32 CPU tensor is read in place
                 stamps[k] = (v.detach().numpy() if v.dtype == torch.float32 and v.device.type == "cpu"

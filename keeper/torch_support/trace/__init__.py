@@ -36,7 +36,7 @@ from keeper.errors import TraceUnsupported
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.onnx_safety import load_model
 from keeper.torch_support.tensors import as_numpy
-from keeper.torch_support.trace import lowering, shapes  # noqa: F401 - importing them registers their rules
+from keeper.torch_support.trace import lowering, reductions, shapes  # noqa: F401 - importing registers the rules
 from keeper.torch_support.trace.table import RULES
 from keeper.torch_support.trace.recorder import DATA, Recorder
 

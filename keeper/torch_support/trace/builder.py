@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from keeper.errors import TraceUnsupported
 from keeper.graph.reader import INPUT_KIND, INPUT_PERSISTENT
 
-__all__ = ["OnnxBuilder", "OPSET", "onnx_dtype"]
+__all__ = ["OnnxBuilder", "OPSET", "onnx_dtype", "numpy_dtype"]
 
 #: The opset the dynamo exporter of the supported torch versions writes (LayerNormalization needs 17).
 OPSET = 20
@@ -39,6 +39,15 @@ def onnx_dtype(dtype: torch.dtype) -> int:
         return _DTYPES[dtype]
     except KeyError:
         raise TraceUnsupported(f"a tensor of dtype {dtype}") from None
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of the constants written for a tensor of ``dtype``: bfloat16's widened to float32, as the
+    exporter writes Python scalars next to a bfloat16 tensor. From the table, not from a tensor made to ask:
+    a tensor made here would land on torch's default device (``meta`` has no values to convert)."""
+    if dtype == torch.bfloat16:
+        return np.dtype(np.float32)
+    return np.dtype(helper.tensor_dtype_to_np_dtype(onnx_dtype(dtype)))
 
 
 class OnnxBuilder:
@@ -99,6 +108,10 @@ class OnnxBuilder:
 
     def tensor_constant(self, t: torch.Tensor) -> str:
         """A Constant node holding a tensor made during the forward from no input and no learned tensor."""
+        if t.device.type == "meta":
+            raise TraceUnsupported(f"a tensor of shape {tuple(t.shape)} made during the forward on the meta device "
+                                   "has no values for the graph's constant: the code that makes it names no "
+                                   "device while torch's default device is meta; make it on its input's device")
         t = t.detach().cpu()
         if t.dtype == torch.bfloat16:
             t = t.float()

@@ -1,5 +1,6 @@
-"""The rules of layers, elementwise ops, reductions and pools, registered into
-:data:`~keeper.torch_support.trace.table.RULES` on import."""
+"""The rules of layers, attention and elementwise ops, registered into
+:data:`~keeper.torch_support.trace.table.RULES` on import (reductions and pools:
+:mod:`~keeper.torch_support.trace.reductions`; shape ops: :mod:`~keeper.torch_support.trace.shapes`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ from keeper.torch_support.trace.builder import onnx_dtype
 from keeper.torch_support.trace.recorder import func_key
 
 
-from keeper.torch_support.trace.table import (RULES, T, _arg, _first_tensor, _np_dtype,
-                                                 _operand,
-                                                 _rule)
+from keeper.torch_support.trace.table import RULES, T, _arg, _first_tensor, _np_dtype, _operand, _pair, _rule
 
 
 # ----------------------------------------------------------------------------------------- layers
@@ -35,10 +34,6 @@ def _linear(rec, args, kwargs, out):
         return
     mm = rec.b.node("MatMul", [rec.name_of(x), wt])
     rec.bind(out, rec.b.node("Add", [mm, rec.name_of(b)], "linear"))
-
-
-def _pair(v: Any, n: int) -> list[int]:
-    return [int(x) for x in v] if isinstance(v, (tuple, list)) else [int(v)] * n
 
 
 def _conv_rule(dims: int) -> Callable:
@@ -163,17 +158,24 @@ def _sdpa(rec, args, kwargs, out):
     q_scaled = b.node("Mul", [rec.name_of(q), root])
     w = b.node("MatMul", [q_scaled, k_scaled])
     if mask is not None or is_causal:
-        if mask is None:
-            n, m = q.shape[-2], k.shape[-2]
-            mask = torch.ones(n, m, dtype=torch.bool).tril(diagonal=0)
-        if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
-        w = b.node("Softmax", [b.node("Add", [w, b.tensor_constant(mask)])], axis=-1)
+        w = b.node("Softmax", [b.node("Add", [w, b.tensor_constant(_additive_mask(mask, q, k, is_causal))])],
+                   axis=-1)
         zero = b.constant(np.array(0.0, dtype=_np_dtype(q)), dtype=None)
         w = b.node("Where", [b.node("IsNaN", [w]), zero, w])
     else:
         w = b.node("Softmax", [w], axis=-1)
     rec.bind(out, b.node("MatMul", [w, rec.name_of(v)], "scaled_dot_product_attention"))
+
+
+def _additive_mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The mask attention adds to its scores, as the exporter folds it: -inf where a boolean mask (or the causal
+    triangle) is False. Made on the CPU, whatever the default device and the mask's own: it becomes a Constant."""
+    if mask is None:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device="cpu").tril(diagonal=0)
+    mask = mask.detach().cpu()
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device="cpu").masked_fill(~mask, float("-inf"))
+    return mask
 
 
 # ----------------------------------------------------------------------------------------- elementwise
@@ -287,6 +289,48 @@ for _f, _r in ((torch._C._nn.hardtanh_, _clip("hardtanh")), (torch._C._nn.relu6_
     RULES[func_key(_f)] = _r
 
 
+def _clamp(bounds: str) -> Callable:
+    """``clamp`` (``bounds`` "both"), ``clamp_min`` ("min"), ``clamp_max`` ("max") by Python numbers, as torchlib
+    writes them: ``Clip`` with each bound a constant ``CastLike`` the tensor."""
+    def rule(rec, args, kwargs, out):
+        x = args[0]
+        lo = _arg(args, kwargs, 1, "min") if bounds != "max" else None
+        hi = (_arg(args, kwargs, 2, "max") if bounds == "both" else _arg(args, kwargs, 1, "max")
+              if bounds == "max" else None)
+        b, base = rec.b, "clamp" if bounds == "both" else f"clamp_{bounds}"
+        xn = rec.name_of(x)
+        if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):  # clamp.Tensor: Max, then Min
+            steps = [(op, b.node("CastLike", [_operand(rec, v, x), xn])) for v, op in ((lo, "Max"), (hi, "Min"))
+                     if v is not None]
+            y = xn
+            for i, (op, bound) in enumerate(steps):
+                y = b.node(op, [y, bound], base if i == len(steps) - 1 else None)
+            rec.bind(out, y)
+            return
+        if lo is None and hi is None:
+            rec.bind(out, b.node("Identity", [xn], base))
+            return
+        ins = [xn] + [b.node("CastLike", [_operand(rec, v, x), xn]) if v is not None else "" for v in (lo, hi)]
+        while not ins[-1]:
+            ins.pop()
+        rec.bind(out, b.node("Clip", ins, base))
+    return rule
+
+
+for _f in (torch.clamp, T.clamp, torch.clip, T.clip):
+    RULES[func_key(_f)] = _clamp("both")
+for _f in (torch.clamp_min, T.clamp_min):
+    RULES[func_key(_f)] = _clamp("min")
+for _f in (torch.clamp_max, T.clamp_max):
+    RULES[func_key(_f)] = _clamp("max")
+
+
+@_rule(torch.isinf, T.isinf)
+def _isinf(rec, args, kwargs, out):
+    x = rec.b.node("Cast", [rec.name_of(args[0])], to=onnx_dtype(torch.float32))
+    rec.bind(out, rec.b.node("IsInf", [x], "isinf"))
+
+
 @_rule(torch._C._nn.leaky_relu)
 def _leaky_relu(rec, args, kwargs, out):
     slope = _arg(args, kwargs, 1, "negative_slope", 0.01)
@@ -318,13 +362,34 @@ def _dropout(rec, args, kwargs, out):
     rec.bind(out, rec.b.node("Identity", [rec.name_of(args[0])], "clone"))
 
 
+@_rule(torch.dropout_)
+def _dropout_in_place(rec, args, kwargs, out):
+    """In eval mode in-place dropout leaves its tensor as it is: the exporter writes nothing for it (not even an
+    in-place write, so no view of it goes stale)."""
+    if _arg(args, kwargs, 2, "train", False):
+        raise TraceUnsupported("dropout_ in training mode")
+    if out is not args[0]:
+        rec.bind(out, rec.name_of(args[0]))
+
+
+@_rule(T.zero_, in_place=True)
+def _zero(rec, args, kwargs, out):
+    """``zero_`` as the exporter functionalizes it: ``zeros_like``, written by torchlib as an Expand of a zero
+    cast like the tensor to its shape."""
+    b = rec.b
+    x = rec.name_of(args[0])
+    zero = b.node("CastLike", [b.constant(np.array(0, dtype=np.int64), dtype=None), x])
+    rec.bind(out, b.node("Expand", [zero, b.node("Shape", [x], start=0)], "zeros_like"))
+
+
 @_rule(torch.where)
 def _where(rec, args, kwargs, out):
     if len(args) != 3:
         raise TraceUnsupported("torch.where with one argument")
     cond, a, b = args
-    like = _first_tensor(a, b, cond)
-    rec.bind(out, rec.b.node("Where", [rec.name_of(cond), _operand(rec, a, like), _operand(rec, b, like)], "where"))
+    # Python numbers take the result's dtype (with two numbers that is the default float type, not the bool
+    # condition's)
+    rec.bind(out, rec.b.node("Where", [rec.name_of(cond), _operand(rec, a, out), _operand(rec, b, out)], "where"))
 
 
 def _masked_fill(rec, args, kwargs, out):
@@ -334,73 +399,3 @@ def _masked_fill(rec, args, kwargs, out):
 
 _rule(torch.masked_fill, T.masked_fill)(_masked_fill)
 _rule(T.masked_fill_, in_place=True)(_masked_fill)
-
-
-# ----------------------------------------------------------------------------------------- reductions, pools
-
-def _reduce(op: str, base: str) -> Callable:
-    def rule(rec, args, kwargs, out):
-        x = args[0]
-        dim = _arg(args, kwargs, 1, "dim")
-        keep = bool(_arg(args, kwargs, 2, "keepdim", False))
-        if kwargs.get("dtype") is not None or (len(args) > 3 and args[3] is not None):
-            raise TraceUnsupported(f"{base} with a dtype")
-        b = rec.b
-        if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
-            r = b.node(op, [rec.name_of(x)], keepdims=1, noop_with_empty_axes=0)
-            rec.bind(out, b.node("Squeeze", [r], base))
-            return
-        dims = [int(d) for d in (dim if isinstance(dim, (list, tuple)) else [dim])]
-        rec.bind(out, b.node(op, [rec.name_of(x), b.constant(dims)], base, keepdims=int(keep),
-                             noop_with_empty_axes=0))
-    return rule
-
-
-for _f in (torch.mean, T.mean):
-    RULES[func_key(_f)] = _reduce("ReduceMean", "mean")
-for _f in (torch.sum, T.sum):
-    RULES[func_key(_f)] = _reduce("ReduceSum", "sum")
-
-
-def _pool(op: str, dims: int, base: str) -> Callable:
-    def rule(rec, args, kwargs, out):
-        x, kernel = args[0], _arg(args, kwargs, 1, "kernel_size")
-        stride = _arg(args, kwargs, 2, "stride") or kernel
-        padding = _arg(args, kwargs, 3, "padding", 0)
-        pads = _pair(padding, dims)
-        attrs: dict[str, Any] = {"kernel_shape": _pair(kernel, dims), "strides": _pair(stride, dims),
-                                 "pads": pads + pads, "auto_pad": "NOTSET"}
-        if op == "MaxPool":
-            if _arg(args, kwargs, 6, "return_indices"):
-                raise TraceUnsupported("max_pool with return_indices")
-            dilation = _arg(args, kwargs, 4, "dilation", 1)
-            attrs.update(dilations=_pair(dilation, dims), ceil_mode=int(bool(_arg(args, kwargs, 5, "ceil_mode"))),
-                         storage_order=0)
-        else:
-            attrs.update(ceil_mode=int(bool(_arg(args, kwargs, 4, "ceil_mode"))),
-                         count_include_pad=int(bool(_arg(args, kwargs, 5, "count_include_pad", True))))
-            if _arg(args, kwargs, 6, "divisor_override") is not None:
-                raise TraceUnsupported("avg_pool with divisor_override")
-        rec.bind(out, rec.b.node(op, [rec.name_of(x)], base, **attrs))
-    return rule
-
-
-for _f, _d in ((torch.max_pool1d, 1), (torch.max_pool2d, 2), (F.max_pool1d, 1), (F.max_pool2d, 2)):
-    RULES[func_key(_f)] = _pool("MaxPool", _d, f"max_pool{_d}d")
-RULES[func_key(torch.avg_pool1d)] = _pool("AveragePool", 1, "avg_pool1d")
-RULES[func_key(torch._C._nn.avg_pool2d)] = _pool("AveragePool", 2, "avg_pool2d")
-
-
-def _adaptive_avg(dims: int) -> Callable:
-    def rule(rec, args, kwargs, out):
-        x, size = args[0], _pair(_arg(args, kwargs, 1, "output_size"), dims)
-        if any(s != 1 for s in size):
-            raise TraceUnsupported(f"adaptive_avg_pool{dims}d to a size other than 1")
-        axes = list(range(x.dim() - dims, x.dim()))
-        rec.bind(out, rec.b.node("ReduceMean", [rec.name_of(x), rec.b.constant(axes)], "mean", keepdims=1,
-                                 noop_with_empty_axes=0))
-    return rule
-
-
-RULES[func_key(torch.adaptive_avg_pool1d)] = _adaptive_avg(1)
-RULES[func_key(torch._C._nn.adaptive_avg_pool2d)] = _adaptive_avg(2)

@@ -11,8 +11,15 @@ Every tensor the forward touches is one of:
   where a node reads it.
 
 A call with a data or learned argument and no rule, a tensor converted to a Python value (``.item()``,
-``bool``: control flow that depends on the data), an in-place write into a tensor other tensors view, or a
-tensor of unknown origin raises :class:`~keeper.errors.TraceUnsupported` naming the op: the trace never guesses.
+``bool``: control flow that depends on the data), an in-place write into a module tensor, a read of a tensor an
+in-place op changed through another view of its memory, or a tensor of unknown origin raises
+:class:`~keeper.errors.TraceUnsupported` naming the op: the trace never guesses.
+
+In-place ops are written as the functional op, which is what the exporter's functionalization writes, as long as
+nothing reads the old value afterwards: the recorder keeps, per storage, every tensor it has seen on it, and an
+in-place write makes the other tensors on that storage stale (their values changed behind the graph's back); a
+later read of a stale tensor raises. So ``out += identity; out.relu_()`` (ResNet's block) is read, and a view read
+after a write through its base is refused.
 Python-level functions without a rule (``F.relu``, ``F.multi_head_attention_forward``) are followed inside, so
 rules sit on the torch calls export records.
 """
@@ -29,6 +36,7 @@ from torch.utils._pytree import tree_flatten
 
 from keeper.errors import TraceUnsupported
 from keeper.torch_support.trace.builder import OnnxBuilder
+from keeper.torch_support.trace.inplace import write_back
 
 __all__ = ["Recorder", "DATA", "LEARNED", "func_key", "func_name"]
 
@@ -74,13 +82,24 @@ _QUERIES = {func_key(f) for f in (
 _CONVERSIONS = {func_key(f) for f in (
     torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
     torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.__complex__,
-    torch.equal, torch.Tensor.equal, torch.allclose, torch.Tensor.allclose, torch.is_nonzero)}
+    torch.equal, torch.Tensor.equal, torch.allclose, torch.Tensor.allclose, torch.is_nonzero,
+    torch._assert)}  # run as they are (``torch._assert`` of a Python bool: a shape check), never followed inside
 
 # Calls whose result depends on a tensor's shape, dtype and device only: plain tensors.
 _LIKE = {func_key(f) for f in (
     torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like, torch.rand_like, torch.randn_like,
     torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_full, torch.Tensor.new_empty,
     torch.Tensor.new_tensor)}
+
+
+def _storage(t: torch.Tensor) -> int:
+    """The address of ``t``'s memory: the same for a tensor and every view of it."""
+    return t.untyped_storage().data_ptr()
+
+
+def _stale(t: torch.Tensor, op: str) -> TraceUnsupported:
+    return TraceUnsupported(f"{op} reads a tensor of shape {tuple(t.shape)} after an in-place op changed its "
+                            "memory through another tensor (a view or its base): the graph cannot show the change")
 
 
 def _no_torch_function(*args: Any, **kwargs: Any) -> bool:
@@ -118,7 +137,9 @@ class Recorder(TorchFunctionMode):
         self.values: dict[int, Value] = {}
         self.plain: set[int] = set()
         self.alive: list[Any] = []  # every tensor seen, so that no id is reused during the trace
-        self.storages: dict[int, int] = {}  # storage address -> data tensors bound to it (in-place safety)
+        self.aliases: dict[int, set[int]] = {}  # storage address -> the tensors seen on it (in-place safety)
+        self.stale: set[int] = set()  # tensors whose memory an in-place op wrote through another tensor
+        self.slices: dict[int, tuple] = {}  # view -> (base, dim, start, end, step): writes go back (inplace.py)
         self.state: dict[int, tuple[str, torch.Tensor]] = {}
         for name, t in list(module.named_parameters(remove_duplicate=False)) + list(
                 module.named_buffers(remove_duplicate=False)):
@@ -132,6 +153,7 @@ class Recorder(TorchFunctionMode):
                 if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) and id(v) not in self.state:
                     self.state[id(v)] = (f"{path}.{attr}" if path else attr, v)
                     self.constant[id(v)] = "CONSTANT_TENSOR"
+        self.module_storages = {_storage(t) for _, t in self.state.values() if t.numel()}
         self.kind = DATA  # the kind of the current call's results
         self.following: set[Any] = set()
 
@@ -148,12 +170,21 @@ class Recorder(TorchFunctionMode):
         self.alive.append(t)
         self.values[id(t)] = v
         self.plain.discard(id(t))
-        if v.kind == DATA:
-            key = t.untyped_storage().data_ptr()
-            self.storages[key] = self.storages.get(key, 0) + 1
+        self.stale.discard(id(t))
+        self._alias(t)
+
+    def _alias(self, t: torch.Tensor) -> None:
+        if t.numel():  # an empty tensor holds no values an in-place op could change
+            self.aliases.setdefault(_storage(t), set()).add(id(t))
 
     def kind_of(self, t: torch.Tensor, op: str) -> str | None:
         """DATA, LEARNED, or None for a plain tensor; raises for a tensor of unknown origin."""
+        if id(t) in self.stale:
+            raise _stale(t, op)
+        return self.kind_of_unchecked(t, op)
+
+    def kind_of_unchecked(self, t: torch.Tensor, op: str = "a write back") -> str | None:
+        """:meth:`kind_of`, stale or not."""
         v = self.values.get(id(t))
         if v is not None:
             return v.kind
@@ -166,6 +197,8 @@ class Recorder(TorchFunctionMode):
 
     def name_of(self, t: torch.Tensor) -> str:
         """The ONNX value of ``t``, written where it is first read (initializer, Constant, split part)."""
+        if id(t) in self.stale:
+            raise _stale(t, "a node")
         v = self.values.get(id(t))
         if v is not None:
             if v.name is None:
@@ -185,14 +218,16 @@ class Recorder(TorchFunctionMode):
             if isinstance(t, torch.Tensor) and id(t) not in self.values and id(t) not in self.state:
                 self.alive.append(t)
                 self.plain.add(id(t))
+                self.stale.discard(id(t))
+                self._alias(t)
 
     def check_in_place(self, t: torch.Tensor, op: str) -> None:
-        """An in-place write into data other tensors view would change them behind the graph's back."""
-        if self.values.get(id(t), Value(LEARNED, None)).kind == DATA and (
-                t._is_view() or self.storages.get(t.untyped_storage().data_ptr(), 0) > 1):
-            raise TraceUnsupported(f"{op} writes in place into a tensor that other tensors view")
-        if id(t) in self.state:
+        """Before ``op`` writes ``t`` in place: a module tensor (or a view of one) must keep its values; every other
+        tensor on ``t``'s memory becomes stale (its values change behind the graph's back: reading it raises)."""
+        key = _storage(t)
+        if id(t) in self.state or (t.numel() and key in self.module_storages):
             raise TraceUnsupported(f"{op} writes in place into a module tensor")
+        self.stale.update(self.aliases.get(key, set()) - {id(t)})
 
     # -- the mode
     def __torch_function__(self, func, types_, args=(), kwargs=None):
@@ -202,7 +237,7 @@ class Recorder(TorchFunctionMode):
             return func(*args, **kwargs)
         rule = self.rules.get(key)
         op = func_name(func)
-        if rule is None and isinstance(func, types.FunctionType):
+        if rule is None and key not in _CONVERSIONS and isinstance(func, types.FunctionType):
             if func in self.following:  # its body dispatches to itself again (a dispatch wrapper)
                 raise TraceUnsupported(f"{op} cannot be followed inside and has no rule in the trace's table")
             self.following.add(func)
@@ -212,14 +247,23 @@ class Recorder(TorchFunctionMode):
             finally:
                 self.following.discard(func)
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if key in _LIKE:  # the first tensor lends its shape, dtype and device only (a stale one's are still right)
+            if any(self.kind_of(t, op) for t in tensors[1:]):
+                raise TraceUnsupported(f"{op} makes a tensor from the values of a tensor computed from the input or "
+                                       "the weights")
+            out = func(*args, **kwargs)
+            self.mark_plain(out)
+            return out
         kinds = [self.kind_of(t, op) for t in tensors]
         if key in _CONVERSIONS and any(kinds):
             raise TraceUnsupported(f"{op} turns a tensor computed from the input or the weights into a Python "
                                    "value (control flow or shapes that depend on values)")
         if rule is not None and getattr(rule, "in_place", False) and tensors:
             self.check_in_place(tensors[0], op)
+        if isinstance(kwargs.get("out"), torch.Tensor):  # an ``out=`` argument is an in-place write too
+            self.check_in_place(kwargs["out"], op)
         out = func(*args, **kwargs)
-        if not any(kinds) or key in _LIKE:
+        if not any(kinds):
             self.mark_plain(out)
             return out
         if rule is None:
@@ -228,4 +272,6 @@ class Recorder(TorchFunctionMode):
             raise TraceUnsupported(f"{op} has no rule in the trace's table")
         self.kind = DATA if DATA in kinds else LEARNED
         rule(self, args, kwargs, out)
+        if getattr(rule, "in_place", False):
+            write_back(self, tensors[0])
         return out

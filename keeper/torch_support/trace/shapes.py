@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from keeper.errors import TraceUnsupported
 from keeper.torch_support.trace.builder import onnx_dtype
+from keeper.torch_support.trace.inplace import remember_slice
 from keeper.torch_support.trace.recorder import Recorder
 
 
@@ -116,7 +117,9 @@ def _to(rec, args, kwargs, out):
         return
     if not isinstance(out, torch.Tensor):
         raise TraceUnsupported("Tensor.type() without a dtype")
-    if out.dtype == x.dtype:
+    if out.dtype == x.dtype or (out.dtype.is_floating_point and x.dtype.is_floating_point):
+        # a change of float precision is no part of the architecture: a module's graph is the same in fp32, bf16
+        # and fp16 (its norms' upcasts to float32 are no-ops in fp32), whatever the exporter writes for them
         rec.bind(out, rec.name_of(x))
         return
     rec.bind(out, rec.b.node("Cast", [rec.name_of(x)], "_to_copy", to=onnx_dtype(out.dtype)))
@@ -180,7 +183,17 @@ def _chunk(rec, args, kwargs, out):
 
 @_rule(T.unbind, torch.unbind)
 def _unbind(rec, args, kwargs, out):
-    _split_parts(rec, args[0], out, None, int(_arg(args, kwargs, 1, "dim", 0)), "unbind", keepdims=0)
+    """Each part as torchlib writes ``unbind`` along an axis of static length (onnxscript 0.5.7 on): a one-wide
+    ``Slice`` then a ``Squeeze`` of that axis, written when the part is read (the exporter drops unread ones)."""
+    x, dim = args[0], int(_arg(args, kwargs, 1, "dim", 0))
+    b = rec.b
+
+    def part(i: int) -> str:
+        piece = b.node("Slice", [rec.name_of(x), b.constant([i]), b.constant([i + 1]), b.constant([dim])])
+        return b.node("Squeeze", [piece, b.constant([dim])], "getitem")
+
+    for i, t in enumerate(out):
+        rec.bind_lazy(t, lambda i=i: part(i))
 
 
 @_rule(torch._C._nn.pad, F.pad)
@@ -213,15 +226,19 @@ def _getitem(rec, args, kwargs, out):
         index = index[:k] + (slice(None),) * (x.dim() - taken) + index[k + 1:]
     b = rec.b
     name, shape, d = rec.name_of(x), list(x.shape), 0
+    whole = name
+    ops = []  # (axis, start, end, step) of each Slice written; anything else written: None
     for i in index:
         if i is None:
             name = b.node("Unsqueeze", [name, b.constant([d])], "unsqueeze")
+            ops.append(None)
             shape.insert(d, 1)
             d += 1
         elif isinstance(i, bool):
             raise TraceUnsupported("__getitem__ with a bool index")
         elif isinstance(i, int):
             name = b.node("Gather", [name, b.constant(i)], "select", axis=d)
+            ops.append(None)
             shape.pop(d)
         elif isinstance(i, slice):
             if i == slice(None):
@@ -231,22 +248,29 @@ def _getitem(rec, args, kwargs, out):
             if step <= 0:
                 raise TraceUnsupported("__getitem__ with a negative step")
             n = len(range(start, stop, step))
-            if start == 0 and n == shape[d] and step == 1:
-                name = b.node("Identity", [name], "alias")
+            if start == 0 and n == shape[d] and step == 1:  # torch skips a slice that keeps the whole axis
+                d += 1
+                continue
             else:
                 ends = i.stop if i.stop is not None else _INT_MAX
                 name = b.node("Slice", [name, b.constant([i.start or 0]), b.constant([ends]), b.constant([d]),
                                         b.constant([step])], "slice")
+                ops.append((d, i.start or 0, ends, step))
                 shape[d] = n
             d += 1
         else:
             raise TraceUnsupported(f"__getitem__ with an index of type {type(i).__name__}")
+    if name == whole:  # nothing taken: torch returns an alias of the tensor (``x[...]``, ``x[:, :n]`` of n)
+        name = b.node("Identity", [name], "alias")
     rec.bind(out, name)
+    if len(ops) == 1 and ops[0] is not None:  # one Slice: an in-place write through it can go back to x
+        remember_slice(rec, out, x, *ops[0])
 
 
 def _index_tensor(rec: Recorder, x: torch.Tensor, index: tuple, out: torch.Tensor) -> None:
     """``x[..., idx, ...]`` with one integer tensor index and whole slices elsewhere, as torchlib writes
-    ``aten.index``: the indexed axis moved to the front, a GatherND by the broadcast index, the axis moved back."""
+    ``aten.index``: the indexed axis moved to the front, a GatherND by the broadcast index, the axis moved back
+    (both Transposes written even where their permutation is the identity, as there)."""
     tensors = [k for k, i in enumerate(index) if isinstance(i, torch.Tensor)]
     d = tensors[0]
     idx = index[d]
@@ -254,16 +278,11 @@ def _index_tensor(rec: Recorder, x: torch.Tensor, index: tuple, out: torch.Tenso
             not (i == slice(None)) for k, i in enumerate(index) if k != d) or d >= x.dim():
         raise TraceUnsupported("__getitem__ with tensor indices other than one integer tensor")
     b = rec.b
-    name = rec.name_of(x)
-    if d:
-        name = b.node("Transpose", [name], perm=[d] + [a for a in range(x.dim()) if a != d])
+    name = b.node("Transpose", [rec.name_of(x)], perm=[d] + [a for a in range(x.dim()) if a != d])
     i = rec.name_of(idx)
     broadcast = b.node("Expand", [i, b.node("Shape", [b.node("Max", [i])], start=0)])
     stacked = b.node("Concat", [b.node("Unsqueeze", [broadcast, b.constant([-1])])], axis=-1)
-    if d:
-        g = b.node("GatherND", [name, stacked], batch_dims=0)
-        k = idx.dim()
-        perm = list(range(k, k + d)) + list(range(k)) + list(range(k + d, out.dim()))
-        rec.bind(out, b.node("Transpose", [g], "index", perm=perm))
-    else:
-        rec.bind(out, b.node("GatherND", [name, stacked], "index", batch_dims=0))
+    g = b.node("GatherND", [name, stacked], batch_dims=0)
+    k = idx.dim()
+    perm = list(range(k, k + d)) + list(range(k)) + list(range(k + d, out.dim()))
+    rec.bind(out, b.node("Transpose", [g], "index", perm=perm))

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from keeper.torch_support.trace.builder import numpy_dtype
 from keeper.torch_support.trace.recorder import Recorder, func_key
 
 
@@ -47,7 +48,7 @@ def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> A
 
 
 def _np_dtype(t: torch.Tensor) -> Any:
-    return {torch.bfloat16: np.float32}.get(t.dtype) or torch.empty((), dtype=t.dtype).numpy().dtype
+    return numpy_dtype(t.dtype)
 
 
 def _operand(rec: Recorder, x: Any, like: torch.Tensor) -> str:
@@ -59,6 +60,10 @@ def _operand(rec: Recorder, x: Any, like: torch.Tensor) -> str:
 
 def _axis(d: int, rank: int) -> int:
     return d + rank if d < 0 else d
+
+
+def _pair(v: Any, n: int) -> list[int]:
+    return [int(x) for x in v] if isinstance(v, (tuple, list)) else [int(v)] * n
 
 
 def _first_tensor(*xs: Any) -> torch.Tensor:
