@@ -11,8 +11,8 @@ Invariants:
       to ``torch.nn.Module``, and the content of the source file defining each such class) and its plain
       attributes (numbers, strings, flags, dtypes, functions by their bytecode, configs by their ``to_dict()``);
       every parameter's and buffer's name, shape, dtype and device type, and which of them share one tensor; the
-      example input's structure, shapes, dtypes and devices; the exporter; the Python, torch and keeper versions
-      and :attr:`LayerGraph.FORMAT`. A module holding an attribute of any other type has no fingerprint and is
+      example input's structure, shapes, dtypes and devices; the exporter; the Python, torch and keeper versions,
+      :attr:`LayerGraph.FORMAT` and a digest of the front end's own code (:func:`front_end_digest`). A module holding an attribute of any other type has no fingerprint and is
       exported every time;
     * an entry remembers the values of the tensors its graph holds as data (buffers, and parameters no layer
       reads): it is used only when they are unchanged, otherwise the module is exported again;
@@ -30,6 +30,7 @@ import enum
 import functools
 import hashlib
 import inspect
+import os
 import sys
 import threading
 import types
@@ -183,11 +184,27 @@ def _inputs(args: Any, depth: int = 0) -> str:
     return _token(args, depth)
 
 
+@functools.lru_cache(maxsize=1)
+def front_end_digest() -> str:
+    """A digest of the code that turns a module into its graph (the front end's rules, the export path, graph
+    extraction): an entry written by other code of the same version is never served (an upgrade that reads a
+    model the old code fell back on, or writes another graph). Read once per process (~40 small files)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the keeper package
+    h = hashlib.sha256()
+    for sub in ("torch_support/trace", "torch_support", "graph"):
+        folder = os.path.join(root, sub)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()[:16]
+
+
 def fingerprint(module: torch.nn.Module, args: Any, exporter: str) -> str | None:
     """The module's architecture fingerprint for ``args`` and ``exporter`` (sha256 hex), or None when an
     attribute's effect on the trace cannot be told from its value."""
     h = hashlib.sha256(repr((sys.version_info[:3], torch.__version__, keeper.__version__, LayerGraph.FORMAT,
-                             exporter)).encode())
+                             exporter, front_end_digest())).encode())
     try:
         h.update(_inputs(args).encode())
         for path, m in module.named_modules(remove_duplicate=False):
