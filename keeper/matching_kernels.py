@@ -1,5 +1,6 @@
-"""The alignment's dynamic programs, compiled by numba (once per process; ``cache=True`` keeps the machine code
-on disk beside this file, so later processes load it instead of compiling).
+"""The alignment's dynamic programs, compiled by numba where keeper's C extension is not built (``cache=True``: the
+machine code is kept in this machine's kernel cache, :mod:`keeper.kernel_cache`, so only the first process on a
+machine compiles and later ones load it).
 
 :func:`dp_value` and :func:`dp_batch` compute the most child elements an order-preserving one-to-one matching of
 equal classes inherits (one parent, or many stored back to back); :func:`dp_pairs` computes that matching itself
@@ -14,6 +15,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+
+from keeper import kernel_cache
+
+kernel_cache.install()  # before the decorators below: each looks its cache up as it is made
 
 __all__ = ["dp_value", "dp_pairs", "dp_batch"]
 

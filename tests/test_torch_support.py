@@ -457,3 +457,39 @@ def test_packed_attention_unbound_from_parts_and_heads_warms_its_own_architectur
         result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
     assert result.parent == "p" and result.score == 1.0 and result.preserved and result.missing == []
     assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-6
+
+
+def test_warm_start_and_register_with_an_embedded_zoo_need_no_ray(tmp_path):
+    """A GPU image or a notebook without Ray: keeper.torch_support and keeper.Zoo import and run, and Ray is never
+    imported; naming the service there fails with a message that says Ray is missing and what to pass instead."""
+    import subprocess
+    import sys
+
+    code = f'''
+import sys
+class _NoRay:
+    def find_spec(self, name, path=None, target=None):
+        if name == "ray" or name.startswith("ray."):
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
+sys.meta_path.insert(0, _NoRay())
+import torch, keeper
+from keeper.errors import KeeperError
+from keeper.torch_support import register, warm_start
+torch.manual_seed(0)
+zoo = keeper.Zoo({str(tmp_path / "zoo")!r})
+parent = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+register(parent, torch.randn(2, 8), zoo, accuracy=0.9, name="p")
+child = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+x = torch.randn(3, 8)
+result = warm_start(child, x, zoo, noise=0.0)
+assert result.parent == "p" and torch.allclose(child(x), parent(x), atol=1e-5), result.reason
+try:
+    warm_start(child, x)
+except KeeperError as exc:
+    print("refused:", exc)
+print("ray imported:", any(m == "ray" or m.startswith("ray.") for m in sys.modules))
+'''
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ray imported: False" in out.stdout
+    assert "refused: warm_start: the keeper service needs Ray" in out.stdout and "keeper.Zoo" in out.stdout
