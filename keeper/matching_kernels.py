@@ -18,12 +18,14 @@ import numpy as np
 
 from keeper import kernel_cache
 
-kernel_cache.install()  # before the decorators below: each looks its cache up as it is made
+# before the decorators below: each looks its cache up as it is made. Where no directory is writable at all, numba
+# would refuse cache=True at import: the kernels then compile in every process (and the first use says so).
+_CACHE = kernel_cache.install() or kernel_cache.directory() is not None
 
 __all__ = ["dp_value", "dp_pairs", "dp_batch"]
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=_CACHE, inline="always")
 def _gain(shp_c, vec_c, i, shp_p, vec_p, j):
     g = 1
     for d in range(5):
@@ -35,7 +37,7 @@ def _gain(shp_c, vec_c, i, shp_p, vec_p, j):
     return g + v * u
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=_CACHE)
 def dp_value(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row):
     """Most child elements any order-preserving one-to-one matching of equal classes inherits (``row``: n + 1
     int64 scratch)."""
@@ -43,7 +45,7 @@ def dp_value(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row):
     return _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, np.empty((6, n)), np.empty(n))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=_CACHE)
 def _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, cols, gains):
     """The DP of :func:`dp_value`, one child row at a time in two passes (scratch: ``cols`` 6 x >= n and
     ``gains`` >= n float64).
@@ -105,7 +107,7 @@ _CONTEXT = 2             # a match whose two layers are fed alike, or feed alike
 _NEG = -(1 << 62)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=_CACHE, inline="always")
 def _bonus(shp_c, ctx_c, out_c, i, shp_p, ctx_p, out_p, j):
     b = _CONTEXT + 1 if ctx_c[i] == ctx_p[j] else 1
     if out_c[i] == out_p[j]:
@@ -123,13 +125,13 @@ def _bonus(shp_c, ctx_c, out_c, i, shp_p, ctx_p, out_p, j):
     return b
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=_CACHE, inline="always")
 def _max3(a, b, c):
     m = a if a > b else b
     return m if m > c else c
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=_CACHE)
 def dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, out_c, cls_p, shp_p, vec_p, skip_p, edge_p, ctx_p, out_p):
     m = cls_c.shape[0]
     n = cls_p.shape[0]
@@ -183,7 +185,7 @@ def dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, out_c, cls_p, shp_p, ve
     return inherited, pairs
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=_CACHE)
 def dp_batch(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, offsets, out):
     """Score the child against parents stored back to back (parent k = rows offsets[k]:offsets[k+1])."""
     maxn = 0

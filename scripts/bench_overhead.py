@@ -185,12 +185,24 @@ import keeper
 from keeper.torch_support import register
 child, x = on_device(*build(MODEL, "child"))
 zoo = keeper.Zoo(ZOO)
+
+def file_traffic():
+    """(bytes read, bytes written) by this process's read/write calls so far; None off Linux."""
+    try:
+        with open("/proc/self/io") as f:
+            io = dict(line.split(": ") for line in f.read().splitlines())
+        return int(io["rchar"]), int(io["wchar"])
+    except (OSError, KeyError, ValueError):
+        return None
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
+    io0 = file_traffic()
     t0 = synced()
     rec = register(child, x, zoo, 0.9, name=f"run-{SEED}")
     t = time.perf_counter() - t0
-print(json.dumps({"seconds": t, "name": rec.name}))
+    io1 = file_traffic()
+traffic = {} if io0 is None or io1 is None else {"read_mb": (io1[0] - io0[0]) / 1e6, "written_mb": (io1[1] - io0[1]) / 1e6}
+print(json.dumps({"seconds": t, "name": rec.name, "stored_mb": rec.nbytes / 1e6, **traffic}))
 '''
 
 
@@ -251,8 +263,11 @@ def _measure_calls(fig: dict, model: str, device: str, front: str, state: str, p
             warms.append(_run(WARM, _env(front, cache), MODEL=model, ZOO=zoo, SEED=rep, DEVICE=device))
         if "register" in plan["measure"]:
             cache = known if state == "known" else os.path.join(work, f"cache-{model}-{front}-{device}-{rep}-r")
-            regs.append(_run(REGISTER, _env(front, cache), MODEL=model, SEED=100 + rep, DEVICE=device,
-                             ZOO=os.path.join(work, f"reg-{model}-{front}-{state}-{device}"))["seconds"])
+            reg = _run(REGISTER, _env(front, cache), MODEL=model, SEED=100 + rep, DEVICE=device,
+                       ZOO=os.path.join(work, f"reg-{model}-{front}-{state}-{device}"))
+            regs.append(reg["seconds"])
+            fig.setdefault("register_traffic", {}).setdefault(label, []).append(
+                {k: reg[k] for k in ("read_mb", "written_mb", "stored_mb") if k in reg})
     fig["warm"][label], fig["register"][label] = warms, regs
     med = {k: f"{statistics.median(v):7.2f} s" if v else "      -" for k, v in
            (("warm", [w["seconds"] for w in warms]), ("register", regs))}
@@ -305,6 +320,26 @@ def report_rows(rows: list[dict], large: set[str], devices: tuple[str, ...]) -> 
             parent = "-" if first is None else f"{first['parent']} ({'yes' if first['preserved'] else 'no'})"
             lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {front} {cpu}| {cuda} | {parent} |")
     return lines
+
+
+def traffic_rows(rows: list[dict]) -> list[str]:
+    """What each register call read and wrote through files (``/proc/self/io``: every read and write call of the
+    process, page cache or not), against what the zoo stored: the number of passes over the weights, whatever
+    the machine's load."""
+    out = []
+    for r in rows:
+        for device in DEVICES:
+            for label, runs in r.get(device, {}).get("register_traffic", {}).items():
+                runs = [t for t in runs if "written_mb" in t]
+                if runs:
+                    out.append(f"| {r['model']} | {device} | {label} | {runs[0]['stored_mb']:.0f} | "
+                               f"{statistics.median(t['written_mb'] for t in runs):.0f} | "
+                               f"{statistics.median(t['read_mb'] for t in runs):.0f} |")
+    if not out:
+        return []
+    return ["", "register's file traffic (median per call, against the bytes the zoo stored):", "",
+            "| model | device | front end, architecture | stored MB | written MB | read MB |", "|---|---|---|---|---|---|",
+            *out]
 
 
 def _plan(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
@@ -431,6 +466,7 @@ def write_report(args, plan: dict, rows: list[dict], tune: dict | None, seconds:
              "register at most max(1 s, 3x the safetensors save of the same module), up to 124M parameters; 3x "
              "the load / save at 1B. The cuda column holds the same figures for the module and input on cuda.", ""]
     lines += report_rows(rows, set(STRICT), plan["devices"])
+    lines += traffic_rows(rows)
     if tune is not None:
         lines += ["", "## Tune trials", "", f"{len(tune['trials'])} trials of the 4.8M transformer, each training "
                   f"{args.trial_s:.0f} s after its warm_start line, 2 at a time on a local 2-CPU Ray with "

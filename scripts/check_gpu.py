@@ -269,7 +269,8 @@ def tune_rows(device: str) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------------------- report
 def table(rows: list[dict], device: str) -> list[str]:
-    lines = [f"| step | item | cpu | {device} | result |", "|---|---|---|---|---|"]
+    lines = [f"| step | item | the CPU (reference) | {'cuda' if device == 'cuda' else 'the CPU (as the device)'} | result |",
+             "|---|---|---|---|---|"]
     for r in rows:
         mark = "" if r["ok"] is not False else "**FAIL** "
         lines.append(f"| {r['step']} | {r['item']} | {r['cpu']} | {r['device']} | {mark}{r['result']} |")

@@ -98,3 +98,17 @@ def test_the_cache_directory_is_the_first_writable_place(tmp_path, monkeypatch):
     where = kernel_cache.directory()
     assert where is not None and where.parent == tmp_path / "xdg" / "keeper" / "kernels" and where.is_dir()
     assert where.name.startswith("numba-")  # named by the kernels' source, not by where the package lies
+
+
+def test_where_no_place_is_writable_numba_keeps_its_own_defaults(monkeypatch):
+    """No writable place (here: every candidate under /proc, which no one may write): no directory, so
+    matching_kernels asks numba for no cache (``_CACHE``) and compiles in each process instead of failing its
+    import on numba's "cannot cache function"."""
+    import tempfile
+
+    for var, value in ((kernel_cache.ENV, "/proc/keeper-kernels"), ("XDG_CACHE_HOME", "/proc/xdg"),
+                       ("HOME", "/proc/home")):
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(tempfile, "tempdir", "/proc/tmp")
+    monkeypatch.setattr(kernel_cache, "_chosen", [])
+    assert kernel_cache.directory() is None
