@@ -41,7 +41,8 @@ except ImportError as exc:
 
 if _dpcore is None:
     # numba is imported only when the extension is missing: importing it costs a fresh process a fraction of a second
-    from keeper.matching_kernels import dp_batch as _nb_batch, dp_pairs as _nb_pairs, dp_value as _nb_value
+    from keeper.matching_kernels import cached as _nb_cached, dp_batch as _nb_batch, dp_pairs as _nb_pairs, \
+        dp_value as _nb_value
 
 #: "c" or "numba": which implementation this process uses.
 IMPLEMENTATION = "c" if _dpcore is not None else "numba"
@@ -60,7 +61,7 @@ def _say_numba() -> None:
     if where is None:
         cost = (f"no cache directory is writable here, so every process compiles them (1-4 s); set {kernel_cache.ENV} "
                 "to a writable directory")
-    elif all(kernel_cache.cached().values()):
+    elif all(_nb_cached().values()):
         cost = f"this machine compiled them before; each process loads them from {where} (about 0.5 s)"
     else:
         cost = (f"this process compiles them now (1-4 s, once per machine: later processes load them from {where} "

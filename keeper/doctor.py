@@ -51,7 +51,9 @@ def _kernels(load: bool) -> dict[str, Any]:
                cache=str(where) if where is not None else None)
     if load:
         out["load"] = _load_kernels()
-    out["cached"] = kernel_cache.cached()
+    from keeper import matching_kernels
+
+    out["cached"] = matching_kernels.cached()
     return out
 
 
@@ -61,7 +63,7 @@ def _load_kernels() -> dict[str, Any]:
 
     import numpy as np
 
-    from keeper import kernel_cache, matching_kernels
+    from keeper import matching_kernels
     from keeper.errors import KernelCompileWarning
     from keeper.matching import MatchArrays, align, score_many, similarity
 
@@ -73,7 +75,7 @@ def _load_kernels() -> dict[str, Any]:
         warnings.simplefilter("ignore", KernelCompileWarning)  # this report says it itself
         similarity(tiny, tiny), align(tiny, tiny), score_many([tiny], tiny)
     seconds = time.perf_counter() - t0
-    compiled = [k for k in kernel_cache.KERNELS if getattr(matching_kernels, k).stats.cache_misses]
+    compiled = [k for k in matching_kernels.KERNELS if getattr(matching_kernels, k).stats.cache_misses]
     return {"seconds": round(seconds, 3), "compiled": compiled}
 
 

@@ -31,13 +31,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "directory", "install", "cached", "KERNELS"]
+__all__ = ["ENV", "directory", "install"]
 
 #: Environment variable naming the directory of the numba kernels' cache.
 ENV = "KEEPER_KERNEL_CACHE"
-#: The module whose numba functions are cached here, and its entry kernels (what a status reports on).
+#: The module whose numba functions are cached here (:func:`keeper.matching_kernels.cached` says whether they are).
 MODULE = "keeper.matching_kernels"
-KERNELS = ("dp_value", "dp_pairs", "dp_batch")
 _SOURCE = Path(__file__).with_name("matching_kernels.py")
 _chosen: list[Path | None] = []
 
@@ -128,20 +127,3 @@ def _locator_class(base: type) -> type:
             return self
 
     return KeeperKernelLocator
-
-
-def cached() -> dict[str, bool]:
-    """Entry kernel -> whether numba holds its compiled code for this CPU and this source (imports numba and the
-    kernels, compiles nothing). A kernel whose cache cannot be read counts as not cached."""
-    from keeper import matching_kernels
-
-    out = {}
-    for name in KERNELS:
-        disp = getattr(matching_kernels, name)
-        try:
-            index = disp._cache._cache_file._load_index()
-            magic = disp.targetctx.codegen().magic_tuple()
-            out[name] = any(isinstance(k, tuple) and len(k) > 1 and k[1] == magic for k in index)
-        except (AttributeError, OSError, ValueError, EOFError):
-            out[name] = False
-    return out

@@ -22,7 +22,10 @@ from keeper import kernel_cache
 # would refuse cache=True at import: the kernels then compile in every process (and the first use says so).
 _CACHE = kernel_cache.install() or kernel_cache.directory() is not None
 
-__all__ = ["dp_value", "dp_pairs", "dp_batch"]
+__all__ = ["dp_value", "dp_pairs", "dp_batch", "cached", "KERNELS"]
+
+#: The entry kernels (the helpers below are compiled into them).
+KERNELS = ("dp_value", "dp_pairs", "dp_batch")
 
 
 @numba.njit(cache=_CACHE, inline="always")
@@ -199,3 +202,18 @@ def dp_batch(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, offsets, out):
         a = offsets[k]
         b = offsets[k + 1]
         out[k] = _dp_rows(cls_c, shp_c, vec_c, cls_p[a:b], shp_p[a:b], vec_p[a:b], row, cols, gains)
+
+
+def cached() -> dict[str, bool]:
+    """Entry kernel -> whether this machine's kernel cache holds its compiled code for this CPU and this source
+    (reads numba's index; compiles nothing). A kernel whose cache cannot be read counts as not cached."""
+    out = {}
+    for name in KERNELS:
+        disp = globals()[name]
+        try:
+            index = disp._cache._cache_file._load_index()
+            magic = disp.targetctx.codegen().magic_tuple()
+            out[name] = any(isinstance(k, tuple) and len(k) > 1 and k[1] == magic for k in index)
+        except (AttributeError, OSError, ValueError, EOFError):
+            out[name] = False
+    return out
