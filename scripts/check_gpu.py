@@ -277,7 +277,7 @@ def table(rows: list[dict], device: str) -> list[str]:
     return lines
 
 
-def write(rows: list[dict], args: argparse.Namespace, device_name: str, seconds: float) -> None:
+def write(rows: list[dict], args: argparse.Namespace, device_name: str, seconds: float, quiet: bool = False) -> None:
     import torch
 
     failed = sum(r["ok"] is False for r in rows)
@@ -294,13 +294,17 @@ def write(rows: list[dict], args: argparse.Namespace, device_name: str, seconds:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     (out / f"{name}.json").write_text(json.dumps({"device": device_name, "rows": rows}, indent=1))
-    print("\n".join(lines))
+    if not quiet:
+        print("\n".join(lines))
 
 
 def _has(module: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a package that is present but broken counts as absent
+        return False
 
 
 def main() -> int:
@@ -327,16 +331,17 @@ def main() -> int:
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU ({platform.processor() or 'cpu'})"
     warnings.simplefilter("ignore")  # each row says what went wrong; the exporter's chatter is not a finding
     t0 = time.time()
+    run = {"trace": lambda: trace_rows(args.device, [s for s in args.only.split(",") if s] or None),
+           "kernels": lambda: kernel_rows(args.device),
+           "first": lambda: first_rows(args.device, SIZES[args.sizes or ("all" if args.device == "cuda" else "small")],
+                                       args.reps),
+           "tune": lambda: tune_rows(args.device)}
     rows: list[dict] = []
-    if "trace" in steps:
-        rows += trace_rows(args.device, [s for s in args.only.split(",") if s] or None)
-    if "kernels" in steps:
-        rows += kernel_rows(args.device)
-    if "first" in steps:
-        rows += first_rows(args.device, SIZES[args.sizes or ("all" if args.device == "cuda" else "small")], args.reps)
-    if "tune" in steps:
-        rows += tune_rows(args.device)
-    write(rows, args, device_name, time.time() - t0)
+    chosen = [s for s in STEPS if s in steps]
+    for step in chosen:
+        rows += run[step]()
+        # written after every step: a run stopped by a time limit keeps what it measured
+        write(rows, args, device_name, time.time() - t0, quiet=step != chosen[-1])
     return 1 if any(r["ok"] is False for r in rows) else 0
 
 
