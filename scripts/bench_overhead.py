@@ -1,5 +1,6 @@
 """keeper's own overhead on the user's clock: ``warm_start`` and ``register`` of torch modules in a fresh process,
-first call included, against one safetensors load of the module's weights; and keeper's share of Tune trials.
+first call included, against a safetensors load of the module's weights into it (and a save, for register); and
+keeper's share of Tune trials.
 
 Fresh process. For each model (a 2-layer MLP, a 0.7M 1-D ResNet, 4.8M and 25M pre-LN transformer classifiers, a
 ~100M Hugging Face GPT-2, and GPT-2 small itself, 124M, from its default config; ``--large`` adds a ~1B GPT-2) a
@@ -8,7 +9,9 @@ writes the child's initial weights as safetensors. Then every measurement runs i
 after the imports and after the module is built, on each device of ``--devices`` (``cuda`` where torch sees one;
 "not measured: no GPU" otherwise):
 
-* ``load``: ``safetensors.torch.load_file`` of the child's weights onto the device (the yardstick of warm_start);
+* ``load``: the child's weights loaded into the built module on the device, ``load_state_dict(load_file(...))``
+  (the yardstick of warm_start: what starting from a checkpoint of the same architecture costs; ``load_file``
+  alone only maps the file);
 * ``save``: ``safetensors.torch.save_model`` of the built child (the yardstick of register: keeper writes the
   same bytes into the zoo);
 * ``warm``: ``keeper.torch_support.warm_start(child, x, zoo, noise=0)``, the first call of the process;
@@ -150,10 +153,10 @@ print(json.dumps({"params": sum(p.numel() for p in child.parameters()), "bytes":
 
 LOAD = r'''
 from safetensors.torch import load_file
-if DEVICE == "cuda":  # the measured processes build their module on cuda before the clock starts: so does this one
-    torch.zeros(1, device=DEVICE)
+# the module is built on the device before the clock starts, as in the measured processes
+child, x = on_device(*build(MODEL, "child"))
 t0 = synced()
-sd = load_file(WEIGHTS, device=DEVICE)
+child.load_state_dict(load_file(WEIGHTS, device=DEVICE))
 print(json.dumps({"seconds": synced() - t0}))
 '''
 
@@ -462,9 +465,11 @@ def write_report(args, plan: dict, rows: list[dict], tune: dict | None, seconds:
              f"{f', {torch.cuda.get_device_name(0)}' if torch.cuda.is_available() else ', no GPU'}.", "",
              "Every figure is a fresh process's first call, timed after its imports and after the module is built "
              "(see the script's docstring); 'new' is an architecture no process traced before, 'known' one another "
-             "process traced (kept on disk). Targets: warm_start at most max(1 s, 3x the safetensors load), "
+             "process traced (kept on disk). Targets: warm_start at most max(1 s, 3x the safetensors load of the "
+             "weights into the module), "
              "register at most max(1 s, 3x the safetensors save of the same module), up to 124M parameters; 3x "
-             "the load / save at 1B. The cuda column holds the same figures for the module and input on cuda.", ""]
+             "the load / save for the 209M child and at 1B. The cuda column holds the same figures for the module and input "
+             "on cuda.", ""]
     lines += report_rows(rows, set(STRICT), plan["devices"])
     lines += traffic_rows(rows)
     if tune is not None:

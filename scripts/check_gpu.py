@@ -15,8 +15,8 @@ Steps (``--steps``, all by default), each a group of rows of one table:
   must not, and the timings below then pay what every later trial pays;
 * ``first``: the first ``warm_start`` and ``register`` in a fresh process with the module on the device
   (``scripts/bench_overhead.py``'s measurement: a parent one or two blocks shallower registered first, the
-  architecture new to the machine), against a safetensors load (``warm_start``) and save (``register``) of the
-  same weights; targets max(1 s, 3x), and 3x for the 209M GPT-2 grown from GPT-2 small (124M);
+  architecture new to the machine), against a safetensors load into the module (``warm_start``) and a save
+  (``register``) of the same weights; targets max(1 s, 3x), and 3x for the 209M GPT-2 grown from GPT-2 small;
 * ``tune``: the README's Tune example as written (4 trials, a quarter GPU each on cuda, ``KeeperCallback``) on a
   local Ray; skipped, saying so, where Ray cannot be imported.
 
