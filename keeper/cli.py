@@ -31,6 +31,7 @@ _EPILOG = """examples:
   keeper zoo ls ; keeper zoo info resnet-a ; keeper zoo rm resnet-a
   keeper serve --config configs/default.yaml ; keeper scale 4 ; keeper stats
   keeper demo                                                # small NAS on MNIST-1D, cold vs warm (bench extra)
+  keeper doctor                                              # which kernels, versions and caches; why keeper is slow
 """
 
 _REGISTER_EPILOG = """examples:
@@ -280,6 +281,7 @@ def _parser() -> argparse.ArgumentParser:
     _register_command(sub)
     _warm_command(sub)
     _zoo_command(sub)
+    _doctor_command(sub)
     service_commands(sub)
     _plugin_commands(sub)
     return p
@@ -344,6 +346,26 @@ def _zoo_command(sub: Any) -> None:
     for q in (ls, info, rm, gc):
         q.add_argument("--zoo", help=_ZOO_HELP)
     z.set_defaults(fn=_cmd_zoo)
+
+
+def _cmd_doctor(args) -> int:
+    from keeper import doctor
+
+    found = doctor.report(load_kernels=args.load_kernels)
+    print(json.dumps(found, indent=1) if args.json else doctor.render(found))
+    return 0
+
+
+def _doctor_command(sub: Any) -> None:
+    d = sub.add_parser("doctor", help="show the kernels, versions and caches in use, and what makes keeper slow here",
+                       description="Which alignment kernels run (the C extension, or numba and whether this machine "
+                                   "holds their compiled code), the versions of torch (and its GPUs), ONNX, Ray and "
+                                   "the rest, keeper's caches on this machine, and what costs time here.")
+    d.add_argument("--load-kernels", action="store_true",
+                   help="compile (first time on this machine) or load the numba kernels now and say how long it "
+                        "took; run once in an image build so no trial compiles them")
+    d.add_argument("--json", action="store_true", help="print the findings as JSON")
+    d.set_defaults(fn=_cmd_doctor)
 
 
 class _StderrWarnings(logging.Handler):

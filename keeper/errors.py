@@ -22,6 +22,7 @@ __all__ = [
     "PartialWarmWarning",
     "TraceUnsupported",
     "TraceFallbackWarning",
+    "KernelCompileWarning",
 ]
 
 
@@ -96,3 +97,9 @@ class TraceUnsupported(KeeperError):
 class TraceFallbackWarning(UserWarning):
     """A module's architecture came from the ONNX exporter (seconds) instead of the torch front end
     (milliseconds); the message names the module and the op or reason."""
+
+
+class KernelCompileWarning(UserWarning):
+    """keeper's compiled alignment kernels (``keeper._dpcore``) are not built in this install, so the numba ones
+    run: compiled once per machine (seconds), loaded in every process (about half a second). Said once per
+    process; the message names the cache directory and how to get the compiled kernels."""

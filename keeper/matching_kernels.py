@@ -1,5 +1,6 @@
-"""The alignment's dynamic programs, compiled by numba (once per process; ``cache=True`` keeps the machine code
-on disk beside this file, so later processes load it instead of compiling).
+"""The alignment's dynamic programs, compiled by numba where keeper's C extension is not built (``cache=True``: the
+machine code is kept in this machine's kernel cache, :mod:`keeper.kernel_cache`, so only the first process on a
+machine compiles and later ones load it).
 
 :func:`dp_value` and :func:`dp_batch` compute the most child elements an order-preserving one-to-one matching of
 equal classes inherits (one parent, or many stored back to back); :func:`dp_pairs` computes that matching itself
@@ -15,10 +16,19 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["dp_value", "dp_pairs", "dp_batch"]
+from keeper import kernel_cache
+
+# before the decorators below: each looks its cache up as it is made. Where no directory is writable at all, numba
+# would refuse cache=True at import: the kernels then compile in every process (and the first use says so).
+_CACHE = kernel_cache.install() or kernel_cache.directory() is not None
+
+__all__ = ["dp_value", "dp_pairs", "dp_batch", "cached", "KERNELS"]
+
+#: The entry kernels (the helpers below are compiled into them).
+KERNELS = ("dp_value", "dp_pairs", "dp_batch")
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=_CACHE, inline="always")
 def _gain(shp_c, vec_c, i, shp_p, vec_p, j):
     g = 1
     for d in range(5):
@@ -30,7 +40,7 @@ def _gain(shp_c, vec_c, i, shp_p, vec_p, j):
     return g + v * u
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=_CACHE)
 def dp_value(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row):
     """Most child elements any order-preserving one-to-one matching of equal classes inherits (``row``: n + 1
     int64 scratch)."""
@@ -38,7 +48,7 @@ def dp_value(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row):
     return _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, np.empty((6, n)), np.empty(n))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=_CACHE)
 def _dp_rows(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row, cols, gains):
     """The DP of :func:`dp_value`, one child row at a time in two passes (scratch: ``cols`` 6 x >= n and
     ``gains`` >= n float64).
@@ -100,7 +110,7 @@ _CONTEXT = 2             # a match whose two layers are fed alike, or feed alike
 _NEG = -(1 << 62)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=_CACHE, inline="always")
 def _bonus(shp_c, ctx_c, out_c, i, shp_p, ctx_p, out_p, j):
     b = _CONTEXT + 1 if ctx_c[i] == ctx_p[j] else 1
     if out_c[i] == out_p[j]:
@@ -118,13 +128,13 @@ def _bonus(shp_c, ctx_c, out_c, i, shp_p, ctx_p, out_p, j):
     return b
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=_CACHE, inline="always")
 def _max3(a, b, c):
     m = a if a > b else b
     return m if m > c else c
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=_CACHE)
 def dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, out_c, cls_p, shp_p, vec_p, skip_p, edge_p, ctx_p, out_p):
     m = cls_c.shape[0]
     n = cls_p.shape[0]
@@ -178,7 +188,7 @@ def dp_pairs(cls_c, shp_c, vec_c, skip_c, edge_c, ctx_c, out_c, cls_p, shp_p, ve
     return inherited, pairs
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=_CACHE)
 def dp_batch(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, offsets, out):
     """Score the child against parents stored back to back (parent k = rows offsets[k]:offsets[k+1])."""
     maxn = 0
@@ -192,3 +202,18 @@ def dp_batch(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, offsets, out):
         a = offsets[k]
         b = offsets[k + 1]
         out[k] = _dp_rows(cls_c, shp_c, vec_c, cls_p[a:b], shp_p[a:b], vec_p[a:b], row, cols, gains)
+
+
+def cached() -> dict[str, bool]:
+    """Entry kernel -> whether this machine's kernel cache holds its compiled code for this CPU and this source
+    (reads numba's index; compiles nothing). A kernel whose cache cannot be read counts as not cached."""
+    out = {}
+    for name in KERNELS:
+        disp = globals()[name]
+        try:
+            index = disp._cache._cache_file._load_index()
+            magic = disp.targetctx.codegen().magic_tuple()
+            out[name] = any(isinstance(k, tuple) and len(k) > 1 and k[1] == magic for k in index)
+        except (AttributeError, OSError, ValueError, EOFError):
+            out[name] = False
+    return out

@@ -52,7 +52,7 @@ def canonical(ref: TensorRef, arrays: dict[str, np.ndarray]) -> np.ndarray:
 def role_arrays(refs: tuple[TensorRef, ...], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Role -> canonical array of one layer's refs; the pieces of a role (``span``) assembled into the whole,
     the rows between them zeros (constants of the architecture, see :meth:`ModelReader.trace_pieces`); a ref's
-    ``zeroed`` rows zeros too (:meth:`ModelReader.trace_zeroed`)."""
+    ``zeroed`` rows zeros too (:func:`keeper.graph.zeroed.trace_zeroed`)."""
     out: dict[str, np.ndarray] = {}
     for ref in refs:
         a = canonical(ref, arrays)

@@ -35,7 +35,7 @@ import logging
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from typing import Any, Iterator, Mapping
 
@@ -43,7 +43,7 @@ import pyarrow.fs as pafs
 
 from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError, ZooNotFoundError
 from keeper.records import MUTABLE_FIELDS, NAME_RE, ModelRecord, admitted, check_name, finite, json_dict
-from keeper.store_files import StoreFiles, open_uri, sha256, size
+from keeper.store_files import Staged, StoreFiles, open_uri, sha256, size
 
 __all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR", "check_name", "sha256"]
 
@@ -236,9 +236,15 @@ class ModelStore:
         for e, key in zip(rec.extras, keys[1:]):
             self._files.write(key, extras[e])
             if isinstance(extras[e], os.PathLike):
-                # copied from a file just hashed: checked once, as extra_path would check it
+                # the bytes of a file just hashed (or hashed as they were written): checked once, as extra_path
+                # would check it
                 self._files.trust_local(key, rec.extra_checksums[e])
         self._write_record(rec)
+
+    def staging(self, extra: str) -> AbstractContextManager[Staged]:
+        """A local file to write a large extra (a model's weights) into before :meth:`put` stores it: on a local
+        store it lies beside the blobs, so storing it is a rename (see :meth:`StoreFiles.stage`)."""
+        return self._files.stage(extra)
 
     def record(self, name: str) -> ModelRecord:
         """The catalog record of ``name`` (cached; a miss looks at the files). :class:`ModelNotFoundError` if absent."""

@@ -11,7 +11,8 @@ Invariants:
     * :meth:`StoreFiles.write` replaces a key atomically: temp name under ``tmp/`` + rename where the filesystem
       renames, one PUT per key on object stores (atomic per key there). HDFS does not rename onto an existing
       file, so there the old file is deleted just before the rename;
-    * data given as a local file is streamed in and out in chunks, never held whole;
+    * data given as a local file is streamed in and out in chunks, never held whole; a file prepared in
+      :meth:`StoreFiles.stage` on a local store is renamed into its key, never copied;
     * a local copy handed out by :meth:`StoreFiles.local_file` is checked against its sha256 once per process
       (file size and mtime); a remote copy that does not match is deleted, so it is never served again;
     * credentials in a URI never reach a message: :func:`redact` masks them.
@@ -30,15 +31,16 @@ import socket
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from keeper.errors import StoreError
 
-__all__ = ["StoreFiles", "sha256", "redact", "permanent"]
+__all__ = ["StoreFiles", "Staged", "sha256", "redact", "permanent"]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +127,22 @@ def open_uri(uri: str) -> tuple[pafs.FileSystem, str, str | None]:
         raise StoreError(f"cannot open the store URI {redact(uri)!r} ({reason}); use a local path, file://, "
                          "s3://bucket/prefix, gs://bucket/prefix or hdfs://host:port/path") from None
     return fs, base, redact(uri)
+
+
+class Staged(os.PathLike):
+    """A local file prepared for one key of a store (:meth:`StoreFiles.stage`); :meth:`StoreFiles.write` moves it
+    into its key where it lies in that store's own ``tmp/`` (a rename: no copy of a model's weights)."""
+
+    def __init__(self, path: str, owner: "StoreFiles | None") -> None:
+        self.path = path
+        self.owner = owner  # the store whose tmp/ holds it, or None for a file in a local temp directory
+        self.moved = False
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"Staged({self.path!r})"
 
 
 class StoreFiles:
@@ -222,10 +240,14 @@ class StoreFiles:
                         f.write(data)
             return write
 
+        if isinstance(data, Staged) and data.owner is self:  # already in this store's tmp/: one rename
+            self.call("rename", key, lambda: self._move(data.path, self.path(key)))
+            data.moved = True
+            return
         if not self.renames:
             self.call("write", key, put(self.path(key)))
             return
-        tmp = f"tmp/{_HOST}-{os.getpid()}-{uuid.uuid4().hex}.{key.rsplit('/', 1)[-1]}"
+        tmp = self._temp_key(key.rsplit('/', 1)[-1])
         try:
             self.call("write", key, put(self.path(tmp)))  # named by its key: the temp name means nothing to users
             self.call("rename", key, lambda: self._move(self.path(tmp), self.path(key)))
@@ -235,6 +257,31 @@ class StoreFiles:
             except (OSError, pa.ArrowException):
                 pass  # a later writer's sweep removes it (sweep_temp)
             raise
+
+    def _temp_key(self, suffix: str) -> str:
+        """A fresh temp key under ``tmp/``, named by this writer's host and process (see :meth:`sweep_temp`)."""
+        return f"tmp/{_HOST}-{os.getpid()}-{uuid.uuid4().hex}.{suffix}"
+
+    @contextmanager
+    def stage(self, suffix: str) -> Iterator[Staged]:
+        """A local file to prepare a large blob in (a model's weights) before :meth:`write` puts it under its key,
+        which may depend on the content (its sha256). On a local store the file lies in the store's own ``tmp/``
+        (the same filesystem as the key), so the write is a rename; elsewhere it lies in a fresh local temp
+        directory and the write streams it. The file is removed on exit unless it was moved into a key; one left
+        by a killed process is swept like every temp file (:meth:`sweep_temp`)."""
+        tmp_dir = self.path("tmp")
+        if self.local and os.path.isdir(tmp_dir):
+            staged, scratch = Staged(self.path(self._temp_key(suffix)), self), None
+        else:
+            scratch = tempfile.mkdtemp(prefix="keeper-stage-")
+            staged = Staged(os.path.join(scratch, suffix), None)
+        try:
+            yield staged
+        finally:
+            if not staged.moved and os.path.exists(staged.path):
+                os.remove(staged.path)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def write_once(self, key: str, data: bytes) -> bool:
         """Write ``key`` unless it exists; False when it did. Only for content-addressed keys: two writers of one
@@ -329,7 +376,7 @@ class StoreFiles:
         return True
 
     def trust_local(self, key: str, checksum: str) -> None:
-        """Record that the local file of ``key`` has sha256 ``checksum`` (it was just written from a file just
+        """Record that the local file of ``key`` has sha256 ``checksum`` (it was just written from bytes just
         hashed), so :meth:`verify_local` does not hash it again. Nothing on other filesystems."""
         if self.local:
             st = os.stat(self.path(key))

@@ -15,10 +15,12 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import os
 import struct
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, Mapping, Union
 
@@ -165,9 +167,15 @@ class SafeTensorsWriter:
     """Write a safetensors file tensor by tensor: the layout is fixed from the specs up front, so each tensor is
     written to its place as soon as it exists and need not be kept (peak memory: one tensor).
 
+    The writer hashes what it writes: when the tensors arrive whole (or in row slices) in file order
+    (:attr:`names`), :attr:`digest` is the sha256 of the finished file, computed from the very buffers handed to
+    the file (on a second thread, beside the writes), so the caller never reads the file back to hash it. Written
+    in any other order, or with tensors left to ``missing_as_zeros``, :attr:`digest` is None.
+
     Example:
         >>> with SafeTensorsWriter("out.safetensors", {"w": (np.float32, (2, 3))}) as w:  # doctest: +SKIP
         ...     w.write("w", np.zeros((2, 3), np.float32))
+        >>> w.digest                                                                     # doctest: +SKIP
     """
 
     def __init__(self, path: str | os.PathLike, specs: Mapping[str, tuple[np.dtype, tuple[int, ...]]],
@@ -191,13 +199,30 @@ class SafeTensorsWriter:
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as the safetensors library writes it
         self._start = 8 + len(raw)
+        self._end = self._start + offset
+        head = struct.pack("<Q", len(raw)) + raw
+        self._hash: hashlib._Hash | None = hashlib.sha256(head)
+        self._hashed_to = len(head)  # the file's bytes [0, _hashed_to) are in the hash, in order
+        self._hasher: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+        self._digest: str | None = None
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.pwrite(self._fd, struct.pack("<Q", len(raw)) + raw, 0)
-            os.ftruncate(self._fd, self._start + offset)
+            os.pwrite(self._fd, head, 0)
+            os.ftruncate(self._fd, self._end)
         except OSError:
             os.close(self._fd)
             raise
+
+    @property
+    def names(self) -> list[str]:
+        """The tensors in file order: writing them in this order lets the writer hash the file as it goes."""
+        return list(self._slots)
+
+    @property
+    def digest(self) -> str | None:
+        """After :meth:`close`: the hex sha256 of the file when every byte was written in file order, else None."""
+        return self._digest
 
     def write(self, name: str, value: np.ndarray, start: int = 0) -> None:
         """Store ``value`` (cast to the declared dtype) as tensor ``name``, or as its rows ``start...`` along the
@@ -214,10 +239,41 @@ class SafeTensorsWriter:
                                       f"{shape}")
         row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize if shape else 0
         view = memoryview(arr.reshape(-1).view(np.uint8))
+        at = self._start + offset + start * row
+        self._hash_next(view, at)
         done = 0
         while done < len(view):  # pwrite may write less than asked for large buffers
-            done += os.pwrite(self._fd, view[done:], self._start + offset + start * row + done)
+            done += os.pwrite(self._fd, view[done:], at + done)
         self._left[name] -= len(view)
+
+    def _hash_next(self, view: memoryview, at: int) -> None:
+        """Add ``view`` (the bytes going to file offset ``at``) to the running hash if they follow what it holds;
+        else give the digest up. hashlib releases the GIL on large buffers, so one worker thread hashes tensor i
+        while this thread writes it: a single worker keeps the updates in file order."""
+        if self._hash is None:
+            return
+        if at != self._hashed_to:  # out of file order, or written again: the hash cannot say what the file holds
+            self._stop_hashing()
+            self._hash = None
+            return
+        self._hashed_to += len(view)
+        if len(view) < 1 << 20 and self._hasher is None:
+            self._hash.update(view)
+            return
+        if self._hasher is None:
+            self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keeper-sha256")
+        self._pending = self._hasher.submit(self._hash.update, view)  # view keeps its array alive until hashed
+
+    def _stop_hashing(self) -> None:
+        """Wait for the hashing thread and let it go; the hash is given up unless it covers the whole file."""
+        if self._hasher is not None:
+            self._hasher.shutdown(wait=True)
+            self._hasher = None
+            if self._pending is not None:
+                self._pending.result()  # an error in hashing is an error of the write
+        self._pending = None
+        if self._hashed_to != self._end:
+            self._hash = None
 
     def close(self) -> None:
         """Close the file; every declared tensor must have been written."""
@@ -225,6 +281,8 @@ class SafeTensorsWriter:
             return
         os.close(self._fd)
         self._fd = -1
+        self._stop_hashing()
+        self._digest = self._hash.hexdigest() if self._hash is not None else None
         missing = sorted(k for k, left in self._left.items() if left > 0)
         if missing and not self.missing_as_zeros:
             raise InvalidWeightsError(f"{self.path}: {len(missing)} declared tensors were never written "
@@ -239,6 +297,8 @@ class SafeTensorsWriter:
         elif self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+            self._stop_hashing()
+            self._hash = None
 
 
 def save_weights(weights: Mapping[str, np.ndarray], path: str | os.PathLike,
@@ -246,7 +306,7 @@ def save_weights(weights: Mapping[str, np.ndarray], path: str | os.PathLike,
     """Write ``weights`` to a safetensors file, one tensor at a time."""
     specs = {k: (np.asarray(v).dtype, np.shape(v)) for k, v in weights.items()}
     with SafeTensorsWriter(path, specs, metadata) as w:
-        for k in specs:
+        for k in w.names:
             w.write(k, weights[k])
 
 

@@ -22,7 +22,6 @@ import hashlib
 import logging
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,18 +64,19 @@ class ZooConfig:
     seed: int = 0
 
 
-def _normalized_weights(weights: WeightsInput, specs: dict, what: str, directory: str) -> Path:
-    """A safetensors file holding exactly the tensors ``specs`` names, checked against them: the caller's own file
-    when it holds just those, else a new one written tensor by tensor into ``directory``."""
+def _normalized_weights(weights: WeightsInput, specs: dict, what: str,
+                        staged: os.PathLike) -> tuple[os.PathLike, str | None]:
+    """``(file, its sha256 or None)``: a safetensors file holding exactly the tensors ``specs`` names, checked
+    against them: the caller's own file when it holds just those (its sha256 not yet known), else a new one
+    written tensor by tensor into ``staged``, hashed as it is written."""
     st = open_weights(weights, what)
     check_weights(st, specs, what)
     if isinstance(st, SafeTensors) and st.path is not None and set(st) == set(specs):
-        return Path(st.path)
-    path = Path(directory) / "weights.safetensors"
-    with SafeTensorsWriter(path, specs) as w:
-        for k in specs:
+        return Path(st.path), None
+    with SafeTensorsWriter(staged, specs) as w:
+        for k in w.names:  # in file order: the writer hashes the bytes as it writes them
             w.write(k, st[k])
-    return path
+    return staged, w.digest
 
 
 def check_accuracy(accuracy: float, name: str) -> float:
@@ -238,10 +238,11 @@ class Zoo:
             raise InvalidWeightsError(f"{what}: every initializer holds its data inside the ONNX, so the weights "
                                       "given apart would be ignored; pass the graph without weights, or no weights")
         origin = self._lineage(lineage, what)
-        with tempfile.TemporaryDirectory(prefix="keeper-register-") as tmp:
-            wpath = _normalized_weights(weights, specs, f"{what} weights", tmp) if specs else None
+        # written beside the blobs (a local store): storing the weights is then a rename, not a copy
+        with self.store.staging(WEIGHTS_EXTRA) as staged:
+            wpath, wsum = _normalized_weights(weights, specs, f"{what} weights", staged) if specs else (None, None)
             return self._register(proto, wpath, accuracy, name, origin, alias=alias,
-                                  update_accuracy=update_accuracy, record_again=record_again)
+                                  update_accuracy=update_accuracy, record_again=record_again, wsum=wsum)
 
     def _lineage(self, lineage: Mapping[str, Any] | None, what: str) -> dict[str, Any] | None:
         """The stored lineage: the given one plus ``clean`` (no warm across block structures on the way here)."""
@@ -266,12 +267,15 @@ class Zoo:
         return {"parent": parent, "preserved": bool(lineage.get("preserved", False)),
                 "structure": float(structure), "probed": bool(lineage.get("probed", False)), "clean": clean}
 
-    def _register(self, proto, wpath: Path | None, accuracy: float, name: str | None,
+    def _register(self, proto, wpath: os.PathLike | None, accuracy: float, name: str | None,
                   lineage: dict[str, Any] | None = None, *, alias: bool = False,
-                  update_accuracy: bool = False, record_again: bool = False) -> ModelRecord:
+                  update_accuracy: bool = False, record_again: bool = False,
+                  wsum: str | None = None) -> ModelRecord:
+        """``wsum``: the sha256 of ``wpath`` when the caller hashed it as it wrote it."""
         blob = proto.SerializeToString()
         graph = graph_from_proto(proto)
-        wsum = None if wpath is None else sha256(wpath)
+        if wsum is None and wpath is not None:
+            wsum = sha256(wpath)
         checksum = hashlib.sha256(blob).hexdigest()
         # the default name covers the weights too: one graph registered with two sets of weights is two models
         ident = checksum if wsum is None else hashlib.sha256(f"{checksum}:{wsum}".encode()).hexdigest()
@@ -301,7 +305,7 @@ class Zoo:
                                  "raise capacity_bytes")
         extras: dict = {GRAPH_EXTRA: graph_blob(graph)}
         if wpath is not None:
-            extras[WEIGHTS_EXTRA] = Path(wpath)
+            extras[WEIGHTS_EXTRA] = wpath
         rec, created = self.store.put(name, blob, accuracy=acc, num_params=graph.total_params,
                                       summary=dict(graph.summary(), **({"lineage": lineage} if lineage else {})),
                                       extras=extras,

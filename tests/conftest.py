@@ -37,3 +37,19 @@ def local_ray(request):
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device (torch is imported only when some
+    collected test is marked so)."""
+    marked = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=f"no CUDA device here (torch {torch.__version__}: torch.cuda.is_available() is "
+                                   "False); `pytest -m gpu` and scripts/check_gpu.py run these on a GPU machine")
+    for item in marked:
+        item.add_marker(skip)

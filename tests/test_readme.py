@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.ray  # starts Ray on loopback; `-m "not ray"` leaves these out
 
@@ -107,8 +106,7 @@ def test_tune_example_warms_later_trials_and_registers_all_four(tmp_path):
     assert sum(1 for p in parents if p) >= 2, parents
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the example's GPU path (trials "
-                    "holding a quarter of a GPU, modules warmed on cuda) runs where one is present")
+@pytest.mark.gpu  # the example's GPU path: trials holding a quarter of a GPU, modules warmed on cuda
 def test_tune_example_on_a_gpu_keeps_warmed_modules_on_it(tmp_path):
     device, on_device, parents, registered = _tune_example(tmp_path)
     assert device == "cuda" and on_device and registered == 4 and sum(1 for p in parents if p) >= 2

@@ -230,6 +230,38 @@ def test_gc_removes_orphans_and_temp_files(tmp_path):
     assert files(tmp_path, "tmp") == {live} and store.get("m") == b"kept"
 
 
+def test_a_staged_extra_is_renamed_into_its_key_on_a_local_store_and_streamed_elsewhere(tmp_path):
+    """A model's weights prepared in ``staging`` lie in the store's own tmp/: storing them moves that very file
+    (same inode, nothing copied); a staged file that is not stored is removed; on a store without local files
+    (a SubTreeFileSystem here) the staged file lies outside the store and is streamed in."""
+    import hashlib
+
+    import pyarrow.fs as pafs
+
+    data = os.urandom(1 << 16)
+    digest = hashlib.sha256(data).hexdigest()
+    store = ModelStore(tmp_path / "zoo")
+    with store.staging("weights.safetensors") as staged:
+        assert Path(staged).parent == tmp_path / "zoo" / "tmp"
+        Path(staged).write_bytes(data)
+        inode = os.stat(staged).st_ino
+        rec, _ = put(store, "m", b"g", extras={"weights.safetensors": staged}, content_extras=("weights.safetensors",),
+                     known_checksums={"weights.safetensors": digest})
+    stored = tmp_path / "zoo" / "blobs" / f"{digest}.weights.safetensors"
+    assert os.stat(stored).st_ino == inode and stored.read_bytes() == data and files(tmp_path / "zoo", "tmp") == set()
+    assert store.get_extra("m", "weights.safetensors") == data
+    with store.staging("weights.safetensors") as unused:
+        Path(unused).write_bytes(b"never stored")
+    assert not os.path.exists(unused) and files(tmp_path / "zoo", "tmp") == set()
+    (tmp_path / "remote").mkdir()
+    remote = ModelStore.from_filesystem(pafs.SubTreeFileSystem(str(tmp_path / "remote"), pafs.LocalFileSystem()), "z")
+    with remote.staging("weights.safetensors") as staged:
+        assert not str(staged).startswith(str(tmp_path / "remote"))
+        Path(staged).write_bytes(data)
+        put(remote, "m", b"g", extras={"weights.safetensors": staged}, content_extras=("weights.safetensors",))
+    assert not os.path.exists(staged) and remote.get_extra("m", "weights.safetensors") == data
+
+
 def dead_pid() -> int:
     """The pid of a process of this host that has exited."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -461,3 +461,138 @@ def test_packed_attention_unbound_from_parts_and_heads_warms_its_own_architectur
         result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
     assert result.parent == "p" and result.score == 1.0 and result.preserved and result.missing == []
     assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-6
+
+
+def test_warm_start_and_register_with_an_embedded_zoo_need_no_ray(tmp_path):
+    """A GPU image or a notebook without Ray: keeper.torch_support and keeper.Zoo import and run, and Ray is never
+    imported; naming the service there fails with a message that says Ray is missing and what to pass instead."""
+    import subprocess
+    import sys
+
+    code = f'''
+import sys
+class _NoRay:
+    def find_spec(self, name, path=None, target=None):
+        if name == "ray" or name.startswith("ray."):
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
+sys.meta_path.insert(0, _NoRay())
+import torch, keeper
+from keeper.errors import KeeperError
+from keeper.torch_support import register, warm_start
+torch.manual_seed(0)
+zoo = keeper.Zoo({str(tmp_path / "zoo")!r})
+parent = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+register(parent, torch.randn(2, 8), zoo, accuracy=0.9, name="p")
+child = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+x = torch.randn(3, 8)
+result = warm_start(child, x, zoo, noise=0.0)
+assert result.parent == "p" and torch.allclose(child(x), parent(x), atol=1e-5), result.reason
+try:
+    warm_start(child, x)
+except KeeperError as exc:
+    print("refused:", exc)
+print("ray imported:", any(m == "ray" or m.startswith("ray.") for m in sys.modules))
+'''
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ray imported: False" in out.stdout
+    assert "refused: warm_start: the keeper service needs Ray" in out.stdout and "keeper.Zoo" in out.stdout
+
+
+# ------------------------------------------------------------------------------------------------- on a GPU
+# (marked ``gpu``: skipped, saying why, where torch sees no CUDA device; scripts/check_gpu.py runs the wider checks)
+
+
+def _user_lm(name: str, layers: int = 2, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
+    """GPT-2 or Llama as a user builds it: the LM class with its default attention, logits out."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    class Logits(torch.nn.Module):
+        def __init__(self, lm: torch.nn.Module):
+            super().__init__()
+            self.model = lm
+
+        def forward(self, ids):
+            return self.model(input_ids=ids).logits
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        lm = (GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=layers, n_head=4,
+                                          bos_token_id=0, eos_token_id=0))
+              if name == "gpt2" else
+              LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                           num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                           max_position_embeddings=32)))
+    return Logits(lm).eval(), (torch.arange(12).reshape(1, 12),)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_cuda_module_reads_as_its_cpu_copy_in_float32_and_bfloat16(name):
+    """The torch front end gives a module on cuda, with float32 or bfloat16 weights, the LayerGraph of its float32
+    copy on the CPU (no fallback to the exporter: that would cost seconds in every trial on a GPU)."""
+    import copy
+
+    from keeper.torch_support.trace import trace_graph
+    from keeper_bench.trace_check import compare_graphs
+
+    module, args = _user_lm(name)
+    _, keys, _, cpu = trace_graph(module, args)
+    for dtype in (torch.float32, torch.bfloat16):
+        on_gpu = copy.deepcopy(module).to("cuda", dtype)
+        _, gpu_keys, _, graph = trace_graph(on_gpu, tuple(a.cuda() for a in args))
+        assert compare_graphs(cpu, keys, graph, gpu_keys) == [], dtype
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["transformer", "gpt2", "llama"])
+def test_warm_start_on_a_cuda_module_keeps_it_on_cuda_and_exact(tmp_path, name):
+    """A deeper child on cuda warmed from a parent registered from cuda: every tensor stays on cuda and the child
+    computes the parent's function (noise 0)."""
+    import keeper.torch_support as ts
+    from keeper_bench import hf_growth
+
+    if name == "transformer":
+        parent, x = build(TRANSFORMER, seed=7)
+        nets.trained_like(parent, x, seed=7)
+        child, _ = build({**TRANSFORMER, "layers": 2}, seed=8)
+        args = (x,)
+    else:
+        parent, args = _user_lm(name, layers=2, seed=7)
+        hf_growth.trained_like(parent, 7)
+        child, _ = _user_lm(name, layers=4, seed=8)
+    zoo = Zoo(str(tmp_path / "zoo"))
+    parent, child = parent.cuda(), child.cuda()
+    args = tuple(a.cuda() for a in args)
+    ts.register(parent, args[0], zoo, 0.9, name="p")
+    result = warm_start(child, args[0], zoo, noise=0.0)
+    assert result.parent == "p" and result.preserved, result.reason
+    assert all(v.device.type == "cuda" for v in child.state_dict().values())
+    assert rel_dev(outputs(parent, args[0]), outputs(child, args[0])) <= 1e-4
+
+
+@pytest.mark.gpu
+def test_bfloat16_weights_on_cuda_register_as_on_the_cpu_and_warm_in_bfloat16(tmp_path):
+    """A bfloat16 module on cuda stores exactly the bytes its CPU copy stores (bfloat16 on disk), and a deeper
+    bfloat16 child on cuda warms from it in bfloat16, on cuda, computing its function to bfloat16's rounding."""
+    import copy
+
+    import keeper.torch_support as ts
+    from keeper_bench import hf_growth
+
+    parent, args = _user_lm("gpt2", layers=2, seed=9)
+    hf_growth.trained_like(parent, 9)
+    parent = parent.to(torch.bfloat16)
+    on_gpu = copy.deepcopy(parent).cuda()
+    cpu_zoo, gpu_zoo = Zoo(str(tmp_path / "cpu")), Zoo(str(tmp_path / "gpu"))
+    ts.register(parent, args[0], cpu_zoo, 0.9, name="p")
+    ts.register(on_gpu, args[0].cuda(), gpu_zoo, 0.9, name="p")
+    assert gpu_zoo.record("p").extra_checksums == cpu_zoo.record("p").extra_checksums
+    child, _ = _user_lm("gpt2", layers=4, seed=10)
+    child = child.to("cuda", torch.bfloat16)
+    x = args[0].cuda()
+    result = warm_start(child, x, gpu_zoo, noise=0.0)
+    assert result.parent == "p" and result.preserved, result.reason
+    assert all(v.device.type == "cuda" and v.dtype == torch.bfloat16 for v in child.state_dict().values()
+               if v.is_floating_point())
+    assert rel_dev(outputs(on_gpu, x).float(), outputs(child, x).float()) <= 3e-2

@@ -88,6 +88,34 @@ def test_the_writer_places_tensors_in_any_order_and_requires_every_one(tmp_path)
             w.write("x", np.ones((3, 2)))
 
 
+def test_the_writer_hashes_the_file_it_writes_in_file_order_and_only_then(tmp_path):
+    import hashlib
+
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((700, 500)).astype(np.float32)  # over 1 MiB: hashed on the writer's second thread
+    weights = {"z.big": big, "a.small": np.arange(6, dtype=np.float16), "m.bf16": big[:3].astype(BF16)}
+    specs = {k: (v.dtype, v.shape) for k, v in weights.items()}
+    with SafeTensorsWriter(tmp_path / "o.safetensors", specs) as w:
+        assert w.names == sorted(weights)
+        for k in w.names[:-1]:
+            w.write(k, weights[k])
+        w.write("z.big", big[:300])
+        w.write("z.big", big[300:], start=300)  # row slices in order keep the hash going
+    assert w.digest == hashlib.sha256((tmp_path / "o.safetensors").read_bytes()).hexdigest()
+    assert dict(SafeTensors(tmp_path / "o.safetensors")).keys() == weights.keys()
+    # out of file order, written twice, or with holes left as zeros: no digest, rather than a wrong one
+    orders = {"reversed": [(k, 0, weights[k]) for k in reversed(sorted(weights))],
+              "rewritten": [(k, 0, weights[k]) for k in sorted(weights)] + [("a.small", 0, weights["a.small"] * 2)]}
+    for label, steps in orders.items():
+        with SafeTensorsWriter(tmp_path / f"{label}.safetensors", specs) as w:
+            for k, start, value in steps:
+                w.write(k, value, start)
+        assert w.digest is None, label
+    with SafeTensorsWriter(tmp_path / "holes.safetensors", specs, missing_as_zeros=True) as w:
+        w.write("a.small", weights["a.small"])
+    assert w.digest is None
+
+
 def _file(header: dict, data: bytes = b"") -> bytes:
     raw = json.dumps(header).encode()
     return struct.pack("<Q", len(raw)) + raw + data

@@ -457,6 +457,29 @@ def test_a_graph_with_weights_apart_registers_and_warms_like_onnx_with_weights(t
     assert bare.unset == [] and set(SafeTensors(tmp_path / "bare.safetensors")) == set(cweights)
 
 
+def test_weights_given_as_arrays_are_stored_with_the_checksum_of_their_bytes_and_leave_no_temp_file(tmp_path):
+    """Arrays are written once, beside the blobs, hashed as they are written, then renamed into their
+    content-addressed key: the key is the sha256 of the stored bytes, and neither a stored nor a refused
+    registration leaves a temp file or a blob behind."""
+    from keeper.store_files import sha256
+
+    root = tmp_path / "zoo"
+    zoo = Zoo(str(root))
+    graph, weights = split(mlp_onnx(PARENT, 1))
+    rec = zoo.register(graph, 0.9, name="p", weights=weights)
+    key = rec.extra_checksums["weights.safetensors"]
+    blob = root / "blobs" / f"{key}.weights.safetensors"
+    assert sha256(blob) == key and {k: v.tolist() for k, v in SafeTensors(blob).items()} == {
+        k: v.tolist() for k, v in weights.items()}
+    assert list((root / "tmp").iterdir()) == []
+    stored = files(root)
+    with pytest.raises(AdmissionError, match="accuracy"):
+        zoo.register(graph, 1.5, name="q", weights={k: v * 2 for k, v in weights.items()})
+    assert files(root) == stored
+    assert zoo.register(graph, 0.9, name="p", weights=dict(weights)) == rec  # the same arrays again: idempotent
+    assert Zoo(str(root)).warm(mlp_onnx(WIDER, 3), noise=0.0).parent == "p"
+
+
 def test_old_and_new_records_live_in_one_zoo(tmp_path):
     root = tmp_path / "zoo"
     zoo = Zoo(str(root))

@@ -21,9 +21,27 @@ exact two-stage search), :mod:`viewsearch` (the front door's search state and pl
 wait), :mod:`metrics` (and QueryClock), :mod:`cli` (``keeper serve | scale | stats``).
 """
 
-from keeper.actors.client import ServiceClient
-from keeper.actors.config import ServiceConfig, load_config
-from keeper.actors.front import Keeper
-from keeper.actors.launcher import connect, shutdown, start
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["start", "connect", "shutdown", "Keeper", "ServiceClient", "ServiceConfig", "load_config"]
+
+# Each public name is imported from its module on first use, so importing a module of this package (the CLI's
+# service commands, keeper.actors.config) does not import Ray: keeper's embedded zoo and its `keeper` commands
+# work where Ray is not installed.
+_HOME = {"start": "launcher", "connect": "launcher", "shutdown": "launcher", "Keeper": "front",
+         "ServiceClient": "client", "ServiceConfig": "config", "load_config": "config"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'keeper.actors' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"keeper.actors.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

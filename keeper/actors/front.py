@@ -1,8 +1,9 @@
 """Keeper: the front door of the service. Every job talks to it: ``ray.get(keeper.warm.remote(onnx_bytes))``.
 
-A query parses the child once, reads the current search state (a refresher thread takes in the ZooManager's
-newest View every ``VIEW_POLL_S`` seconds and builds the state off the query path, so no query waits on the manager
-or on a view of a large zoo being built; a write routed through this door takes its view in before it returns),
+A query parses the child once, reads the current search state (:mod:`keeper.actors.viewfeed`: a refresher thread
+takes in the ZooManager's newest View every ``VIEW_POLL_S`` seconds and builds the state off the query path, so no
+query waits on the manager or on a view of a large zoo being built; a write routed through this door takes its view
+in before it returns),
 plans the exact two-stage search (medoids first, then the members of the closest clusters, then any model whose
 signature bound beats the best found; :mod:`keeper.actors.viewsearch`), scores each stage in parallel on the Matcher
 pool (one batch per matcher; ``search`` reports where the time went), assesses the candidates as the embedded zoo
@@ -34,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import RayError
 
 from keeper import chooser
 from keeper.actors.config import ServiceConfig
@@ -43,6 +44,7 @@ from keeper.actors.matcher import Matcher
 from keeper.actors.metrics import QueryClock, ServiceMetrics
 from keeper.actors.pool import MatcherPool
 from keeper.actors.remote import Demand, demand_of, get, shortfall
+from keeper.actors.viewfeed import ViewFeed
 from keeper.actors.viewsearch import SearchState, batches, plan
 from keeper.errors import ServiceError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
@@ -60,12 +62,6 @@ __all__ = ["Keeper"]
 _CHOICE_CACHE = 1024
 #: Parents whose graph, arrays and layer roles the front door keeps (per view) for assessing alignments.
 _PARENT_CACHE = 256
-#: A view refresh that cannot reach the manager within this many seconds serves the last view instead.
-_VIEW_WAIT_S = 5.0
-#: Seconds between two looks at the manager's view: how far behind it a query's view may be (plus one build).
-VIEW_POLL_S = 0.2
-#: After a failed refresh, queries use the last view without asking for this many seconds.
-_VIEW_BACKOFF_S = 2.0
 
 
 class Keeper:
@@ -96,9 +92,7 @@ class Keeper:
         self.pool = MatcherPool(spawn_matcher, config.matchers, config.timeouts.batch_s, self._local.score_timed)
         self.metrics = ServiceMetrics(config.name)
         self.metrics.matchers(config.matchers)
-        self._state = SearchState.empty()
-        self._view_lock = threading.Lock()
-        self._view_backoff_until = 0.0
+        self._views = ViewFeed(self.manager, config.timeouts.control_s, self._prefetch, self.metrics.zoo_size)
         self._stats_lock = threading.Lock()
         self._latencies: collections.deque[float] = collections.deque(maxlen=config.latency_window)
         self._search_latencies: collections.deque[float] = collections.deque(maxlen=config.latency_window)
@@ -108,10 +102,8 @@ class Keeper:
         self._choices: collections.OrderedDict[tuple, dict] = collections.OrderedDict()
         self._parents: collections.OrderedDict[str, tuple] = collections.OrderedDict()
         self._parents_key = ""
-        self._closed = threading.Event()
-        self._pulled = False
         self._inflight = InFlight(config.timeouts.register_s)
-        threading.Thread(target=self._refresher, daemon=True, name="keeper-view-refresher").start()
+        self._views.start()
 
     # ------------------------------------------------------------------------------------------- public API
     def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> WarmResult:
@@ -227,21 +219,19 @@ class Keeper:
                                  lineage, record_again)
         with self._stats_lock:
             self.registers += 1
-        self._view_backoff_until = 0.0
-        self._pull()  # the caller's next query sees the model (one small call when another pull took it in)
+        self._views.after_write()  # the caller's next query sees the model
         return rec
 
     def remove(self, name: str) -> None:
         self._manager_call("remove", self.config.timeouts.register_s, name)
-        self._pull()
+        self._views.after_write()
 
     def reload(self) -> dict[str, Any]:
         """Re-read the whole zoo from the store now: models other processes registered, removed or updated (the
         manager's catalog poll takes in additions and removals within ``CATALOG_POLL_S`` seconds anyway).
         Returns ``{"models": N}``."""
         n = self._manager_call("reload", self.config.timeouts.register_s)
-        self._view_backoff_until = 0.0
-        self._refresh(force=True)
+        self._views.after_write(force=True)
         return {"models": n}
 
     def scale(self, matchers: int) -> dict[str, Any]:
@@ -396,50 +386,16 @@ class Keeper:
         return entry
 
     def _refresh(self, force: bool = False) -> SearchState:
-        """The state queries read. Without ``force`` it never waits: the refresher thread keeps it within
-        ``VIEW_POLL_S`` of the manager's view. With ``force`` (after a write this door routed, a shard that could
-        not be read, ``fresh=True``) it asks the manager now, within a short bound, else keeps the last one."""
-        if force or not self._pulled:  # a new front door takes its first view in before its first answer
-            self._pull(force=force)
-        return self._state
+        """The state queries read (:meth:`ViewFeed.current`): never waits unless ``force``."""
+        return self._views.current(force)
 
-    def _pull(self, force: bool = False) -> bool:
-        """Take the manager's newest view, if it is new, and build its SearchState; False when the manager could
-        not answer within the bound (the last state keeps serving)."""
-        with self._view_lock:
-            old = self._state
-            try:
-                v = ray.get(self.manager.view.remote(None if force else old.view.key),
-                            timeout=min(_VIEW_WAIT_S, self.config.timeouts.control_s))
-            except (GetTimeoutError, RayActorError):
-                return False
-            self._pulled = True
-            if v is None:
-                return True
-            # shard objects are fetched once, by reference: this actor owns them and hands them to matchers
-            refs = {sid: (old.refs[sid] if sid in old.refs and not force else self.manager.shard.remote(sid))
-                    for sid in v.shards}
-            self._state = SearchState.build(v, refs)
-            self.metrics.zoo_size(v.n)
-        # the shards of new arrivals, fetched here and by the matchers rather than by the first query that needs them
-        new = [(sid, ref) for sid, ref in refs.items() if sid not in old.refs]
-        self.pool.prefetch(new, list(refs.items()))
+    def _prefetch(self, new: list, every: list) -> None:
+        """The shards of a new view's arrivals, fetched by the matchers and the local one ahead of queries."""
+        self.pool.prefetch(new, every)
         try:
             self._local.prefetch(new)
         except RayError:
             pass  # a query fetches it then
-        return True
-
-    def _refresher(self) -> None:
-        """The view refresher (a daemon thread): queries read a state at most ``VIEW_POLL_S`` (plus one build)
-        behind the manager's view, and never wait for the manager or for a new state to be built."""
-        while not self._closed.wait(_VIEW_BACKOFF_S if time.monotonic() < self._view_backoff_until else VIEW_POLL_S):
-            try:
-                ok = self._pull()
-            except RayError:  # a manager restarting answers later: keep serving the last state
-                ok = False
-            if not ok:
-                self._view_backoff_until = time.monotonic() + _VIEW_BACKOFF_S
 
     def _search_fresh(self, child: MatchArrays, two_stage: bool,
                       clock: QueryClock | None = None) -> tuple[SearchState, tuple]:

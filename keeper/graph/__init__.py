@@ -19,6 +19,7 @@ Every array is a flat numpy array (no Python objects in them), so a LayerGraph m
 
 Modules: :mod:`~keeper.graph.types` (TensorRef, LayerGraph and its persistence), :mod:`~keeper.graph.reader`
 (reading a checked ModelProto), :mod:`~keeper.graph.fold` (integer constants computed in the graph),
+:mod:`~keeper.graph.zeroed` (a learned vector with rows zeroed in the forward pass, found by folding),
 :mod:`~keeper.graph.rules` (per-op rules), :mod:`~keeper.graph.order` (canonical
 order), :mod:`~keeper.graph.unionfind`, :mod:`~keeper.graph.groups` and :mod:`~keeper.graph.packed` (channel
 groups), :mod:`~keeper.graph.extract` (the entry points); over a built graph, :mod:`~keeper.graph.stream` (the

@@ -251,7 +251,7 @@ class ModelReader:
             if ref is not None and self.is_learned(ref.source):
                 shape = self.ref_shape(ref)
             else:
-                ref, shape = None, self._zeros(x)
+                ref, shape = None, self.zeros_shape(x)
             if shape is None or len(shape) != 1 or shape[0] <= 0:
                 return None
             found.append((ref, int(shape[0])))
@@ -264,43 +264,17 @@ class ModelReader:
             start += size
         return tuple(refs) if refs else None
 
-    def trace_zeroed(self, name: str, role: str) -> TensorRef | None:
-        """A vector that is a learned tensor with some of its rows set to zero in the forward pass (Swin V2's qkv
-        bias: ``b = bias.clone(); b[k:2k].zero_()``, written as a ScatterND of zeros into rows of the tensor): its
-        ref with ``zeroed`` the rows the op sees as zeros, whatever the tensor holds there; None when ``name`` is
-        no such ScatterND (rows along the first axis, folded to constants; updates reading as all zeros)."""
-        from keeper.graph.fold import fold_ints  # fold reads this module's ModelReader
-
-        n = self.producer.get(name)
-        if n is None or n.op_type != "ScatterND" or len(n.input) < 3 or as_str(attr(n, "reduction", "none")) != "none":
-            return None
-        ref = self.trace_weight(n.input[0], role)
-        if ref is None or not self.is_learned(ref.source) or len(self.ref_shape(ref)) != 1:
-            return None
-        units = self.ref_shape(ref)[0]
-        idx = fold_ints(self, n.input[1], cap=units)
-        if idx is None or idx.ndim != 2 or idx.shape[1] != 1 or not self._reads_zero(n.input[2]):
-            return None
-        rows = idx[:, 0]
-        if rows.size == 0 or np.any(rows >= units) or np.any(rows < -units):
-            return None
-        mask = np.zeros(units, dtype=bool)
-        mask[rows % units] = True
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
-        return TensorRef(ref.role, ref.key, ref.source, ref.source_shape, ref.chain, ref.canon,
-                         zeroed=tuple(int(e) for e in edges))
-
-    def _reads_zero(self, name: str, depth: int = 0) -> bool:
-        """Whether ``name`` is all zeros: a constant reading as zeros (:meth:`_zeros`) broadcast, reshaped or cast
-        (Expand, Reshape, Cast, CastLike, Identity, Unsqueeze, Squeeze of it)."""
-        if self._zeros(name) is not None:
+    def reads_zero(self, name: str, depth: int = 0) -> bool:
+        """Whether ``name`` is all zeros: a constant reading as zeros (:meth:`zeros_shape`) broadcast, reshaped or
+        cast (Expand, Reshape, Cast, CastLike, Identity, Unsqueeze, Squeeze of it)."""
+        if self.zeros_shape(name) is not None:
             return True
         n = self.producer.get(name)
         if n is None or depth > 16 or n.op_type not in _WEIGHT_CHAIN_OPS | {"Expand", "CastLike"}:
             return False
-        return self._reads_zero(n.input[0], depth + 1)
+        return self.reads_zero(n.input[0], depth + 1)
 
-    def _zeros(self, name: str) -> tuple[int, ...] | None:
+    def zeros_shape(self, name: str) -> tuple[int, ...] | None:
         """The shape of ``name`` when it is a constant that is no learned tensor and whose value reads as all zeros
         (a Constant node, or an initializer holding its data), else None."""
         t = self.init_by_name.get(name)

@@ -21,6 +21,7 @@ import onnx
 
 from keeper.graph.reader import ModelReader, as_str, attr
 from keeper.graph.types import INPUT_ROLE, MAX_RANK, TensorRef
+from keeper.graph.zeroed import trace_zeroed
 from keeper.kinds import Kind, traits
 
 __all__ = ["NodeInfo", "RuleContext", "OP_RULES", "WEIGHTLESS", "node_info", "input_tables", "resolution_step"]
@@ -64,11 +65,11 @@ class RuleContext:
     def vector(self, name: str, role: str, units: int) -> tuple[TensorRef, ...]:
         """The per-unit vector ``name`` of ``units`` elements (a linear layer's bias) as refs: the one tensor it
         is (some of its rows possibly zeroed in the forward pass:
-        :meth:`~keeper.graph.reader.ModelReader.trace_zeroed`), or the learned pieces it is concatenated from with
+        :func:`~keeper.graph.zeroed.trace_zeroed`), or the learned pieces it is concatenated from with
         constant zeros (:meth:`~keeper.graph.reader.ModelReader.trace_pieces`); empty when neither."""
         if not name or name not in self.const:
             return ()
-        ref = self.reader.trace_weight(name, role) or self.reader.trace_zeroed(name, role)
+        ref = self.reader.trace_weight(name, role) or trace_zeroed(self.reader, name, role)
         if ref is not None:
             return (ref,) if int(np.prod(self.shape(ref))) == units else ()
         pieces = self.reader.trace_pieces(name, role)

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 import torch
 from onnx import numpy_helper
 
@@ -187,6 +186,8 @@ def _dynamo_graph(module: torch.nn.Module, args: tuple) -> tuple[onnx.ModelProto
     """The dynamo export as a ModelProto whose float initializers hold placeholders instead of data, and those
     initializers' values as arrays (views of the module's tensors where torch allows): the weights are never
     serialised."""
+    import onnx_ir as ir  # the exporter's IR (onnxscript's): needed here only, not on the torch front end's path
+
     quiet = contextlib.redirect_stdout(io.StringIO())
     with warnings.catch_warnings(), quiet:
         warnings.simplefilter("ignore")

@@ -14,6 +14,9 @@ architecture) is restored from it instead of from a zoo parent (:mod:`keeper.tor
 trial it also leaves the architecture template and the warm's lineage for the Tune callback
 (:mod:`keeper.torch_support.trial`); in a Ray Train trial rank 0 chooses and the other ranks follow
 (:mod:`keeper.torch_support.distributed`), so every worker ends with the same weights.
+
+Ray is imported only when the caller names the service: with a :class:`keeper.Zoo`, ``warm_start`` and ``register``
+run where Ray is not installed (a GPU image, a notebook).
 """
 
 from __future__ import annotations
@@ -23,12 +26,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from ray.actor import ActorHandle
-
 from keeper import chooser
-from keeper.actors.client import ServiceClient
-from keeper.actors.launcher import connect
-from keeper.actors.remote import Demand, get
 from keeper.chooser import ParentSource
 from keeper.errors import CheckpointError, KeeperError, ServiceError, StoreError
 from keeper.selection import ParentChoice
@@ -48,14 +46,32 @@ __all__ = ["warm_start", "register", "choose_for_module", "parent_source"]
 log = logging.getLogger(__name__)
 
 
+def _service(what: str) -> Any:
+    """keeper's service modules (:mod:`keeper.actors`), imported only for a caller that names the service, so the
+    embedded :class:`keeper.Zoo` works where Ray is not installed; a KeeperError naming the fix where it is not."""
+    try:
+        import ray.actor
+
+        from keeper.actors import client, launcher, remote
+    except ImportError as exc:
+        raise KeeperError(f"{what}: the keeper service needs Ray, which cannot be imported here ({exc}); pass a "
+                          "keeper.Zoo (e.g. keeper.Zoo('path/to/zoo')), or install Ray (pip install 'ray[tune]')") \
+            from None
+    return ray.actor.ActorHandle, client.ServiceClient, launcher.connect, remote
+
+
 def parent_source(zoo: Any, config: Any = None, timeout_s: float = 300.0) -> ParentSource:
     """The parent source ``zoo`` names: a :class:`keeper.Zoo` or a :class:`~keeper.actors.ServiceClient` as they
     are, a front door handle wrapped in a client, None for the running service of ``config``.
 
     Raises:
-        KeeperError: ``zoo`` is none of these. ServiceError: ``zoo`` is None and no service is running.
+        KeeperError: ``zoo`` is none of these, or names the service where Ray cannot be imported.
+        ServiceError: ``zoo`` is None and no service is running.
     """
-    if isinstance(zoo, (Zoo, ServiceClient)):
+    if isinstance(zoo, Zoo):
+        return zoo
+    ActorHandle, ServiceClient, connect, _ = _service("warm_start")
+    if isinstance(zoo, ServiceClient):
         return zoo
     if isinstance(zoo, ActorHandle):
         return ServiceClient(zoo, timeout_s)
@@ -314,10 +330,12 @@ def register(module: Any, example_input: Any, zoo: Any, accuracy: float, name: s
     weights = module_weights(module, exported)
     if isinstance(zoo, Zoo):
         return zoo.register(exported.onnx, accuracy, name, weights=weights, lineage=lineage)
+    ActorHandle, ServiceClient, _, remote = _service("register")
     handle = zoo.handle if isinstance(zoo, ServiceClient) else zoo
     if not isinstance(handle, ActorHandle):
         raise KeeperError(f"register: zoo {zoo!r} is a {type(zoo).__name__}; pass a keeper.Zoo or the service's "
                           "handle (keeper.actors.start())")
     ref = handle.register.remote(exported.onnx, float(accuracy), name, weights_bytes(weights), lineage)
-    return get(ref, timeout_s, Demand(f"registering model {name!r} (timeouts.register_s)", actor=handle))
+    return remote.get(ref, timeout_s, remote.Demand(f"registering model {name!r} (timeouts.register_s)",
+                                                    actor=handle))
 

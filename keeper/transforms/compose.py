@@ -25,11 +25,11 @@ from keeper.graph import INPUT_ROLE, LayerGraph
 from keeper.kinds import kinds_where, traits
 from keeper.matching import Alignment
 from keeper.onnx_weights import fixed_rows, layer_arrays, role_arrays, to_source
-from keeper.transforms.correspondence import group_correspondence, packed_groups
 from keeper.transforms.depth import identity_fill, new_branch_tails, zero_fill
-from keeper.transforms.stream_width import StreamGrowth, stream_growth
 from keeper.transforms.kernel import fit_kernel
-from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
+from keeper.transforms.stream_width import StreamGrowth
+from keeper.transforms.unit_maps import GroupMaps
+from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs
 
 __all__ = ["Transfer", "transfer", "transfer_layers", "tensor_writers", "tied_input_divisors", "LayerTensors",
            "paste_overlap"]
@@ -52,143 +52,6 @@ class Transfer:
     provenance: dict[str, tuple[str | None, str]] = field(default_factory=dict)
     # child layers whose constant zero rows (a bias in pieces or zeroed) the transform made non-zero: they stay zero
     unkept: list[str] = field(default_factory=list)
-
-
-class _GroupMaps:
-    """Child channel group -> parent unit index per child unit, chosen once per group."""
-
-    def __init__(self, parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, parent_layers: list):
-        self.parent, self.child = parent, child
-        self.parent_layers = parent_layers
-        self.corr = group_correspondence(parent, child, pairs)
-        # groups grown by a factor that does not divide under LayerNorms: copied units first, then mean units
-        self.streams: dict[int, StreamGrowth] = stream_growth(parent, child, pairs, self.corr)
-        self._maps: dict[int, np.ndarray | None] = {}
-        self._importance: dict[int, np.ndarray | None] = {}
-        self._factors: dict[int, np.ndarray | None] = {}
-        # packed projections (q, k, v from one layer): composite group -> the "packed" attrs of its layer
-        self.child_packed, self.parent_packed = packed_groups(child), packed_groups(parent)
-        self._owner = {int(p): g for g in self.child_packed for p in child.group_of_parts(g).tolist()}
-
-    def parent_size(self, cg: int) -> int:
-        pg = self.corr.get(cg)
-        return int(self.parent.group_size[pg]) if pg is not None else -1
-
-    def map(self, cg: int) -> np.ndarray | None:
-        if cg < 0:
-            return None
-        if cg in self._owner and cg not in self._maps:
-            self.map(self._owner[cg])  # a part of a packed projection: its map is the composite's slice
-        if cg not in self._maps:
-            self._maps[cg] = self._build(cg)
-        return self._maps[cg]
-
-    def factors(self, cg: int) -> np.ndarray | None:
-        """Per-output-unit factors for the layer producing packed group ``cg`` (None: all 1).
-
-        For each dot-product pair of parts (q, k) sharing one map, k's copies are divided by their replication
-        count (so q . k sums each parent term once) and q is scaled by sqrt(child head size / parent head size)
-        (the child's attention divides by the square root of its own head size)."""
-        if cg not in self._factors:
-            self.map(cg)
-            self._factors.setdefault(cg, None)
-        return self._factors[cg]
-
-    def _build(self, cg: int) -> np.ndarray | None:
-        pg = self.corr.get(cg)
-        if pg is None:
-            return None
-        if cg in self.streams:  # the copied units only: the transfer appends the mean units (StreamGrowth)
-            return self.streams[cg].copied()
-        cparts, pparts = self.child.group_of_parts(cg), self.parent.group_of_parts(pg)
-        if cg in self.child_packed and pg in self.parent_packed and len(cparts) == len(pparts):
-            return self._packed_map(cg, pg, cparts.tolist(), pparts.tolist())
-        if len(cparts) and len(cparts) == len(pparts):
-            maps, offset = [], 0
-            for cp, pp in zip(cparts.tolist(), pparts.tolist()):
-                cs, ps = int(self.child.group_size[cp]), int(self.parent.group_size[pp])
-                if cs <= 0 or ps <= 0:
-                    return None
-                maps.append(unit_map(ps, cs, self._ranking(pp, cs, ps)) + offset)
-                offset += ps
-            return np.concatenate(maps)
-        cs, ps = int(self.child.group_size[cg]), int(self.parent.group_size[pg])
-        if cs <= 0 or ps <= 0 or len(cparts) or len(pparts):
-            return None
-        return unit_map(ps, cs, self._ranking(pg, cs, ps))
-
-    def _packed_map(self, cg: int, pg: int, cparts: list[int], pparts: list[int]) -> np.ndarray | None:
-        """Per-part maps of a packed projection, head by head when both sides have the same number of heads, whole
-        heads cloned when the child has an integer multiple of the parent's heads of the same size; parts joined
-        by a dot product share one map. Each part's own group gets its slice of the map."""
-        ca, pa = self.child_packed[cg], self.parent_packed[pg]
-        csz = [int(self.child.group_size[g]) for g in cparts]
-        psz = [int(self.parent.group_size[g]) for g in pparts]
-        if min(csz + psz) <= 0:
-            return None
-        partner = {b: a for a, b in ca.get("dots", []) if [a, b] in pa.get("dots", [])}
-        imp = self.importance(pg) if any(c < p for c, p in zip(csz, psz)) else None
-        offs = np.concatenate([[0], np.cumsum(psz)]).astype(np.int64)
-        maps: list[np.ndarray] = []
-        heads: list[int] = []
-        cloned: set[int] = set()
-        for j, (cs, ps) in enumerate(zip(csz, psz)):
-            hc, hp = int(ca["heads"][j]), int(pa["heads"][j])
-            h = hc if hc == hp and hc >= 1 and cs % hc == 0 and ps % hc == 0 else 1
-            heads.append(h)
-            if hp >= 1 and hc > hp and ps % hp == 0 and cs * hp == ps * hc:
-                # more heads, each of the parent's size: whole heads are cloned (child head i is parent head
-                # i mod hp; with a factor that does not divide, the first heads once more than the others), each
-                # computes its parent head's attention as it is, so q and k need no factor; the projection
-                # reading the heads divides by each head's number of copies
-                cloned.add(j)
-                maps.append(np.resize(np.arange(ps), cs))
-                continue
-            if j in partner:
-                maps.append(maps[partner[j]])
-                continue
-            rank = None
-            if imp is not None:
-                rank = imp[offs[j]:offs[j + 1]].copy()
-                for second, first in partner.items():  # a dot product keeps the units that matter to both
-                    if first == j:
-                        rank += imp[offs[second]:offs[second + 1]]
-            hs, hcs = ps // h, cs // h
-            if rank is None or hcs >= hs:  # growing (or equal): one map serves every head, one generator drawn
-                head = unit_map(hs, hcs)
-                maps.append(np.concatenate([head + k * hs for k in range(h)]))
-            else:  # shrinking: each head keeps its own most important units
-                maps.append(np.concatenate([unit_map(hs, hcs, rank[k * hs:(k + 1) * hs]) + k * hs
-                                            for k in range(h)]))
-        f = np.ones(sum(csz))
-        coffs = np.concatenate([[0], np.cumsum(csz)]).astype(np.int64)
-        for b, a in partner.items():
-            if a in cloned and b in cloned:
-                continue
-            f[coffs[b]:coffs[b + 1]] = 1.0 / np.bincount(maps[b], minlength=psz[b])[maps[b]]
-            f[coffs[a]:coffs[a + 1]] *= np.sqrt((csz[a] / heads[a]) / (psz[a] / heads[a]))
-        self._factors[cg] = None if np.all(f == 1.0) else f
-        for g, m in zip(cparts, maps):
-            self._maps[g] = m
-        return np.concatenate([m + o for m, o in zip(maps, offs[:-1])])
-
-    def _ranking(self, pg: int, cs: int, ps: int) -> np.ndarray | None:
-        # only shrinking ranks units; importance reads every weight producing the group in float64, which was
-        # 40-55% of the transfer time of a grown 100M-parameter child (profiled on scripts/bench_warm.py's models)
-        return self.importance(pg) if cs < ps else None
-
-    def importance(self, pg: int) -> np.ndarray | None:
-        """L2 norm of each unit's outgoing weights over the parent layers producing the group."""
-        if pg not in self._importance:
-            total = None
-            for p in np.flatnonzero(self.parent.out_group == pg).tolist():
-                w = self.parent_layers[p].get("weight", self.parent_layers[p].get("scale"))
-                if w is None or w.shape[0] != self.parent.group_size[pg]:
-                    continue
-                sq = np.square(w.astype(np.float64)).reshape(w.shape[0], -1).sum(axis=1)
-                total = sq if total is None else total + sq
-            self._importance[pg] = None if total is None else np.sqrt(total)
-        return self._importance[pg]
 
 
 def paste_overlap(parent_t: np.ndarray, child_t: np.ndarray) -> np.ndarray:
@@ -310,7 +173,7 @@ def tensor_writers(child: LayerGraph, inherits: np.ndarray) -> dict[str, int]:
 _PROPORTIONAL = kinds_where(lambda t: t.proportional)
 
 
-def tied_input_divisors(child: LayerGraph, maps: "_GroupMaps", writers: Mapping[str, int]) -> dict[int, np.ndarray]:
+def tied_input_divisors(child: LayerGraph, maps: GroupMaps, writers: Mapping[str, int]) -> dict[int, np.ndarray]:
     """Child layer -> per-unit divisors of its affine tensors, for the norms feeding a layer whose grown input
     cannot be divided because its weight is tied to a layer that copies it.
 
@@ -399,6 +262,21 @@ def _noisy(v: np.ndarray, scale_of: np.ndarray, noise: float, rng: np.random.Gen
     return v + rng.normal(0.0, noise * float(np.std(_wide(scale_of)) or 1.0), v.shape).astype(v.dtype)
 
 
+@dataclass
+class _Run:
+    """What every layer of one transfer reads: both graphs, the parent's arrays per layer, the unit maps, the new
+    branches' tails, the tied readers' divisors, and the noise with its generator."""
+
+    parent: LayerGraph
+    child: LayerGraph
+    parent_layers: list
+    maps: GroupMaps
+    tails: set[int]
+    divisors: dict[int, np.ndarray]
+    noise: float
+    rng: np.random.Generator
+
+
 def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: LayerGraph,
              child_inits: Mapping[str, np.ndarray], alignment: Alignment, *, noise: float = 0.0,
              seed: int = 0, sink: Callable[[str, np.ndarray], None] | None = None) -> Transfer:
@@ -417,50 +295,57 @@ def transfer(parent: LayerGraph, parent_inits: Mapping[str, np.ndarray], child: 
     """
     P = layer_arrays(parent, parent_inits)
     pairs = np.asarray(alignment.pairs)
-    maps = _GroupMaps(parent, child, pairs, P)
-    rng = np.random.default_rng(seed)
-    tails = new_branch_tails(child, pairs < 0)
+    maps = GroupMaps(parent, child, pairs, P)
     writers = tensor_writers(child, pairs >= 0)
-    divisors = tied_input_divisors(child, maps, writers)
+    run = _Run(parent, child, P, maps, new_branch_tails(child, pairs < 0),
+               tied_input_divisors(child, maps, writers), noise, np.random.default_rng(seed))
+    return transfer_layers(child, child_inits, lambda c, cvals: _inherited_layer(run, c, int(pairs[c]), cvals)
+                           if pairs[c] >= 0 else _new_layer(run, c, cvals), sink, writers)
 
-    def inherited(c: int, p: int, cvals: dict[str, np.ndarray]) -> LayerTensors:
-        kind = int(child.layer_kind[c])
-        out_map, in_map = maps.map(int(child.out_group[c])), maps.map(int(child.in_group[c]))
-        pkeys: dict[str, tuple[str, ...]] = {}
-        for r in parent.tensors[p]:  # a role's keys: one, or one per piece
-            pkeys[r.role] = pkeys.get(r.role, ()) + (r.key,)
-        values: LayerTensors = {}
-        for role, ct in cvals.items():
-            if role not in P[p] or role == INPUT_ROLE:  # a table the layer reads: the parent's when of its shape
-                same = role in P[p] and P[p][role].shape == ct.shape
-                values[role] = (P[p][role], pkeys[role], "copy") if same else (ct, None, "init")
-                continue
-            v, ops = _grown(child, maps, c, kind, role, P[p][role], ct, out_map, in_map)
-            v = _rescaled(v, ops, role, maps.factors(int(child.out_group[c])), divisors.get(c))
-            if noise > 0 and role == "weight":
-                v = _noisy(v, v, noise, rng)
-            values[role] = (v, pkeys[role], "+".join(ops))
-        return values
 
-    def new(c: int, cvals: dict[str, np.ndarray]) -> LayerTensors:
-        kind = int(child.layer_kind[c])
-        attrs = child.attrs[c] if c < len(child.attrs) else {}
-        filled, op = None, "init"
-        if c in tails:
-            filled, op = zero_fill(kind, cvals), "zero"
-        elif _same_map(maps, child, c):
-            filled = identity_fill(kind, cvals, epsilon=attrs.get("epsilon", 1e-5), strides=attrs.get("strides"))
-            op = "identity" if filled is not None else "init"
-        values: LayerTensors = {}
-        for role, ct in cvals.items():
-            v = filled[role] if filled is not None and role in filled else ct
-            if noise > 0 and role == "weight" and filled is not None:
-                v = _noisy(v, ct, noise, rng)
-            values[role] = (v, None, op if filled is not None and role in filled else "init")
-        return values
+def _inherited_layer(run: _Run, c: int, p: int, cvals: dict[str, np.ndarray]) -> LayerTensors:
+    """Child layer ``c``'s tensors from parent layer ``p``: each role grown, shrunk or copied along the unit maps,
+    rescaled where attention or a tied reader needs it, with noise on the weight; a table the layer reads is the
+    parent's when of its shape, else the child's own."""
+    child, P = run.child, run.parent_layers
+    kind = int(child.layer_kind[c])
+    out_map, in_map = run.maps.map(int(child.out_group[c])), run.maps.map(int(child.in_group[c]))
+    pkeys: dict[str, tuple[str, ...]] = {}
+    for r in run.parent.tensors[p]:  # a role's keys: one, or one per piece
+        pkeys[r.role] = pkeys.get(r.role, ()) + (r.key,)
+    values: LayerTensors = {}
+    for role, ct in cvals.items():
+        if role not in P[p] or role == INPUT_ROLE:
+            same = role in P[p] and P[p][role].shape == ct.shape
+            values[role] = (P[p][role], pkeys[role], "copy") if same else (ct, None, "init")
+            continue
+        v, ops = _grown(child, run.maps, c, kind, role, P[p][role], ct, out_map, in_map)
+        v = _rescaled(v, ops, role, run.maps.factors(int(child.out_group[c])), run.divisors.get(c))
+        if run.noise > 0 and role == "weight":
+            v = _noisy(v, v, run.noise, run.rng)
+        values[role] = (v, pkeys[role], "+".join(ops))
+    return values
 
-    return transfer_layers(child, child_inits, lambda c, cvals: inherited(c, int(pairs[c]), cvals) if pairs[c] >= 0
-                           else new(c, cvals), sink, writers)
+
+def _new_layer(run: _Run, c: int, cvals: dict[str, np.ndarray]) -> LayerTensors:
+    """Child layer ``c``, which no parent layer feeds: zeros at the tail of a new branch (its sum adds nothing),
+    an identity where its input and output units copy the same parent units, else the child's own init."""
+    child = run.child
+    kind = int(child.layer_kind[c])
+    attrs = child.attrs[c] if c < len(child.attrs) else {}
+    filled, op = None, "init"
+    if c in run.tails:
+        filled, op = zero_fill(kind, cvals), "zero"
+    elif run.maps.copies_alike(c):
+        filled = identity_fill(kind, cvals, epsilon=attrs.get("epsilon", 1e-5), strides=attrs.get("strides"))
+        op = "identity" if filled is not None else "init"
+    values: LayerTensors = {}
+    for role, ct in cvals.items():
+        v = filled[role] if filled is not None and role in filled else ct
+        if run.noise > 0 and role == "weight" and filled is not None:
+            v = _noisy(v, ct, run.noise, run.rng)
+        values[role] = (v, None, op if filled is not None and role in filled else "init")
+    return values
 
 
 def _stream_units(v: np.ndarray, out: StreamGrowth | None, into: StreamGrowth | None, kind: int, role: str,
@@ -484,16 +369,3 @@ def _stream_units(v: np.ndarray, out: StreamGrowth | None, into: StreamGrowth | 
             v = v / v.dtype.type(into.scale)
         v = np.concatenate([v, np.zeros((v.shape[0], into.child_units - v.shape[1]) + v.shape[2:], v.dtype)], axis=1)
     return v
-
-
-def _same_map(maps: _GroupMaps, child: LayerGraph, c: int) -> bool:
-    """An identity layer keeps the function only if its input and output units copy the same parent units."""
-    gi, go = int(child.in_group[c]), int(child.out_group[c])
-    if gi == go:
-        return True
-    mi, mo = maps.map(gi), maps.map(go)
-    if mi is None or mo is None:
-        if gi < 0 or go < 0:
-            return False
-        return mi is None and mo is None and child.group_size[gi] == child.group_size[go]
-    return len(mi) == len(mo) and bool(np.all(mi == mo))
