@@ -82,12 +82,13 @@ class GraphOnlyManager(ZooManager):
 
     # -- the base class's writes and reads, aware of graph-only entries
     def register(self, model: ModelInput, accuracy: float, name: str | None = None,
-                 weights: bytes | None = None, lineage: dict[str, Any] | None = None) -> dict[str, Any]:
+                 weights: bytes | None = None, lineage: dict[str, Any] | None = None,
+                 record_again: bool = False) -> dict[str, Any]:
         with self._lock:
             if name is not None and name in self._graph_only:
                 raise AdmissionError(f"model {name!r}: the name is held by a graph-only entry; remove it first "
                                      "or pick another name")
-            return super().register(model, accuracy, name, weights, lineage)
+            return super().register(model, accuracy, name, weights, lineage, record_again)
 
     def remove(self, name: str) -> None:
         """Delete a model or a graph-only entry."""

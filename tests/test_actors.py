@@ -215,7 +215,9 @@ def service(cluster, tmp_path_factory):
     handle = graph_only.start(zoo=str(zoo), namespace=NAMESPACE, matchers=3,
                       actors={"keeper": on_head, "zoo_manager": on_head, "matcher": {"num_cpus": 0.5},
                               "transfer": {"num_cpus": 1.0, **on_head}},
-                      clustering={"brute_force_below": 8},
+                      # these tests are about the matchers: every stage goes to them (local_below 0), so they
+                      # start with the service, not once the zoo outgrows what the front door scores itself
+                      clustering={"brute_force_below": 8, "local_below": 0},
                       timeouts={"batch_s": 15.0, "query_s": 60.0, "start_s": 90.0})
     yield handle, zoo
     ka.shutdown(namespace=NAMESPACE)

@@ -318,8 +318,10 @@ def test_architecture_keys_nested_in_a_trainer_config_are_kept():
     with pytest.raises(ConfigError, match=r"hyperparam_mutations\['width'\] lists 2"):
         KeeperPBT(metric="m", mode="max", hyperparam_mutations={"train_loop_config": {"width": [2, 8]}},
                   architecture_keys=("width",), validate=validate, base_config={"train_loop_config": {}})
+    # grows= says any architecture grows from any other: this test is about where the keys are, not which
+    # architecture an exploit keeps (a narrower member takes the clone's by default)
     pbt = KeeperPBT(metric="m", mode="max", hyperparam_mutations=mutations, architecture_keys=("width", "model/depth"),
-                    resample_probability=0.0)
+                    resample_probability=0.0, grows=lambda theirs, mine: True)
     mine = SimpleNamespace(config={"train_loop_config": {"lr": 0.1, "width": 8}, "model": {"depth": 1}})
     theirs = SimpleNamespace(config={"train_loop_config": {"lr": 0.2, "width": 16}, "model": {"depth": 3}})
     for _ in range(20):
@@ -330,7 +332,9 @@ def test_architecture_keys_nested_in_a_trainer_config_are_kept():
     pbt = KeeperPBT(metric="m", mode="max", hyperparam_mutations={"train_loop_config": {"lr": [0.1, 0.2]}},
                     architecture_keys=("width",))
     config, _ = pbt._get_new_config(mine, theirs)
-    assert config["train_loop_config"]["width"] == 8 and config["train_loop_config"]["lr"] in (0.1, 0.2)
+    assert config["train_loop_config"]["width"] == 16, "width 8 does not grow from 16: the clone's is taken"
+    config, _ = pbt._get_new_config(theirs, mine)
+    assert config["train_loop_config"]["width"] == 16 and config["train_loop_config"]["lr"] in (0.1, 0.2)
 
 
 def test_a_checkpoint_that_cannot_be_restored_leaves_the_trial_on_its_own(tmp_path):

@@ -1,7 +1,7 @@
 """Keeper: the front door of the service. Every job talks to it: ``ray.get(keeper.warm.remote(onnx_bytes))``.
 
 A query parses the child once, reads the current search state (:mod:`keeper.actors.viewfeed`: a refresher thread
-takes in the ZooManager's newest View every ``VIEW_POLL_S`` seconds and builds the state off the query path, so no
+long-polls the ZooManager, takes in each new View as it is published and builds the state off the query path, so no
 query waits on the manager or on a view of a large zoo being built; a write routed through this door takes its view
 in before it returns),
 plans the exact two-stage search (medoids first, then the members of the closest clusters, then any model whose
@@ -89,10 +89,14 @@ class Keeper:
         self._transfer_need = demand_of("the weight-transfer task", "transfer", config.actor_options("transfer"))
         self._matcher_need = demand_of("a matcher", "matcher", config.actor_options("matcher"))
         self._local = Matcher(fetch_timeout_s=config.timeouts.batch_s)
-        self.pool = MatcherPool(spawn_matcher, config.matchers, config.timeouts.batch_s, self._local.score_timed)
+        # matchers start when the zoo is large enough for a stage to reach them (more than clustering.local_below
+        # models): below that every stage is scored here, and each idle matcher process costs ~1% of a core
+        self._matchers_wanted = config.matchers
+        self.pool = MatcherPool(spawn_matcher, config.matchers if self._pool_needed(0) else 0,
+                                config.timeouts.batch_s, self._local.score_timed)
         self.metrics = ServiceMetrics(config.name)
         self.metrics.matchers(config.matchers)
-        self._views = ViewFeed(self.manager, config.timeouts.control_s, self._prefetch, self.metrics.zoo_size)
+        self._views = ViewFeed(self.manager, config.timeouts.control_s, self._prefetch, self._on_size)
         self._stats_lock = threading.Lock()
         self._latencies: collections.deque[float] = collections.deque(maxlen=config.latency_window)
         self._search_latencies: collections.deque[float] = collections.deque(maxlen=config.latency_window)
@@ -235,8 +239,10 @@ class Keeper:
         return {"models": n}
 
     def scale(self, matchers: int) -> dict[str, Any]:
-        """Grow or shrink the matcher pool live; batches in flight finish (or are redone elsewhere)."""
+        """Grow or shrink the matcher pool live, now, whatever the zoo's size; batches in flight finish (or are
+        redone elsewhere)."""
         self.pool.resize(matchers)
+        self._matchers_wanted = self.pool.target
         self.metrics.matchers(matchers)
         return {"matchers": self.pool.size, "target": self.pool.target}
 
@@ -258,6 +264,7 @@ class Keeper:
             lat = np.array(self._latencies, dtype=np.float64)
             slat = np.array(self._search_latencies, dtype=np.float64)
             out = {"models": view.n, "matchers": self.pool.size, "matchers_target": self.pool.target,
+                   "matchers_wanted": self._matchers_wanted,
                    "clusters": int(manager.get("clusters", view.clusters) or 0), "queries": self.queries,
                    "registers": self.registers, "errors": self.errors,
                    "p50": float(np.percentile(lat, 50)) if lat.size else None,
@@ -388,6 +395,18 @@ class Keeper:
     def _refresh(self, force: bool = False) -> SearchState:
         """The state queries read (:meth:`ViewFeed.current`): never waits unless ``force``."""
         return self._views.current(force)
+
+    def _pool_needed(self, models: int) -> bool:
+        """Whether a zoo of ``models`` can give a stage more than ``clustering.local_below`` alignments (always, at
+        0: every stage goes to the pool)."""
+        below = self.config.clustering.local_below
+        return below <= 0 or models > below
+
+    def _on_size(self, models: int) -> None:
+        """A new view of ``models``: the metric, and the matchers once the zoo is large enough to need them."""
+        self.metrics.zoo_size(models)
+        if self._pool_needed(models) and self.pool.target < self._matchers_wanted:
+            self.pool.resize(self._matchers_wanted)
 
     def _prefetch(self, new: list, every: list) -> None:
         """The shards of a new view's arrivals, fetched by the matchers and the local one ahead of queries."""

@@ -69,6 +69,7 @@ class ZooManager:
     def __init__(self, config: ServiceConfig | None = None, zoo: Any = None, poll_s: float | None = CATALOG_POLL_S):
         self.config = config or ServiceConfig()
         self._lock = threading.RLock()
+        self._changed = threading.Condition()  # notified whenever the zoo changes (see _dirty)
         self.zoo = zoo if zoo is not None else Zoo(self.config.zoo_uri, self.config.zoo_config())
         self._token = uuid.uuid4().hex[:8]
         self._seq = 0
@@ -381,9 +382,28 @@ class ZooManager:
             self._add_shard(names[start:start + _SHARD_MODELS])
         return names
 
-    def view(self, known: str | None = None) -> View | None:
-        """The current View, or None when it is still ``known``. Never waits long for a write in progress."""
-        if self._lock.acquire(timeout=0.05):
+    @property
+    def _dirty(self) -> bool:
+        """Whether the zoo changed since the last View; setting it notifies the views waiting for a change."""
+        return self._dirty_flag
+
+    @_dirty.setter
+    def _dirty(self, value: bool) -> None:
+        self._dirty_flag = bool(value)
+        if value:
+            with self._changed:
+                self._changed.notify_all()
+
+    def view(self, known: str | None = None, wait_s: float = 0.0) -> View | None:
+        """The current View, or None when it is still ``known``: at once, or, with ``wait_s``, when the zoo changes
+        within that many seconds (a long poll: the front door learns of a change as it happens, and asks nothing
+        while the zoo is quiet). Never waits long for a write in progress."""
+        if wait_s > 0 and known == self._view.key:
+            with self._changed:
+                if not self._dirty_flag:
+                    self._changed.wait(min(float(wait_s), 60.0))
+        # a long poll may wait for a write in progress to end (it is the refresher's thread, not a query's)
+        if self._lock.acquire(timeout=0.05 if wait_s <= 0 else min(float(wait_s), 5.0)):
             try:
                 if self._dirty:
                     self._publish()

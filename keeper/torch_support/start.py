@@ -166,12 +166,13 @@ def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, confi
     return result
 
 
-def _running_service(config: Any, timeout_s: float) -> ServiceClient | None:
+def _running_service(config: Any, timeout_s: float) -> ParentSource | None:
     """The running service of ``config`` as a parent source, or None; never starts Ray to look for it."""
-    import ray
+    import sys
 
-    if not ray.is_initialized():
+    if "ray" not in sys.modules or not sys.modules["ray"].is_initialized():
         return None
+    _, ServiceClient, connect, _ = _service("warm_start")  # noqa: N806 - the class, imported with Ray
     try:
         return ServiceClient(connect(config), timeout_s)
     except ServiceError:
