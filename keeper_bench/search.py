@@ -233,7 +233,6 @@ def run_arm(arm: str, run: PbtRun, seed: int, workdir: str, *, pbt_interval: int
     from ray import tune
 
     from keeper.actors.launcher import shutdown
-    from keeper_bench.nas import service_config
     from keeper_bench.pbt import BudgetStopper
 
     if arm not in ARMS:
@@ -241,7 +240,10 @@ def run_arm(arm: str, run: PbtRun, seed: int, workdir: str, *, pbt_interval: int
     if arm == "asha+copy" and not os.path.isdir(os.path.dirname(_copy_path(workdir, run, seed, 0))):
         raise ValueError(f"the copy arm restarts the cold FIFO arm's final weights: run 'fifo' for seed {seed} "
                          f"with the same workdir ({workdir}) first")
-    service = service_config(f"{run.workload}-{arm.replace('+', '-')}", seed, workdir, run.noise)
+    # keeper's shipped defaults (configs/default.yaml) but for the zoo's place, a namespace and the noise seed
+    name = f"{run.workload}-{arm.replace('+', '-')}"
+    service = {"zoo": os.path.join(workdir, f"zoo-{name}-s{seed}"), "namespace": f"search-{name}-s{seed}-"
+               f"{uuid.uuid4().hex[:6]}", "seed": seed}
     shutil.rmtree(service["zoo"], ignore_errors=True)  # every arm run starts on an empty zoo
     lifecycle = Lifecycle()
     callbacks: list[Any] = [lifecycle]

@@ -204,16 +204,19 @@ def _markdown(state: dict, done: bool) -> str:
                    f"{r['warm_s']:.1f} | {r['actor_cpu_s']:.1f} | {run.get('load', {}).get('mean', 0):.1f} |")
     out += _copy_bound(table, targets, state) + _honesty(state)
     out += ["", "## Warmed trials against their cold twins (FIFO)", "",
-            "| workload | seed | warmed trials | ended below their cold twin | by more than 1 point | mean final "
-            "difference | worst |", "|---|---|---|---|---|---|---|"]
+            ("Each warmed FIFO trial against the same draw trained cold for the same steps: fifo+keeper with keeper's "
+             "default (a same-architecture parent's whole function), fifo+keeper-shrink with warm_start(shrink=0.5) "
+             "(shrink and perturb)."), "",
+            "| workload | seed | arm | warmed trials | ended below their cold twin | by more than 1 point | mean final "
+            "difference | worst |", "|---|---|---|---|---|---|---|---|"]
     for key, run in sorted(state["runs"].items()):
         workload, arm, seed = key.split("/")
         cold = state["runs"].get(f"{workload}/fifo/{seed}")
-        if arm != "fifo+keeper" or cold is None:
+        if scheduler_of(arm) != "fifo" or not uses_keeper(arm) or cold is None:
             continue
         t, t1 = twins(cold, run), twins(cold, run, margin=0.01)
-        out.append(f"| {workload} | {seed} | {t['warmed']} | {t['below']} | {t1['below']} | {t['mean_diff']:+.3f} | "
-                   f"{t['worst_diff']:+.3f} |")
+        out.append(f"| {workload} | {seed} | {arm} | {t['warmed']} | {t['below']} | {t1['below']} | "
+                   f"{t['mean_diff']:+.3f} | {t['worst_diff']:+.3f} |")
     return "\n".join(out) + "\n"
 
 

@@ -27,7 +27,8 @@ USAGE = ROOT / "docs" / "usage.md"
 MARKER = re.compile(r"<!-- (?:readme|doc)-test: ([\w-]+) -->\s*\n```(\w+)\n(.*?)\n```", re.S)
 FENCE = re.compile(r"```(\w+)\n(.*?)\n```", re.S)
 # a Ray of its own (address="local"), whatever other Ray instances run on the machine
-PRELUDE = "import ray\nray.init(address=\"local\", num_cpus=2, include_dashboard=False)\n"
+# the trials' own logs stay out of the example's output, which the tests read line by line
+PRELUDE = "import ray\nray.init(address=\"local\", num_cpus=2, include_dashboard=False, log_to_driver=False)\n"
 
 
 def blocks(doc: Path = README) -> dict[str, tuple[str, str]]:
