@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from keeper_bench.search import run_arm
 
-    workdir = args.workdir or os.path.join(args.out, "tmp", "bench_search")
+    workdir = os.path.abspath(args.workdir or os.path.join(args.out, "tmp", "bench_search"))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
     try:
