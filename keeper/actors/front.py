@@ -3,20 +3,19 @@
 A query parses the child once, reads the current search state (:mod:`keeper.actors.viewfeed`: a refresher thread
 long-polls the ZooManager, takes in each new View as it is published and builds the state off the query path, so no
 query waits on the manager or on a view of a large zoo being built; a write routed through this door takes its view
-in before it returns),
-plans the exact two-stage search (medoids first, then the members of the closest clusters, then any model whose
-signature bound beats the best found; :mod:`keeper.actors.viewsearch`), scores each stage in parallel on the Matcher
-pool (one batch per matcher; ``search`` reports where the time went), assesses the candidates as the embedded zoo
-does (preserved function, structure, lineage; the parents' graphs come from the store, cached per view), picks the
-parent with the selection policy, and hands the weight transfer to a Ray task that reads the parent straight from
-the store. The child's LayerGraph travels to that task as flat arrays, so a warm parses and extracts the child
-once.
+in before it returns), plans the exact two-stage search (medoids first, then the members of the closest clusters,
+then any model whose signature bound beats the best found; :mod:`keeper.actors.viewsearch`), scores each stage in
+parallel on the Matcher pool (one batch per matcher; ``search`` reports where the time went), assesses the
+candidates as the embedded zoo does (preserved function, structure, lineage; the parents' graphs come from the
+store, cached per view), picks the parent with the selection policy, and hands the weight transfer to a Ray task
+that reads the parent straight from the store. The child's LayerGraph travels to that task as flat arrays, so a
+warm parses and extracts the child once.
 
 Data path and sizes: parents' weights never pass through this actor. ``warm`` waits for the transfer task and
 returns its WarmResult, so the *child's* warmed weights pass through this actor once (the size of the child's
 initializers); ``warm_ref`` returns the task's ObjectRef instead, so the result goes from the task to the caller
-only; ``choose`` returns the parent choice alone, for callers that run
-:func:`keeper.actors.transfer.warm_from_store` themselves.
+only; ``choose`` returns the parent choice alone, for callers that run :func:`keeper.actors.transfer.warm_from_store`
+themselves.
 
 Plain class: the launcher makes it a detached, named Ray actor and injects what it starts (matchers, the
 transfer task), so this module never imports the launcher.
