@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from keeper import chooser
-from keeper.candidates import ParentFacts, assess_found, may_qualify_all
+from keeper.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
 from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
@@ -98,6 +98,7 @@ class Zoo:
         self._arrays: dict[str, MatchArrays] = {}
         self._sigs: dict[str, np.ndarray] = {}
         self._roles: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._assessed = AssessedPairs()  # alignments assessed, per child architecture and stored model
         self.reload()
 
     # -- catalog
@@ -410,8 +411,10 @@ class Zoo:
             lineage = recs[name].summary.get("lineage", {})
             return ParentFacts(recs[name].accuracy, bool(lineage.get("clean", True)), self._arrays[name].total)
 
+        digest = architecture_digest(ca)
         return assess_found(found, g, sel.floor, facts,
-                            lambda n: (self._graphs[n], self._arrays[n], self._roles_of(n)), ca)
+                            lambda n: (self._graphs[n], self._arrays[n], self._roles_of(n)), ca, self._assessed,
+                            lambda n: (digest, n, recs[n].checksum, recs[n].created))
 
     def _roles_of(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         if name not in self._roles:
