@@ -11,7 +11,10 @@ process assembled them (the service may find more models by its search, but asse
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple
+import collections
+import hashlib
+import threading
+from typing import Callable, Hashable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -20,7 +23,7 @@ from keeper.matching import MatchArrays, match_arrays
 from keeper.preservation import assess_candidate, layer_roles
 from keeper.selection import Candidate, coverage
 
-__all__ = ["ParentFacts", "may_qualify_all", "assess_found"]
+__all__ = ["ParentFacts", "AssessedPairs", "architecture_digest", "may_qualify_all", "assess_found"]
 
 
 class ParentFacts(NamedTuple):
@@ -29,6 +32,38 @@ class ParentFacts(NamedTuple):
     accuracy: float
     clean: bool
     total: int
+
+
+def architecture_digest(arrays: MatchArrays) -> bytes:
+    """A child architecture's key: a digest of what its alignments read (layer classes, shapes, vectors)."""
+    return hashlib.blake2b(b"".join(np.ascontiguousarray(a).tobytes() for a in (arrays.cls, arrays.shape,
+                                                                                 arrays.vectors)),
+                           digest_size=16).digest()
+
+
+class AssessedPairs:
+    """What assessing alignments found, per (child architecture, parent version, score, floor): coverage, preserved,
+    structure. A pure function of the two graphs, so a search whose trials share a few architectures assesses each
+    parent once per architecture instead of once per query (without it a search of n trials assessed ~n^2 / 2
+    pairs). Bounded LRU, thread-safe; a key must change whenever either graph may (the caller's versions)."""
+
+    def __init__(self, size: int = 4096):
+        self._size = size
+        self._pairs: collections.OrderedDict[Hashable, tuple[float, bool, float]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> tuple[float, bool, float] | None:
+        with self._lock:
+            hit = self._pairs.get(key)
+            if hit is not None:
+                self._pairs.move_to_end(key)
+            return hit
+
+    def put(self, key: Hashable, value: tuple[float, bool, float]) -> None:
+        with self._lock:
+            self._pairs[key] = value
+            while len(self._pairs) > self._size:
+                self._pairs.popitem(last=False)
 
 
 def may_qualify_all(bounds: np.ndarray, totals: np.ndarray, child_total: int, floor: float,
@@ -48,12 +83,15 @@ def may_qualify_all(bounds: np.ndarray, totals: np.ndarray, child_total: int, fl
 def assess_found(found: Mapping[str, float], child: LayerGraph, floor: float,
                  facts: Callable[[str], ParentFacts],
                  parent: Callable[[str], tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]],
-                 child_arrays: MatchArrays | None = None) -> list[Candidate]:
+                 child_arrays: MatchArrays | None = None, assessed: AssessedPairs | None = None,
+                 version: Callable[[str], Hashable] | None = None) -> list[Candidate]:
     """One :class:`~keeper.selection.Candidate` per model in ``found`` (name -> exact score).
 
     ``facts(name)`` is cheap (the catalog); ``parent(name)`` gives (graph, match arrays, layer roles) and is called
     only for models that may qualify (score at or above ``floor``, or every parent element inherited), whose
-    alignment is then assessed; the others are listed with their score and coverage alone.
+    alignment is then assessed; the others are listed with their score and coverage alone. With ``assessed`` and
+    ``version(name)`` (a key that identifies the child's architecture and that model's stored content), a pair
+    assessed before is taken from ``assessed``; accuracy and lineage are always the catalog's current ones.
     """
     ca = child_arrays if child_arrays is not None else match_arrays(child)
     me = None
@@ -61,8 +99,17 @@ def assess_found(found: Mapping[str, float], child: LayerGraph, floor: float,
     for name, score in found.items():
         f = facts(name)
         if score >= floor or int(round(score * ca.total)) >= f.total:
+            key = (version(name), float(score), float(floor)) if assessed is not None and version else None
+            kept = assessed.get(key) if key is not None else None
+            if kept is not None:
+                out.append(Candidate(name, float(score), f.accuracy, kept[0], preserved=kept[1], structure=kept[2],
+                                     clean=f.clean))
+                continue
             me = me or (child, ca, layer_roles(child))
-            out.append(assess_candidate(name, float(score), f.accuracy, f.clean, floor, me, parent(name)))
+            cand = assess_candidate(name, float(score), f.accuracy, f.clean, floor, me, parent(name))
+            if key is not None:
+                assessed.put(key, (cand.coverage, cand.preserved, cand.structure))
+            out.append(cand)
         else:
             out.append(Candidate(name, float(score), f.accuracy, coverage(score, ca.total, f.total), clean=f.clean))
     return out

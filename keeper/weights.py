@@ -30,7 +30,7 @@ import numpy as np
 from keeper.errors import InvalidWeightsError
 
 __all__ = ["SafeTensors", "SafeTensorsWriter", "WeightsInput", "open_weights", "save_weights", "weights_bytes",
-           "check_weights", "MAX_HEADER_BYTES", "MAX_WEIGHTS_BYTES"]
+           "check_weights", "staged_weights", "MAX_HEADER_BYTES", "MAX_WEIGHTS_BYTES"]
 
 WeightsInput = Union[bytes, bytearray, memoryview, str, os.PathLike, Mapping[str, np.ndarray]]
 
@@ -351,3 +351,17 @@ def check_weights(weights: Mapping[str, np.ndarray], specs: Mapping[str, tuple[n
                                       f"graph says {np.dtype(dtype)} {list(shape)}; the weights belong to another "
                                       "architecture or precision: export them from the same model")
 
+
+def staged_weights(weights: WeightsInput, specs: dict, what: str,
+                   staged: os.PathLike) -> tuple[os.PathLike, str | None]:
+    """``(file, its sha256 or None)``: a safetensors file holding exactly the tensors ``specs`` names, checked
+    against them: the caller's own file when it holds just those (its sha256 not yet known), else a new one
+    written tensor by tensor into ``staged``, hashed as it is written."""
+    st = open_weights(weights, what)
+    check_weights(st, specs, what)
+    if isinstance(st, SafeTensors) and st.path is not None and set(st) == set(specs):
+        return Path(st.path), None
+    with SafeTensorsWriter(staged, specs) as w:
+        for k in w.names:  # in file order: the writer hashes the bytes as it writes them
+            w.write(k, st[k])
+    return staged, w.digest

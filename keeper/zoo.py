@@ -24,13 +24,12 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from keeper import chooser
-from keeper.candidates import ParentFacts, assess_found, may_qualify_all
+from keeper.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
 from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
@@ -42,7 +41,7 @@ from keeper.selection import Candidate, ParentChoice, SelectionPolicy, make_choi
 from keeper.store import ModelRecord, ModelStore, check_name, sha256
 from keeper.stored import GRAPH_EXTRA, WEIGHTS_EXTRA, graph_blob, graph_format, graph_from_blob, stored_weights
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
-from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, check_weights, open_weights
+from keeper.weights import WeightsInput, staged_weights
 
 __all__ = ["Zoo", "ZooConfig"]
 
@@ -62,21 +61,6 @@ class ZooConfig:
     selection: SelectionPolicy = field(default_factory=SelectionPolicy)
     noise: float = DEFAULT_NOISE
     seed: int = 0
-
-
-def _normalized_weights(weights: WeightsInput, specs: dict, what: str,
-                        staged: os.PathLike) -> tuple[os.PathLike, str | None]:
-    """``(file, its sha256 or None)``: a safetensors file holding exactly the tensors ``specs`` names, checked
-    against them: the caller's own file when it holds just those (its sha256 not yet known), else a new one
-    written tensor by tensor into ``staged``, hashed as it is written."""
-    st = open_weights(weights, what)
-    check_weights(st, specs, what)
-    if isinstance(st, SafeTensors) and st.path is not None and set(st) == set(specs):
-        return Path(st.path), None
-    with SafeTensorsWriter(staged, specs) as w:
-        for k in w.names:  # in file order: the writer hashes the bytes as it writes them
-            w.write(k, st[k])
-    return staged, w.digest
 
 
 def check_accuracy(accuracy: float, name: str) -> float:
@@ -114,6 +98,7 @@ class Zoo:
         self._arrays: dict[str, MatchArrays] = {}
         self._sigs: dict[str, np.ndarray] = {}
         self._roles: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._assessed = AssessedPairs()  # alignments assessed, per child architecture and stored model
         self.reload()
 
     # -- catalog
@@ -240,7 +225,7 @@ class Zoo:
         origin = self._lineage(lineage, what)
         # written beside the blobs (a local store): storing the weights is then a rename, not a copy
         with self.store.staging(WEIGHTS_EXTRA) as staged:
-            wpath, wsum = _normalized_weights(weights, specs, f"{what} weights", staged) if specs else (None, None)
+            wpath, wsum = staged_weights(weights, specs, f"{what} weights", staged) if specs else (None, None)
             return self._register(proto, wpath, accuracy, name, origin, alias=alias,
                                   update_accuracy=update_accuracy, record_again=record_again, wsum=wsum)
 
@@ -426,8 +411,10 @@ class Zoo:
             lineage = recs[name].summary.get("lineage", {})
             return ParentFacts(recs[name].accuracy, bool(lineage.get("clean", True)), self._arrays[name].total)
 
+        digest = architecture_digest(ca)
         return assess_found(found, g, sel.floor, facts,
-                            lambda n: (self._graphs[n], self._arrays[n], self._roles_of(n)), ca)
+                            lambda n: (self._graphs[n], self._arrays[n], self._roles_of(n)), ca, self._assessed,
+                            lambda n: (digest, n, recs[n].checksum, recs[n].created))
 
     def _roles_of(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         if name not in self._roles:

@@ -69,6 +69,7 @@ class PbtRun:
     noise: float = 0.01           # keeper's symmetry-breaking noise on a transform across architectures
     asha_factor: int = 3          # ASHA draws up to asha_factor x population configs
     margin: float = 0.01          # target = best final test accuracy of the random arm - margin
+    device: str = "cpu"           # where bench_search's trials train ("cuda": a share of the GPU each)
 
     @classmethod
     def language(cls, **overrides: Any) -> "PbtRun":
@@ -150,11 +151,12 @@ def _train_round(run: PbtRun, model: Any, opt: Any, data: dict, steps: int, seed
         idx = torch.randint(0, len(data["y"]), (steps, run.batch_size), generator=gen)
     for i in range(steps):
         if run.workload == "lm":
-            w = text[starts[i][:, None] + offsets]
+            w = text[(starts[i][:, None] + offsets).to(text.device)]  # batches drawn on the CPU, the same anywhere
             logits = model(w[:, :-1])
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
         else:
-            loss = torch.nn.functional.cross_entropy(model(data["x"][idx[i]]), data["y"][idx[i]])
+            rows = idx[i].to(data["y"].device)
+            loss = torch.nn.functional.cross_entropy(model(data["x"][rows]), data["y"][rows])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if run.workload == "lm":

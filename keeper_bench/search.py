@@ -37,9 +37,11 @@ import time
 import uuid
 from typing import Any
 
+import numpy as np
+
 from keeper_bench.pbt import PbtRun, _accuracy, _build, _dataset, _read_checkpoint, _train_round, draws, member_spec
 
-__all__ = ["ARMS", "Lifecycle", "best_model", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
+__all__ = ["ARMS", "Lifecycle", "best_model", "cost_line", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
            "summarize", "twins", "uses_keeper"]
 
 ARMS = ("fifo", "fifo+keeper", "fifo+keeper-shrink", "asha", "asha+keeper", "asha+copy", "pbt", "pbt+keeper")
@@ -79,6 +81,7 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
         arch = [int(config["width"]), int(config["blocks"])]
         torch.manual_seed(seed * 100_003 + int(config["index"]))
         model, example = _build(run, member_spec(run, *arch))
+        model, example = model.to(run.device), example.to(run.device)
         checkpoint = tune.get_checkpoint()
         meta, state, optim = _read_checkpoint(checkpoint)
         trial_id = tune.get_context().get_trial_id()
@@ -113,7 +116,7 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
             for group in opt.param_groups:  # the explored learning rate, not the clone's
                 group["lr"] = float(config["lr"])
         done = int(meta["steps"]) if meta else 0
-        data = ray.get(data_ref)
+        data = {k: v.to(run.device) for k, v in ray.get(data_ref).items()}
         start = {"entered": entered, "ready": time.time(), "warm_s": warm_s}
         while done < run.steps:
             c1 = time.thread_time()
@@ -257,8 +260,11 @@ def run_arm(arm: str, run: PbtRun, seed: int, workdir: str, *, pbt_interval: int
     space, n = _space(arm, run, seed)
     scheduler = _scheduler(arm, run, pbt_interval)
     stop = BudgetStopper(run.budget) if scheduler_of(arm) == "asha" else None
+    member = _member(arm, run, seed, service, ray.put(_dataset(run)), shrink, ramp, workdir)
+    if run.device == "cuda":  # two trials at a time, as on the CPU: half the GPU each
+        member = tune.with_resources(member, {"cpu": 1, "gpu": 0.5})
     tuner = tune.Tuner(
-        _member(arm, run, seed, service, ray.put(_dataset(run)), shrink, ramp, workdir), param_space=space,
+        member, param_space=space,
         tune_config=tune.TuneConfig(scheduler=scheduler, metric="val_accuracy" if scheduler else None,
                                     mode="max" if scheduler else None, reuse_actors=True),
         run_config=tune.RunConfig(name=f"{run.workload}-{arm.replace('+', '-')}-s{seed}-{uuid.uuid4().hex[:6]}",
@@ -360,6 +366,16 @@ def summarize(run: dict, target: float, concurrency: int = 2) -> dict:
             "overhead_s": overhead, "overhead_share": overhead / run["wall_s"] if run["wall_s"] else 0.0,
             "gap_median_s": float(sorted(gaps)[len(gaps) // 2]) if gaps else 0.0,
             "gap_mean_s": float(sum(gaps) / len(gaps)) if gaps else 0.0}
+
+
+def cost_line(trials: list[int], overhead_s: list[float]) -> tuple[float, float]:
+    """(fixed s, s per trial): the least-squares line through keeper arm runs' overhead against the trials each
+    started; with a single trial count, the mean per trial and no fixed part."""
+    n, y = np.asarray(trials, dtype=float), np.asarray(overhead_s, dtype=float)
+    if len(n) < 2 or np.ptp(n) == 0:
+        return 0.0, float(np.mean(y / n))
+    per_trial, fixed = np.polyfit(n, y, 1)
+    return float(fixed), float(per_trial)
 
 
 def twins(cold: dict, warm: dict, margin: float = 0.0) -> dict:

@@ -21,8 +21,10 @@ Usage:
     python scripts/bench_search.py                       # both workloads, 3 seeds, every arm (a few hours)
     python scripts/bench_search.py --workload lm --arms asha,asha+keeper --seeds 1
     python scripts/bench_search.py --resume reports/bench_search.json --rerun fifo+keeper   # add or redo arms
+    python scripts/bench_search.py --resume reports/bench_search.json --report   # the report again, no runs
     python scripts/bench_search.py --quick               # 1 seed, 8 trials of 100 steps: a smoke run
 
+Trials train on the GPU where torch sees one (``--device``; two at a time, half the GPU each), else on the CPU.
 Writes reports/bench_search.md and .json, rewritten after every arm run (marked incomplete until the end). Run it
 on an otherwise idle machine: wall times are its figures (the report gives the load beside them).
 """
@@ -35,7 +37,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -44,14 +46,14 @@ import numpy as np
 
 from keeper_bench.pbt import PbtRun
 from keeper_bench.reporting import LoadSampler, spread
-from keeper_bench.search import ARMS, scheduler_of, summarize, twins, uses_keeper
+from keeper_bench.search import ARMS, cost_line, scheduler_of, summarize, twins, uses_keeper
 
 WORKLOADS = ("mnist1d", "lm")
 SCHEDULERS = ("fifo", "asha", "pbt")
 
 
 def settings(workload: str, args: argparse.Namespace) -> PbtRun:
-    base = {"population": args.trials, "steps": args.steps, "round_steps": args.round_steps}
+    base = {"population": args.trials, "steps": args.steps, "round_steps": args.round_steps, "device": args.device}
     return PbtRun.language(**base) if workload == "lm" else PbtRun(**base)
 
 
@@ -63,10 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=400, help="training steps of a FIFO trial")
     p.add_argument("--round-steps", type=int, default=50, help="steps between evaluations (a rung, a PBT round)")
     p.add_argument("--pbt-interval", type=int, default=2, help="rounds between PBT perturbations")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the trials train (auto: cuda where torch sees a GPU, two trials sharing it, else cpu)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     p.add_argument("--shrink", type=float, help="warm_start's shrink in the keeper arms (default: keeper's)")
     p.add_argument("--resume", help="a bench_search.json to add to (its settings are kept)")
     p.add_argument("--rerun", default="", help="with --resume: arms to run again even where they have results")
+    p.add_argument("--report", action="store_true", help="with --resume: only write the report again from its runs")
     p.add_argument("--quick", action="store_true", help="1 seed, 8 trials of 100 steps in rounds of 25")
     p.add_argument("--workdir", help="zoos, Tune results and the cold FIFO arm's final weights (default: "
                    "OUT/tmp/bench_search, kept between runs so a resumed run's copy arm finds them)")
@@ -85,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         with open(args.resume) as f:
             state = json.load(f)
+    if args.report:
+        if not args.resume:
+            p.error("--report rewrites the report of a run: give its json with --resume")
+        _write(args.out, name, state, done=bool(state.get("complete")))
+        return 0
     state["commands"].append(command)
     rerun = {a for a in args.rerun.split(",") if a}
 
@@ -93,8 +103,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from keeper_bench.search import run_arm
 
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here; use --device cpu (or auto)")
+
     workdir = os.path.abspath(args.workdir or os.path.join(args.out, "tmp", "bench_search"))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=1 if args.device == "cuda" else 0, include_dashboard=False,
+             log_to_driver=False)
     t0 = time.perf_counter()
     try:
         for seed in range(args.seeds):
@@ -157,7 +173,8 @@ def _markdown(state: dict, done: bool) -> str:
             f"defaults; {state.get('versions', '')}; 1-minute load average over the arm runs "
             f"{np.mean(loads) if loads else 0:.1f} (2 is this benchmark alone).", ""]
     for workload, s in state["settings"].items():
-        out.append(f"- **{workload}**: {s['population']} trials x {s['steps']} steps = {s['population'] * s['steps']} "
+        out.append(f"- **{workload}** (trials on {s.get('device', 'cpu')}): {s['population']} trials x {s['steps']} "
+                   f"steps = {s['population'] * s['steps']} "
                    f"training steps per arm, rounds of {s['round_steps']}; widths {s['widths']}, depths {s['blocks']}, "
                    f"learning rate log-uniform in {s['lr_range']}, batch {s['batch_size']}.")
     out += ["", ("Target: the cold FIFO search's best model (best final validation accuracy), its test accuracy "
@@ -202,7 +219,7 @@ def _markdown(state: dict, done: bool) -> str:
                    f"{r['best_arch']}, {r['best_lr']:.4f}, {r['best_test']:.3f} | {r['trials']} ({r['warmed']} / "
                    f"{r['same_arch']}) | {r['wall_s']:.0f} | {r['gap_median_s']:.2f} | {r['hook_s']:.1f} | "
                    f"{r['warm_s']:.1f} | {r['actor_cpu_s']:.1f} | {run.get('load', {}).get('mean', 0):.1f} |")
-    out += _copy_bound(table, targets, state) + _honesty(state)
+    out += _cost(table, state) + _copy_bound(table, targets, state) + _honesty(state)
     out += ["", "## Warmed trials against their cold twins (FIFO)", "",
             ("Each warmed FIFO trial against the same draw trained cold for the same steps: fifo+keeper with keeper's "
              "default (a same-architecture parent's whole function), fifo+keeper-shrink with warm_start(shrink=0.5) "
@@ -218,6 +235,32 @@ def _markdown(state: dict, done: bool) -> str:
         out.append(f"| {workload} | {seed} | {arm} | {t['warmed']} | {t['below']} | {t1['below']} | "
                    f"{t['mean_diff']:+.3f} | {t['worst_diff']:+.3f} |")
     return "\n".join(out) + "\n"
+
+
+def _cost(table: dict, state: dict, concurrency: int = 2) -> list[str]:
+    """keeper's overhead split into a part per search and a part per trial: a least-squares line through the keeper
+    arm runs' overhead (wall-equivalent seconds, as in the tables above) against the trials each started, per
+    workload; and the trial length at which the per-trial part is 2% of a trial's time."""
+    out = ["", "## What keeper costs a search, per search and per trial", "",
+           ("A least-squares line through every keeper arm run's overhead (s, as above) against the trials it "
+            f"started: once per search (the actors' start and imports, idle time) plus per trial (warm_start in the "
+            f"trial, the front door's parent choice and transform, the registration). On a search of n trials of T "
+            f"s, {concurrency} at a time, the share is (fixed + n x per trial) / (n T / {concurrency}): at most 2% "
+            f"once T >= {concurrency} x per trial / 0.02, ignoring the fixed part. A projection from this "
+            "benchmark's runs, not a run of longer trials."), "",
+           "| workload | keeper arm runs | fixed (s) | per trial (s) | trial length here, mean (s) | share here, mean "
+           "| trial length for 2% (s) |", "|---|---|---|---|---|---|---|"]
+    for workload in state["settings"]:
+        rows = [(r, state["runs"][f"{w}/{a}/{s}"]) for (w, a, s), r in table.items()
+                if w == workload and uses_keeper(a) and scheduler_of(a) != "pbt"]
+        if len(rows) < 2:
+            continue
+        fixed, per_trial = cost_line([r["trials"] for r, _ in rows], [r["overhead_s"] for r, _ in rows])
+        lengths = [e - s for _, run in rows for t in run["trials"].values() for s, e in zip(t["starts"], t["ends"])]
+        out.append(f"| {workload} | {len(rows)} | {fixed:.1f} | {per_trial:.3f} | {np.mean(lengths):.1f} | "
+                   f"{100 * np.mean([r['overhead_share'] for r, _ in rows]):.1f}% | "
+                   f"{concurrency * per_trial / 0.02:.0f} |")
+    return out
 
 
 def _copy_bound(table: dict, targets: dict, state: dict) -> list[str]:

@@ -184,6 +184,19 @@ def test_template_filled_with_the_state_dict_equals_a_fresh_export(exported):
     assert "keeper.state_dict_keys" not in props
 
 
+def test_an_exports_own_graph_gives_the_shapes_a_fresh_extraction_gives(exported):
+    # architecture_template reads the initializers' shapes from the export's LayerGraph instead of extracting it
+    # from the ONNX again: the two must agree for every mapped key
+    from keeper.torch_support.export import export_graph
+    from keeper.torch_support.tensors import key_shapes
+
+    for dynamo in (exported.dynamo, None):  # the exporter's graph, and the torch front end's
+        g = export_graph(exported.module, exported.x, dynamo=dynamo)
+        proto = onnx.load_from_string(g.onnx)
+        assert g.graph is not None and len(g.keys) > 0
+        assert key_shapes(proto, g.keys, g.graph) == key_shapes(proto, g.keys)
+
+
 @pytest.fixture(scope="module")
 def mlp_template():
     module, x = build({**MLP, "norm": "none"})

@@ -658,3 +658,27 @@ def test_weights_on_a_store_without_local_files_are_streamed_to_a_verified_copy(
     with pytest.raises(CorruptModelError, match="sha256"):
         store().extra_path("p", "weights.safetensors")
     assert not os.path.exists(path)  # the damaged copy is not kept
+
+
+def test_a_pair_is_assessed_once_per_architecture_and_again_when_the_model_under_its_name_changes(tmp_path,
+                                                                                                  monkeypatch):
+    # a search's trials share a few architectures: each (child architecture, stored model) pair is assessed once,
+    # not once per query; a model registered again under a removed model's name is assessed afresh
+    import keeper.candidates as candidates
+
+    calls = []
+    real = candidates.assess_candidate
+    monkeypatch.setattr(candidates, "assess_candidate", lambda name, *a: calls.append(name) or real(name, *a))
+    zoo = Zoo(str(tmp_path / "zoo"))
+    zoo.register(mlp_onnx(PARENT, seed=0), accuracy=0.8, name="a")
+    zoo.register(mlp_onnx([24, 24, 10], seed=1), accuracy=0.7, name="b")
+    first = zoo.candidates(mlp_onnx(WIDER, seed=5))
+    n = len(calls)
+    assert n >= 1
+    again = zoo.candidates(mlp_onnx(WIDER, seed=6))  # the same architecture, other weights
+    assert len(calls) == n and again == first, "the same pairs: nothing assessed again, the same answer"
+    zoo.remove("a")
+    zoo.register(mlp_onnx([8, 10], seed=2), accuracy=0.9, name="a")  # another model under the name
+    fresh = {c.name: c for c in zoo.candidates(mlp_onnx(WIDER, seed=5))}
+    assert "a" in calls[n:], "the new 'a' was assessed, not served from the old one's entry"
+    assert fresh["a"].accuracy == 0.9 and fresh["a"].score != {c.name: c for c in first}["a"].score

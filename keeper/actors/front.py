@@ -3,20 +3,19 @@
 A query parses the child once, reads the current search state (:mod:`keeper.actors.viewfeed`: a refresher thread
 long-polls the ZooManager, takes in each new View as it is published and builds the state off the query path, so no
 query waits on the manager or on a view of a large zoo being built; a write routed through this door takes its view
-in before it returns),
-plans the exact two-stage search (medoids first, then the members of the closest clusters, then any model whose
-signature bound beats the best found; :mod:`keeper.actors.viewsearch`), scores each stage in parallel on the Matcher
-pool (one batch per matcher; ``search`` reports where the time went), assesses the candidates as the embedded zoo
-does (preserved function, structure, lineage; the parents' graphs come from the store, cached per view), picks the
-parent with the selection policy, and hands the weight transfer to a Ray task that reads the parent straight from
-the store. The child's LayerGraph travels to that task as flat arrays, so a warm parses and extracts the child
-once.
+in before it returns), plans the exact two-stage search (medoids first, then the members of the closest clusters,
+then any model whose signature bound beats the best found; :mod:`keeper.actors.viewsearch`), scores each stage in
+parallel on the Matcher pool (one batch per matcher; ``search`` reports where the time went), assesses the
+candidates as the embedded zoo does (preserved function, structure, lineage; the parents' graphs come from the
+store, cached per view), picks the parent with the selection policy, and hands the weight transfer to a Ray task
+that reads the parent straight from the store. The child's LayerGraph travels to that task as flat arrays, so a
+warm parses and extracts the child once.
 
 Data path and sizes: parents' weights never pass through this actor. ``warm`` waits for the transfer task and
 returns its WarmResult, so the *child's* warmed weights pass through this actor once (the size of the child's
 initializers); ``warm_ref`` returns the task's ObjectRef instead, so the result goes from the task to the caller
-only; ``choose`` returns the parent choice alone, for callers that run
-:func:`keeper.actors.transfer.warm_from_store` themselves.
+only; ``choose`` returns the parent choice alone, for callers that run :func:`keeper.actors.transfer.warm_from_store`
+themselves.
 
 Plain class: the launcher makes it a detached, named Ray actor and injects what it starts (matchers, the
 transfer task), so this module never imports the launcher.
@@ -26,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import math
 import os
 import threading
@@ -50,7 +48,7 @@ from keeper.errors import ServiceError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
-from keeper.candidates import ParentFacts, assess_found, may_qualify_all
+from keeper.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
 from keeper.preservation import layer_roles
 from keeper.selection import Candidate, ParentChoice, SelectionPolicy, make_choice
 from keeper.stored import read_parent_graph
@@ -60,7 +58,7 @@ __all__ = ["Keeper"]
 
 #: Cached parent choices (per zoo view and child architecture); a new view makes old entries unreachable.
 _CHOICE_CACHE = 1024
-#: Parents whose graph, arrays and layer roles the front door keeps (per view) for assessing alignments.
+#: Parents whose graph, arrays and layer roles the front door keeps for assessing alignments.
 _PARENT_CACHE = 256
 
 
@@ -104,8 +102,8 @@ class Keeper:
         self.registers = 0
         self.errors = 0
         self._choices: collections.OrderedDict[tuple, dict] = collections.OrderedDict()
-        self._parents: collections.OrderedDict[str, tuple] = collections.OrderedDict()
-        self._parents_key = ""
+        self._parents: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
+        self._assessed = AssessedPairs()
         self._inflight = InFlight(config.timeouts.register_s)
         self._views.start()
 
@@ -322,8 +320,7 @@ class Keeper:
     def _choose(self, graph: LayerGraph) -> ParentChoice:
         t0 = time.perf_counter()
         child = match_arrays(graph)
-        digest = hashlib.blake2b(b"".join(np.ascontiguousarray(a).tobytes()
-                                          for a in (child.cls, child.shape, child.vectors)), digest_size=16).digest()
+        digest = architecture_digest(child)
         key = (self._refresh().view.key, digest)
         with self._stats_lock:
             cached = self._choices.get(key)
@@ -333,7 +330,7 @@ class Keeper:
         view = state.view
         with self._stats_lock:
             self._search_latencies.append(time.perf_counter() - t0)
-        cands = self._candidates(graph, child, state, list(names), np.asarray(scores, dtype=np.float64))
+        cands = self._candidates(graph, child, state, list(names), np.asarray(scores, dtype=np.float64), digest)
         # the URI as configured (with any credentials it carries), not the store's redacted form
         choice = make_choice(cands, self.policy, self.config.zoo_uri, self.config.noise, self.config.seed, view.n)
         with self._stats_lock:
@@ -343,18 +340,18 @@ class Keeper:
         return choice
 
     def _candidates(self, graph: LayerGraph, child: MatchArrays, state: SearchState, names: list[str],
-                    scores: np.ndarray) -> list[Candidate]:
+                    scores: np.ndarray, digest: bytes) -> list[Candidate]:
         """The candidates the search returned, plus every weighted model that may qualify by preserved function,
-        assembled as the embedded zoo assembles them (:func:`keeper.candidates.assess_found`)."""
+        assembled as the embedded zoo assembles them (:func:`keeper.candidates.assess_found`); ``digest``: the
+        child's architecture, under which its assessed pairs are kept across views."""
         view = state.view
         if view.n == 0:
             return []
         floor = self.policy.floor
         found = dict(zip(names, (float(s) for s in scores)))
         if self.policy.preserve:
-            # the search skips (or does not align) parents below the floor; those the child may grow from
-            # without losing their function need exact scores
-            # only a weighted model no larger than the child can be grown from whole: bound those alone
+            # the search skips (or does not align) parents below the floor; those the child may grow from without
+            # losing their function need exact scores. Only a weighted model no larger than the child can: bound those
             rows = np.flatnonzero(view.weighted & (view.params <= child.total))
             ok = may_qualify_all(upper_bounds(view.sigs, child, rows=rows), view.params[rows], child.total, math.inf,
                                  True)
@@ -370,26 +367,26 @@ class Keeper:
             p = pos[name]
             return ParentFacts(float(view.accuracy[p]), view.is_clean(p), int(view.params[p]))
 
-        return assess_found(found, graph, floor, facts, lambda n: self._parent(n, view.key), child)
+        def version(name: str) -> tuple:  # a new registration under a name lands in a new shard (ids never reused)
+            return name, view.shards[int(view.shard[pos[name]])], int(view.row[pos[name]])
 
-    def _parent(self, name: str, key: str) -> tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]:
-        """(graph, match arrays, layer roles) of the zoo model ``name``, read from the store once per view (a
-        bounded LRU, emptied when the view changes: a name may then hold another model)."""
+        return assess_found(found, graph, floor, facts, lambda n: self._parent(version(n)), child, self._assessed,
+                            lambda n: (digest, *version(n)))
+
+    def _parent(self, version: tuple) -> tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]:
+        """(graph, match arrays, layer roles) of the zoo model ``version`` = (name, shard id, row), read from the
+        store once (a bounded LRU kept across views: a model that stays in its shard keeps its entry)."""
         with self._stats_lock:
-            if self._parents_key != key:
-                self._parents.clear()
-                self._parents_key = key
-            hit = self._parents.get(name)
+            hit = self._parents.get(version)
             if hit is not None:
-                self._parents.move_to_end(name)
+                self._parents.move_to_end(version)
                 return hit
-        g, _ = read_parent_graph(self.config.zoo_uri, name)
+        g, _ = read_parent_graph(self.config.zoo_uri, version[0])
         entry = (g, match_arrays(g), layer_roles(g))
         with self._stats_lock:
-            if self._parents_key == key:
-                self._parents[name] = entry
-                while len(self._parents) > _PARENT_CACHE:
-                    self._parents.popitem(last=False)
+            self._parents[version] = entry
+            while len(self._parents) > _PARENT_CACHE:
+                self._parents.popitem(last=False)
         return entry
 
     def _refresh(self, force: bool = False) -> SearchState:

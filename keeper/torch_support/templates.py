@@ -51,7 +51,7 @@ def architecture_template(exported: Exported, state: dict[str, Any] | None = Non
     ONNX with weights. Initializers that hold a mapped parameter keep their dims and lose their data.
     """
     proto = load_model(exported.onnx, what="exported module")
-    shapes = key_shapes(proto, exported.keys)
+    shapes = key_shapes(proto, exported.keys, exported.graph)
     for init in proto.graph.initializer:
         if init.name in exported.keys:
             clear_data(init)

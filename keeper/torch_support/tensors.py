@@ -88,9 +88,10 @@ def drop_eval_caches(module: torch.nn.Module) -> None:
         m.training = training
 
 
-def key_shapes(proto, keys: dict[str, tuple[str, str]]) -> dict[str, tuple[int, ...]]:
-    """ONNX key -> the shape of the initializer holding it, for the keys ``keys`` maps."""
-    graph = graph_from_proto(proto)
+def key_shapes(proto, keys: dict[str, tuple[str, str]], graph=None) -> dict[str, tuple[int, ...]]:
+    """ONNX key -> the shape of the initializer holding it, for the keys ``keys`` maps; ``graph``: the LayerGraph
+    of ``proto`` when the caller has it (an export's), which spares extracting it again."""
+    graph = graph_from_proto(proto) if graph is None else graph
     shapes: dict[str, tuple[int, ...]] = {}
     for refs in graph.tensors:
         for r in refs:

@@ -1,0 +1,51 @@
+"""keeper_bench.search's reading of a search (scripts/bench_search.py's figures), on hand-made runs: the first round
+at the target, the best model, keeper's overhead, the idle slots, the warmed trials against their cold twins and
+the cost line. The arms themselves run in the benchmark, not here (minutes of Tune each)."""
+
+from __future__ import annotations
+
+import pytest
+
+from keeper_bench.search import best_model, cost_line, start_gaps, summarize, twins
+
+
+def _event(trial: str, steps: int, wall: float, val: float, test: float, parent: str = "", **more) -> dict:
+    return {"trial": trial, "population_steps": steps, "wall_s": wall, "val_accuracy": val, "test_accuracy": test,
+            "width": 8, "blocks": 1, "lr": 0.01, "parent": parent, "same_arch": False, "source_arch": "",
+            "warm_s": more.pop("warm_s", 0.0), **more}
+
+
+def _run(events: list[dict], trials: dict, wall: float, actor_cpu: float = 0.0, hook_s: float = 0.0) -> dict:
+    return {"events": events, "trials": trials, "wall_s": wall, "errors": [],
+            "actor_cpu": {"Keeper": actor_cpu} if actor_cpu else {}, "callback": {"hook_s": hook_s}}
+
+
+def test_a_search_is_read_at_its_first_round_at_the_target_and_at_its_own_final_choice():
+    events = [_event("a", 50, 5.0, 0.5, 0.50, warm_s=0.4), _event("b", 100, 6.0, 0.6, 0.61),
+              _event("a", 150, 9.0, 0.7, 0.69), _event("b", 200, 12.0, 0.65, 0.72)]
+    trials = {"a": {"starts": [0.0], "ends": [9.5], "index": 0}, "b": {"starts": [0.1], "ends": [12.5], "index": 1},
+              "c": {"starts": [10.0], "ends": [11.0], "index": 2}}
+    r = summarize(_run(events, trials, wall=20.0, actor_cpu=2.0, hook_s=0.1), target=0.6)
+    assert r["reached"] and r["wall_to_target_s"] == 6.0 and r["steps_to_target"] == 100
+    # the search ends with the trial whose LAST round validates best (a: 0.7), read on test: not the best test seen
+    assert best_model(events)["trial"] == "a" and r["best_test"] == 0.69 and r["max_test"] == 0.72
+    assert r["overhead_s"] == pytest.approx(0.1 + 0.4 / 2 + 2.0 / 2) and r["overhead_share"] == pytest.approx(1.3 / 20)
+    assert start_gaps(trials) == [pytest.approx(0.5)], "c started 0.5 s after a's end freed a slot"
+    missed = summarize(_run(events, trials, wall=20.0), target=0.9)
+    assert not missed["reached"] and missed["wall_to_target_s"] is None and missed["steps"] == 200
+
+
+def test_warmed_trials_are_set_against_the_same_draw_trained_cold():
+    cold = _run([_event("c0", 10, 1.0, 0.5, 0.80), _event("c1", 20, 2.0, 0.5, 0.70)],
+                {"c0": {"index": 0}, "c1": {"index": 1}}, wall=3.0)
+    warm = _run([_event("w0", 10, 1.0, 0.5, 0.75, parent="p"), _event("w1", 20, 2.0, 0.5, 0.90)],
+                {"w0": {"index": 0}, "w1": {"index": 1}}, wall=3.0)
+    t = twins(cold, warm)  # draw 1 started cold in both arms: no twin pair
+    assert t["warmed"] == 1 and t["below"] == 1 and t["worst_diff"] == pytest.approx(-0.05)
+    assert twins(cold, warm, margin=0.1)["below"] == 0
+
+
+def test_the_cost_line_splits_a_search_s_overhead_into_per_search_and_per_trial():
+    fixed, per_trial = cost_line([10, 30, 60], [3.0 + 0.25 * n for n in (10, 30, 60)])
+    assert fixed == pytest.approx(3.0) and per_trial == pytest.approx(0.25)
+    assert cost_line([32, 32], [8.0, 9.0]) == (0.0, pytest.approx(8.5 / 32))
