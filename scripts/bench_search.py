@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                     load.stop()
                     out["load"] = load.summary()
                     out["shrink_arg"] = args.shrink
+                    out["commit"] = _commit()
                     state["runs"][key] = out
                     print(f"{key}: {out['wall_s']:.0f} s, {len(out['errors'])} errors, load {out['load']['mean']:.1f}",
                           flush=True)
@@ -309,6 +310,17 @@ def _honesty(state: dict) -> list[str]:
         else:
             out.append(f"| {workload} | {seed} | {arm} | {draw} | {config} | - | - |")
     return out
+
+
+def _commit() -> str:
+    """The checkout's commit (each arm run records the code it ran), or '' outside git."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def _write(out_dir: str, name: str, state: dict, done: bool) -> None:
