@@ -181,6 +181,19 @@ def _accuracy(run: PbtRun, model: Any, data: dict, split: str) -> float:
         return float((model(w[:, :-1]).argmax(-1) == w[:, 1:]).float().mean())
 
 
+def _report_round(metrics: dict, model: Any, opt: Any, meta: dict) -> None:
+    """``tune.report`` of a round with the member's checkpoint, as :func:`_read_checkpoint` reads it back."""
+    import torch
+    from ray import tune
+
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+        torch.save(opt.state_dict(), os.path.join(d, "optim.pt"))
+        with open(os.path.join(d, "meta.json"), "w") as f:
+            json.dump(meta, f)
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+
+
 def _read_checkpoint(checkpoint: Any) -> tuple[dict | None, dict | None, dict | None]:
     """(meta, model state_dict, optimizer state) of a member's checkpoint; Nones without one."""
     import torch
@@ -242,12 +255,7 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any):
             if arm == "random":  # nothing restores or registers a random-search member: no checkpoint to write
                 tune.report(metrics)
                 continue
-            with tempfile.TemporaryDirectory() as d:
-                torch.save(model.state_dict(), os.path.join(d, "model.pt"))
-                torch.save(opt.state_dict(), os.path.join(d, "optim.pt"))
-                with open(os.path.join(d, "meta.json"), "w") as f:
-                    json.dump({"arch": arch, "steps": done, "trial": trial_id}, f)
-                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+            _report_round(metrics, model, opt, {"arch": arch, "steps": done, "trial": trial_id})
     return member
 
 

@@ -32,14 +32,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from typing import Any
 
 import numpy as np
 
-from keeper_bench.pbt import PbtRun, _accuracy, _build, _dataset, _read_checkpoint, _train_round, draws, member_spec
+from keeper_bench.pbt import (PbtRun, _accuracy, _build, _dataset, _read_checkpoint, _report_round, _train_round,
+                              draws, member_spec)
 
 __all__ = ["ARMS", "Lifecycle", "best_model", "cost_line", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
            "summarize", "twins", "uses_keeper"]
@@ -130,12 +130,7 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
                        "round_cpu_s": time.thread_time() - c1, "reported": time.time(), **start, **info}
             start = {"entered": 0.0, "ready": 0.0, "warm_s": 0.0}
             info = {**info, "source_arch": "", "exploit": False}
-            with tempfile.TemporaryDirectory() as d:
-                torch.save(model.state_dict(), os.path.join(d, "model.pt"))
-                torch.save(opt.state_dict(), os.path.join(d, "optim.pt"))
-                with open(os.path.join(d, "meta.json"), "w") as f:
-                    json.dump({"arch": arch, "steps": done, "trial": trial_id}, f)
-                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+            _report_round(metrics, model, opt, {"arch": arch, "steps": done, "trial": trial_id})
         if arm == "fifo":  # the copy arm's starts
             path = _copy_path(workdir, run, seed, int(config["index"]))
             os.makedirs(os.path.dirname(path), exist_ok=True)

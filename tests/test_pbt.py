@@ -337,6 +337,20 @@ def test_architecture_keys_nested_in_a_trainer_config_are_kept():
     assert config["train_loop_config"]["width"] == 16 and config["train_loop_config"]["lr"] in (0.1, 0.2)
 
 
+def _own_checkpoint(config: dict, service: dict) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """In a trial: a member warm-started, given weights no fresh init, zoo warm or transform could give, and
+    reported with its checkpoint (the trial's own latest); its data and a copy of those weights."""
+    x, y, model = _mlp_task(config)
+    warm_start(model, x[:2], config=service)
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)
+    saved = [t.clone() for t in model.state_dict().values()]
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+        tune.report({"step": 0}, checkpoint=tune.Checkpoint.from_directory(d))
+    return x, y, saved
+
+
 def test_a_checkpoint_that_cannot_be_restored_leaves_the_trial_on_its_own(tmp_path):
     """A checkpoint handed to a trial that keeper cannot restore (an unrelated architecture, no template anywhere)
     never ends it: the trial continues, exactly, from its own latest checkpoint, and the result says why."""
@@ -346,14 +360,7 @@ def test_a_checkpoint_that_cannot_be_restored_leaves_the_trial_on_its_own(tmp_pa
     torch.save(torch.nn.Conv2d(3, 5, 3).state_dict(), bad / "model.pt")
 
     def trainable(config: dict) -> None:
-        x, y, model = _mlp_task(config)
-        warm_start(model, x[:2], config=service)
-        with torch.no_grad():
-            model[0].weight.mul_(2.0)  # weights no fresh init or zoo warm could give
-        saved = [t.clone() for t in model.state_dict().values()]
-        with tempfile.TemporaryDirectory() as d:
-            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
-            tune.report({"step": 0}, checkpoint=tune.Checkpoint.from_directory(d))
+        x, y, saved = _own_checkpoint(config, service)
         _, _, again = _mlp_task(config)
         result = warm_start(again, x[:2], config=service, checkpoint=str(bad))
         same = all(torch.equal(a, b) for a, b in zip(saved, again.state_dict().values()))
@@ -385,14 +392,7 @@ def test_a_clone_carried_without_its_function_never_replaces_the_member_s_own_we
     (clone.parent / ARCHITECTURE_FILE).write_bytes(architecture_template(export_graph(wide, x[:2])))
 
     def trainable(config: dict) -> None:
-        x, y, model = _mlp_task(config)
-        warm_start(model, x[:2], config=service)
-        with torch.no_grad():
-            model[0].weight.mul_(2.0)  # weights no fresh init or transform could give
-        saved = [t.clone() for t in model.state_dict().values()]
-        with tempfile.TemporaryDirectory() as d:
-            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
-            tune.report({"step": 0}, checkpoint=tune.Checkpoint.from_directory(d))
+        x, y, saved = _own_checkpoint(config, service)
         _, _, again = _mlp_task(config)
         result = warm_start(again, x[:2], config=service, checkpoint=str(clone))
         same = all(torch.equal(a, b) for a, b in zip(saved, again.state_dict().values()))
