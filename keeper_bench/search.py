@@ -206,7 +206,8 @@ def _scheduler(arm: str, run: PbtRun, pbt_interval: int) -> Any:
     if not uses_keeper(arm):
         return PopulationBasedTraining(hyperparam_mutations={"lr": lr}, **common)
     return KeeperPBT(hyperparam_mutations={"lr": lr, "width": list(run.widths), "blocks": list(run.blocks)},
-                     architecture_keys=("width", "blocks"), validate=lambda c: member_spec(run, c["width"], c["blocks"]),
+                     architecture_keys=("width", "blocks"),
+                     validate=lambda c: member_spec(run, c["width"], c["blocks"]),
                      base_config=dict(zip(("width", "blocks"), run.middle)), **common)
 
 

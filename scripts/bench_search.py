@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for seed in range(args.seeds):
             for workload in workloads:
-                run = PbtRun(**state["settings"][workload]) if workload in state["settings"] else settings(workload, args)
+                known = state["settings"].get(workload)
+                run = PbtRun(**known) if known is not None else settings(workload, args)
                 state["settings"][workload] = asdict(run)
                 for arm in arms:
                     key = f"{workload}/{arm}/{seed}"
@@ -167,7 +168,8 @@ def _markdown(state: dict, done: bool) -> str:
     table, targets = rows(state)
     out = ["# A whole search with and without keeper (scripts/bench_search.py)", ""]
     if not done:
-        out += ["**Incomplete**: the run is still going or was stopped; the tables hold the arm runs that finished.", ""]
+        out += ["**Incomplete**: the run is still going or was stopped; the tables hold the arm runs that finished.",
+                ""]
     loads = [r["load"]["mean"] for r in state["runs"].values() if "load" in r]
     out += [f"Commands: {'; '.join(f'`{c}`' for c in state['commands'])}. Machine: {platform.machine()}, "
             f"{os.cpu_count()} cores, Ray with 2 CPUs (two trials at a time, one thread each), keeper's shipped "
@@ -202,7 +204,8 @@ def _markdown(state: dict, done: bool) -> str:
                 f"({' / '.join(f'{r:.2f}' for r in ratios)}) | "
                 f"{_mean([c['steps_to_target'] or c['steps'] for c, _ in pairs], '.0f')} | "
                 f"{_mean([k['steps_to_target'] or k['steps'] for _, k in pairs], '.0f')} | "
-                f"{_mean([c['best_test'] for c, _ in pairs], '.3f')} | {_mean([k['best_test'] for _, k in pairs], '.3f')} | "
+                f"{_mean([c['best_test'] for c, _ in pairs], '.3f')} | "
+                f"{_mean([k['best_test'] for _, k in pairs], '.3f')} | "
                 f"{100 * np.mean([k['overhead_share'] for _, k in pairs]):.1f}% | "
                 f"{sum(c['errors'] for c, _ in pairs)} / {sum(k['errors'] for _, k in pairs)} |")
     out += ["", ("Mean ± sample std over seeds. keeper overhead: the driver's time in KeeperCallback's hooks, plus "

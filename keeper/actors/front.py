@@ -7,9 +7,9 @@ in before it returns), plans the exact two-stage search (medoids first, then the
 then any model whose signature bound beats the best found; :mod:`keeper.actors.viewsearch`), scores each stage in
 parallel on the Matcher pool (one batch per matcher; ``search`` reports where the time went), assesses the
 candidates as the embedded zoo does (preserved function, structure, lineage; the parents' graphs come from the
-store, cached per view), picks the parent with the selection policy, and hands the weight transfer to a Ray task
-that reads the parent straight from the store. The child's LayerGraph travels to that task as flat arrays, so a
-warm parses and extracts the child once.
+store, kept across views while a model stays in its shard), picks the parent with the selection policy, and hands
+the weight transfer to a Ray task that reads the parent straight from the store. The child's LayerGraph travels to
+that task as flat arrays, so a warm parses and extracts the child once.
 
 Data path and sizes: parents' weights never pass through this actor. ``warm`` waits for the transfer task and
 returns its WarmResult, so the *child's* warmed weights pass through this actor once (the size of the child's

@@ -55,8 +55,8 @@ def export(module: torch.nn.Module, example_input: Any, *, dynamo: bool | None =
     graph = export_graph(module, example_input, dynamo=dynamo, seed=seed)
     proto = load_model(graph.onnx, what="exported module")
     saved = {k: v.detach() for k, v in float_state(module).items()}
-    return Exported(_with_state(proto, graph.keys, key_shapes(proto, graph.keys, graph.graph), saved).SerializeToString(),
-                    graph.keys)
+    shapes = key_shapes(proto, graph.keys, graph.graph)
+    return Exported(_with_state(proto, graph.keys, shapes, saved).SerializeToString(), graph.keys)
 
 
 def export_graph(module: torch.nn.Module, example_input: Any, *, dynamo: bool | None = None,
