@@ -45,7 +45,7 @@ from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError,
 from keeper.records import MUTABLE_FIELDS, NAME_RE, ModelRecord, admitted, check_name, finite, json_dict
 from keeper.store_files import Staged, StoreFiles, open_uri, sha256, size
 
-__all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR", "check_name", "sha256"]
+__all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR", "check_name", "sha256", "zoo_is_empty"]
 
 log = logging.getLogger(__name__)
 
@@ -423,4 +423,12 @@ class ModelStore:
 
     def __repr__(self) -> str:
         return f"ModelStore({self._uri!r}, models={len(self)})"
+
+
+def zoo_is_empty(uri: str | None) -> bool:
+    """Whether the zoo at ``uri`` holds no model (or does not exist yet), from one listing of its catalog: what a
+    caller checks before it pays for the service or a parent choice. Opening nothing, it writes nothing."""
+    fs, base, shown = open_uri(DEFAULT_ZOO_DIR if uri is None else os.fspath(uri))
+    files = StoreFiles(fs, base, shown)
+    return not any(info.base_name.endswith(".json") for info in files.list("catalog"))
 

@@ -89,8 +89,10 @@ class WarmResult:
         """How this child was obtained, for :meth:`keeper.zoo.Zoo.register` (``lineage=``): its parent, whether
         the warm preserved the parent's function, its structure score, and whether a data probe chose it over the
         cold init."""
+        given = next((c.get("accuracy") for c in self.candidates if c.get("name") == self.parent), None)
         return {"parent": self.parent, "preserved": bool(self.preserved), "structure": float(self.structure),
-                "probed": bool(self.probe and self.probe.get("chosen") is not None)}
+                "probed": bool(self.probe and self.probe.get("chosen") is not None),
+                "parent_accuracy": None if given is None else float(given)}
 
     def recipe(self, total_steps: int, ramp: float | None = None) -> Recipe:
         """The learning-rate recipe of this warm start for a run of ``total_steps`` optimizer steps

@@ -30,6 +30,7 @@ import numpy as np
 
 from keeper import chooser
 from keeper.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
+from keeper.choice.inheritance import Training
 from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
@@ -249,8 +250,16 @@ class Zoo:
                             if parent in self.store else True)
             vouched = bool(lineage.get("preserved", False)) or float(structure) >= 1.0 or bool(lineage.get("probed"))
             clean = bool(parent_clean) and vouched
-        return {"parent": parent, "preserved": bool(lineage.get("preserved", False)),
-                "structure": float(structure), "probed": bool(lineage.get("probed", False)), "clean": clean}
+        out = {"parent": parent, "preserved": bool(lineage.get("preserved", False)),
+               "structure": float(structure), "probed": bool(lineage.get("probed", False)), "clean": clean}
+        training = lineage.get("training")
+        if training is not None:  # how its trial trained, as the Tune callback saw it (keeper.choice.inheritance)
+            try:
+                out["training"] = Training.from_dict(training).as_dict()
+            except (TypeError, ValueError, AttributeError):
+                raise AdmissionError(f"{what}: lineage training {training!r} is not a learning-curve summary; pass "
+                                     "keeper.choice.inheritance.training_of(...).as_dict()") from None
+        return out
 
     def _register(self, proto, wpath: os.PathLike | None, accuracy: float, name: str | None,
                   lineage: dict[str, Any] | None = None, *, alias: bool = False,

@@ -70,6 +70,8 @@ class PbtRun:
     asha_factor: int = 3          # ASHA draws up to asha_factor x population configs
     margin: float = 0.01          # target = best final test accuracy of the random arm - margin
     device: str = "cpu"           # where bench_search's trials train ("cuda": a share of the GPU each)
+    optimizer: str = "adam"       # "adam", or "adamw" (weight decay 0.01)
+    schedule: str = "constant"    # "constant", or "cosine" (to zero over ``steps``, as users' recipes run)
 
     @classmethod
     def language(cls, **overrides: Any) -> "PbtRun":
@@ -77,6 +79,16 @@ class PbtRun:
         clones whole heads, exactly), 1-3 layers, learning rates 3e-4 to 1e-2, batches of 8 windows."""
         settings = {"workload": "lm", "widths": (32, 64), "blocks": (1, 2, 3), "lr_range": (3e-4, 1e-2),
                     "batch_size": 8}
+        return cls(**{**settings, **overrides})
+
+    @classmethod
+    def digits(cls, **overrides: Any) -> "PbtRun":
+        """The converging image workload: 2-D ResNets with BatchNorm (stages ``[w, 2w]``, ``b`` blocks each) on
+        scikit-learn's 8x8 digits, AdamW under a cosine schedule, 16 draws of 320 steps in rounds of 40; its trials
+        reach their plateau well within their budget, so the first trials of a search already hold its best."""
+        settings = {"workload": "digits", "widths": (8, 16, 32), "blocks": (1, 2, 3), "kernel": 3,
+                    "lr_range": (3e-4, 3e-2), "batch_size": 128, "optimizer": "adamw", "schedule": "cosine",
+                    "population": 16, "steps": 320, "round_steps": 40, "val_size": 300}
         return cls(**{**settings, **overrides})
 
     @property
@@ -103,10 +115,13 @@ def member_spec(run: PbtRun, width: int, blocks: int) -> dict:
             raise ValueError(f"member_spec: no GPT-2 of width {width} and {blocks} layers in the language space")
         return {"family": "gpt2", "d_model": width, "layers": blocks, "heads": width // 16, "kv_heads": width // 16,
                 "ffn": 4 * width}
-    if run.workload != "mnist1d":
-        raise ValueError(f"member_spec: unknown workload {run.workload!r}; expected 'mnist1d' or 'lm'")
     from keeper_bench.families import default_spec
 
+    if run.workload == "digits":
+        return {**default_spec("resnet", dim=2, input_length=8), "widths": [width, 2 * width],
+                "blocks": [blocks] * 2, "kernel": run.kernel}
+    if run.workload != "mnist1d":
+        raise ValueError(f"member_spec: unknown workload {run.workload!r}; expected 'mnist1d', 'digits' or 'lm'")
     return {**default_spec("resnet"), "widths": [width, 2 * width, 4 * width], "blocks": [blocks] * 3,
             "kernel": run.kernel}
 
@@ -132,6 +147,22 @@ def draws(run: PbtRun, seed: int, n: int) -> list[dict]:
         b = int(rng.choice(run.blocks))
         out.append({"width": w, "blocks": b, "lr": float(np.exp(rng.uniform(lo, hi)))})
     return out
+
+
+def make_optimizer(run: PbtRun, model: Any, lr: float, done: int = 0) -> tuple[Any, Any]:
+    """The workload's optimizer at learning rate ``lr`` and its schedule's scheduler (None for a constant rate),
+    positioned ``done`` steps into the run (a resumed member continues its schedule)."""
+    import torch
+
+    if run.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+    if run.schedule != "cosine":
+        return opt, None
+    total = run.steps
+    return opt, torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s + done, total) / total)))
 
 
 def _train_round(run: PbtRun, model: Any, opt: Any, data: dict, steps: int, seed: int,
@@ -328,12 +359,28 @@ def _dataset(run: PbtRun) -> dict:
             out[f"windows_{split}"] = torch.from_numpy(part[starts[:, None] + np.arange(run.context + 1)]
                                                        .astype(np.int64))
         return out
+    if run.workload == "digits":
+        return _digits(run)
     from keeper_bench.workload import mnist1d_dataset
 
     d = mnist1d_dataset(seed=run.data_seed, num_samples=run.num_samples)
     cut = len(d.y_train) - run.val_size
     return {"x": d.x_train[:cut], "y": d.y_train[:cut], "x_val": d.x_train[cut:], "y_val": d.y_train[cut:],
             "x_test": d.x_test, "y_test": d.y_test}
+
+
+def _digits(run: PbtRun) -> dict:
+    """scikit-learn's 8x8 digits (shipped with it: nothing downloaded) as ``(N, 1, 8, 8)`` images in [0, 1], split
+    by a permutation of ``data_seed``: ``val_size`` for validation, as many for test, the rest for training."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(run.data_seed).permutation(len(y))
+    x = torch.from_numpy((x[order] / 16.0).astype(np.float32)).reshape(-1, 1, 8, 8)
+    y = torch.from_numpy(y[order].astype(np.int64))
+    v, t = run.val_size, 2 * run.val_size
+    return {"x": x[t:], "y": y[t:], "x_val": x[:v], "y_val": y[:v], "x_test": x[v:t], "y_test": y[v:t]}
 
 
 def _scheduler(arm: str, run: PbtRun) -> Any:

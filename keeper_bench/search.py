@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from keeper_bench.pbt import (PbtRun, _accuracy, _build, _dataset, _read_checkpoint, _report_round, _train_round,
-                              draws, member_spec)
+                              draws, make_optimizer, member_spec)
 
 __all__ = ["ARMS", "Lifecycle", "best_model", "cost_line", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
            "summarize", "twins", "uses_keeper"]
@@ -88,7 +88,8 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
         info = {"parent": "", "preserved": False, "same_arch": False, "reason": "", "shrink": 1.0,
                 "source_arch": json.dumps(meta["arch"]) if meta else "",
                 "exploit": bool(meta and meta["trial"] != trial_id)}
-        opt = torch.optim.Adam(model.parameters(), lr=float(config["lr"]))
+        done = int(meta["steps"]) if meta and meta["arch"] == arch else 0
+        opt, sched = make_optimizer(run, model, float(config["lr"]), done)
         factor = None
         warm_s = 0.0
         if keeper:
@@ -98,7 +99,7 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
             warm = warm_start(model, example, config=service, **({} if shrink is None else {"shrink": shrink}))
             warm_s = time.perf_counter() - t
             if meta is None or meta["arch"] != arch:  # a resume keeps its optimizer state: no restart ramp
-                factor = warm_lr(opt, warm, total_steps=run.steps, ramp=ramp)
+                factor = warm_lr(opt, warm, total_steps=run.steps, scheduler=sched, ramp=ramp)
             info.update(parent=warm.parent or "", preserved=bool(warm.preserved), reason=warm.reason or "",
                         same_arch=bool(warm.parent) and warm.score >= 1.0, shrink=warm.shrink)
 
@@ -109,13 +110,15 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
             from keeper.torch_support.schedule import WarmLR
 
             model.load_state_dict(torch.load(_copy_path(workdir, run, seed, int(config["index"])), weights_only=True))
-            factor = WarmLR(opt, recipe_for("copy", 1.0, True, run.steps, ramp), None)
+            factor = WarmLR(opt, recipe_for("copy", 1.0, True, run.steps, ramp), sched)
             info.update(parent="copy", preserved=True, same_arch=True)
         if meta is not None and meta["arch"] == arch:
             opt.load_state_dict(optim)
             for group in opt.param_groups:  # the explored learning rate, not the clone's
                 group["lr"] = float(config["lr"])
         done = int(meta["steps"]) if meta else 0
+        if factor is None and sched is not None:
+            factor = sched
         data = {k: v.to(run.device) for k, v in ray.get(data_ref).items()}
         start = {"entered": entered, "ready": time.time(), "warm_s": warm_s}
         while done < run.steps:

@@ -48,22 +48,30 @@ from keeper_bench.pbt import PbtRun
 from keeper_bench.reporting import LoadSampler, spread
 from keeper_bench.search import ARMS, cost_line, scheduler_of, summarize, twins, uses_keeper
 
-WORKLOADS = ("mnist1d", "lm")
+WORKLOADS = ("mnist1d", "lm", "digits")
 SCHEDULERS = ("fifo", "asha", "pbt")
 
 
 def settings(workload: str, args: argparse.Namespace) -> PbtRun:
-    base = {"population": args.trials, "steps": args.steps, "round_steps": args.round_steps, "device": args.device}
-    return PbtRun.language(**base) if workload == "lm" else PbtRun(**base)
+    """The workload's settings, with the command's --trials / --steps / --round-steps where it gives them."""
+    given = {"population": args.trials, "steps": args.steps, "round_steps": args.round_steps}
+    base = {"device": args.device, **{k: v for k, v in given.items() if v is not None}}
+    if workload == "lm":
+        return PbtRun.language(**{"population": 32, "steps": 400, "round_steps": 50, **base})
+    if workload == "digits":
+        return PbtRun.digits(**base)
+    return PbtRun(**{"population": 32, "steps": 400, "round_steps": 50, **base})
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=(*WORKLOADS, "both"), default="both")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--trials", type=int, default=32, help="FIFO trials, ASHA's budget unit, PBT's population")
-    p.add_argument("--steps", type=int, default=400, help="training steps of a FIFO trial")
-    p.add_argument("--round-steps", type=int, default=50, help="steps between evaluations (a rung, a PBT round)")
+    p.add_argument("--trials", type=int, help="FIFO trials, ASHA's budget unit, PBT's population (default: 32; "
+                   "digits 16)")
+    p.add_argument("--steps", type=int, help="training steps of a FIFO trial (default: 400; digits 320)")
+    p.add_argument("--round-steps", type=int, help="steps between evaluations, a rung, a PBT round (default: 50; "
+                   "digits 40)")
     p.add_argument("--pbt-interval", type=int, default=2, help="rounds between PBT perturbations")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the trials train (auto: cuda where torch sees a GPU, two trials sharing it, else cpu)")

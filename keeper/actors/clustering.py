@@ -24,7 +24,6 @@ import math
 import numbers
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-import kmedoids
 import numpy as np
 
 from keeper.errors import KeeperError, ModelNotFoundError
@@ -149,6 +148,10 @@ class ClusterIndex:
         if kk >= n:
             medoids = list(range(n))
         else:
+            # imported here, in the one process that fits: kmedoids imports scikit-learn where it is installed,
+            # which no process that only searches or warms should pay for
+            import kmedoids
+
             # n_cpu=1: the parallel variant is not reproducible from a seed
             res = kmedoids.fasterpam(d, kk, max_iter=int(max_iter), init="random", random_state=int(seed), n_cpu=1)
             medoids = sorted({int(m) for m in res.medoids})

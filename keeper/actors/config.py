@@ -28,7 +28,7 @@ __all__ = ["ServiceConfig", "ClusteringConfig", "Timeouts", "ConfigError", "load
            "DEFAULT_CONFIG_PATH"]
 
 #: The actors (and the transfer task) whose Ray options the config holds.
-ACTOR_KINDS = ("keeper", "zoo_manager", "matcher", "registrar", "transfer")
+ACTOR_KINDS = ("keeper", "zoo_manager", "matcher", "transfer")
 
 #: Where the repository keeps the YAML twin of the defaults below.
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
@@ -49,7 +49,6 @@ _DEFAULT_ACTORS: dict[str, dict[str, Any]] = {
                 "scheduling_strategy": "SPREAD"},
     # Turns finished Tune trials' checkpoints into zoo models: one long-lived process whose imports (torch, onnx)
     # are paid once, where a task per trial paid them in a fresh worker every time (2-3 s on 2 busy cores).
-    "registrar": {"num_cpus": 0.0, "max_restarts": -1, "max_task_retries": -1, "max_concurrency": 4},
     # No CPU reserved either: a warm must never wait for a CPU that trials hold.
     "transfer": {"num_cpus": 0.0, "max_retries": 2},
 }
@@ -114,10 +113,6 @@ class ServiceConfig:
     @property
     def manager_name(self) -> str:
         return f"{self.name}-zoo"
-
-    @property
-    def registrar_name(self) -> str:
-        return f"{self.name}-registrar"
 
     @property
     def zoo_uri(self) -> str:

@@ -27,17 +27,16 @@ from typing import Any
 import ray
 
 from keeper.actors.config import ACTOR_KINDS, ConfigInput, ServiceConfig, load_config
-from keeper.actors.front import Keeper
-from keeper.actors.manager import ZooManager
-from keeper.actors.matcher import Matcher
 from keeper.actors.remote import demand_of, get, infeasible, shortfall
 from keeper.errors import ConfigError, ServiceError
-from keeper.stored import warm_from_store
+
+# The actors' own modules are imported where an actor is made: a Tune trial that only finds the running service
+# (connect, find) must not import the front door's, the manager's and the clustering's code.
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["start", "shutdown", "connect", "find", "check_resources", "launch_manager", "launch_keeper",
-           "launch_matcher", "launch_registrar", "transfer_task"]
+           "launch_matcher", "transfer_task"]
 
 _remote_classes: dict[type, Any] = {}
 
@@ -50,33 +49,32 @@ def _actor(cls: type, config: ServiceConfig, kind: str, **extra: Any) -> Any:
 
 def launch_manager(config: ServiceConfig) -> Any:
     """The named, detached ZooManager (the running one when it exists)."""
+    from keeper.actors.manager import ZooManager
+
     return _actor(ZooManager, config, "zoo_manager", name=config.manager_name, namespace=config.namespace,
                   lifetime="detached", get_if_exists=True).remote(config)
 
 
 def launch_keeper(config: ServiceConfig) -> Any:
     """The named, detached front door (the running one when it exists)."""
+    from keeper.actors.front import Keeper
+
     return _actor(Keeper, config, "keeper", name=config.name, namespace=config.namespace, lifetime="detached",
                   get_if_exists=True).remote(config, spawn_matcher=functools.partial(launch_matcher, config),
                                              transfer_task=functools.partial(transfer_task, config))
 
 
-def launch_registrar(config: ServiceConfig) -> Any:
-    """The named, detached registrar of finished Tune trials (the running one when it exists); started by
-    ``KeeperCallback``, so a service that never serves Tune never imports what it needs."""
-    from keeper.tune_integration.registrar import Registrar
-
-    return _actor(Registrar, config, "registrar", name=config.registrar_name, namespace=config.namespace,
-                  lifetime="detached", get_if_exists=True).remote()
-
-
 def launch_matcher(config: ServiceConfig) -> Any:
     """One Matcher actor (unnamed; owned by the caller, normally the front door)."""
+    from keeper.actors.matcher import Matcher
+
     return _actor(Matcher, config, "matcher").remote(config.timeouts.batch_s)
 
 
 def transfer_task(config: ServiceConfig) -> Any:
     """The weight transfer as a Ray remote function with the config's ``transfer`` options."""
+    from keeper.stored import warm_from_store
+
     return ray.remote(warm_from_store).options(**config.actor_options("transfer"))
 
 
@@ -173,8 +171,7 @@ def start(config: ConfigInput = None, *, wait: bool = True, **overrides: Any) ->
 
 
 def shutdown(config: ConfigInput = None, **overrides: Any) -> list[str]:
-    """Kill the named actors of the service (front door first, then the manager and the registrar); returns the
-    names killed.
+    """Kill the named actors of the service (front door first, then the manager); returns the names killed.
 
     The zoo itself stays in its store; ``start`` again serves it.
     """
@@ -182,7 +179,7 @@ def shutdown(config: ConfigInput = None, **overrides: Any) -> list[str]:
     if not ray.is_initialized():
         return []
     killed = []
-    for name in (cfg.name, cfg.manager_name, cfg.registrar_name):
+    for name in (cfg.name, cfg.manager_name):
         try:
             handle = ray.get_actor(name, namespace=cfg.namespace)
         except ValueError:

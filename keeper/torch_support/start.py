@@ -37,7 +37,7 @@ from keeper.torch_support.load import load_result
 from keeper.torch_support.probe import as_module_probe, module_probe
 from keeper.torch_support.restore import restore
 from keeper.torch_support.templates import architecture_template, find_template
-from keeper.warm import WarmResult
+from keeper.warm import WarmResult, cold_result
 from keeper.weights import weights_bytes
 from keeper.zoo import Zoo
 
@@ -148,7 +148,8 @@ def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, confi
             return WarmResult(None, 0.0, {}, {}, reason="built by the Hugging Face Trainer outside a search "
                               "(model_init(None)) with no keeper service running: it keeps its own init; the "
                               "search's trials are warmed")
-    source = parent_source(zoo, config, timeout_s)
+    source = _empty_zoo(config) if zoo is None and trial.in_trial(trainable) else None
+    source = source or parent_source(zoo, config, timeout_s)
     exported, choice = _choose_once(module, example_input, source, dynamo, trainable, rank, size)
     choice = dataclasses.replace(choice, restart_shrink=float(shrink))
     result, failed = _restore_checkpoint(module, exported, choice, noise, trainable, checkpoint, probe)
@@ -164,6 +165,38 @@ def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, confi
     if size > 1:
         distributed.sync_module(module)
     return result
+
+
+class _EmptyZoo:
+    """The parent source of a trial that finds no service running and the zoo empty (the first trials of a search
+    on a new zoo, while the service waits to start): nothing to choose from, so nothing to wait for."""
+
+    def __init__(self, uri: str, noise: float, seed: int):
+        self.uri, self.noise, self.seed = uri, noise, seed
+
+    def choose(self, graph: Any, fresh: bool = False) -> ParentChoice:
+        return ParentChoice(None, 0.0, self.uri, self.noise, self.seed)
+
+    def transfer(self, choice: ParentChoice, parent: str | None, child: Any, graph: Any, *, weights: Any,
+                 noise: float, out: Any, report: dict | None) -> WarmResult:
+        result = cold_result(child, weights, out=out, graph=graph)
+        return dataclasses.replace(result, **report) if report else result
+
+    def hit(self, parent: str) -> None:
+        pass
+
+
+def _empty_zoo(config: Any) -> _EmptyZoo | None:
+    """In a trial: an :class:`_EmptyZoo` when no service runs yet and its zoo holds no model; else None (the
+    service is asked). Costs one Ray name lookup and one listing of the zoo's catalog."""
+    from keeper.actors.config import load_config
+    from keeper.actors.launcher import find
+    from keeper.store import zoo_is_empty
+
+    cfg = load_config(config)
+    if find(cfg) is not None or not zoo_is_empty(cfg.zoo_uri):
+        return None
+    return _EmptyZoo(cfg.zoo_uri, cfg.noise, cfg.seed)
 
 
 def _running_service(config: Any, timeout_s: float) -> ParentSource | None:

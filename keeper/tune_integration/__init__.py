@@ -14,10 +14,23 @@ Checkpoint layouts the callback reads (keeper's own, Ray Train's, the Hugging Fa
 folders, Lightning's) are listed in :mod:`keeper.torch_support.layouts`.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from keeper.torch_support import warm_lr, warm_start
 from keeper.torch_support.trial import ARCHITECTURE_FILE
-from keeper.tune_integration.callback import KeeperCallback
-from keeper.tune_integration.checkpoint import CHECKPOINT_FILES
-from keeper.tune_integration.pbt import KeeperPBT
 
 __all__ = ["KeeperCallback", "KeeperPBT", "warm_start", "warm_lr", "CHECKPOINT_FILES", "ARCHITECTURE_FILE"]
+
+# The driver's half is imported on first use: a trial process imports this package for warm_start and must not pay
+# for the service's modules (the launcher, the front door, the manager) or the checkpoint readers.
+_LAZY = {"KeeperCallback": "keeper.tune_integration.callback", "KeeperPBT": "keeper.tune_integration.pbt",
+         "CHECKPOINT_FILES": "keeper.tune_integration.checkpoint"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -84,3 +84,23 @@ def recorded(trial_id: str, record: Mapping[str, Any]) -> str:
     return (f"trial {trial_id} trained the same weights as the stored model {record.get('name')!r} (a repeated seed), "
             f"so it was recorded on that model: trained {summary.get('trained', 2)} times, accuracy "
             f"{float(record.get('accuracy', 0.0)):.4f} (the best reported)")
+
+
+#: a warmed trial whose first report is below this share of its parent's accuracy lost what it inherited
+LOST_SHARE = 0.95
+
+
+def lost_inheritance(trial_id: str, lineage: Mapping[str, Any] | None, first: float, metric: str) -> str | None:
+    """The warning for a trial that started from its parent's whole function (``lineage``: what ``warm_start``
+    left in the trial directory) and first reported ``first`` (in the zoo's accuracy terms), far below the parent's
+    accuracy; None when it kept what it was given, or was not given a function."""
+    if not lineage or not lineage.get("parent") or not lineage.get("preserved"):
+        return None
+    given = lineage.get("parent_accuracy")
+    if not isinstance(given, (int, float)) or isinstance(given, bool) or not given > 0 or first >= LOST_SHARE * given:
+        return None
+    return (f"trial {trial_id} started from the function of {lineage['parent']!r} (registered at {given:.3f}) but "
+            f"first reported {metric} {first:.3f}: its first steps undid most of what it inherited. In the trainable, "
+            "apply keeper's learning-rate recipe over its schedule (schedule = warm_lr(optimizer, warm, total_steps, "
+            "scheduler), then schedule.step() where scheduler.step() was), or in a hand-written schedule multiply "
+            "the rate by warm.lr_factor(step, total_steps)")

@@ -1,12 +1,14 @@
 """``KeeperCallback``: the driver-side half of the Tune integration.
 
-It finds or starts the keeper service when the experiment starts, and registers every finished trial's trained
-model with its best metric. The heavy part (reading the checkpoint, filling the architecture template, the
-registration itself) runs in the service's registrar (:mod:`keeper.tune_integration.registrar`, one zero-CPU
-process started with the experiment), and the driver never waits for it: Tune schedules the next trial as it would
-without keeper. A trial that starts after another ended can still inherit from it: the driver announces each
-registration to the front door, and a parent choice waits for the registrations announced before it (in the
-trial, at most ``timeouts.arrival_s``).
+It finds or starts the keeper service, and registers every finished trial's trained model with its best metric
+and its learning curve (what :mod:`keeper.choice.inheritance` reads to decide what later trials inherit). The
+service starts with the experiment when the zoo holds models; on an empty zoo it starts once the first trials
+train, so nothing of keeper's competes with their start (their ``warm_start`` finds the zoo empty without it). The
+heavy part of a registration (reading the checkpoint, filling the architecture template) runs in a thread of the
+driver, where torch is loaded already, so no process of keeper's imports it again, and Tune's loop never waits for
+it. A trial that starts after another ended can still inherit from it: the driver announces each registration to
+the front door, and a parent choice waits for the registrations announced before it (in the trial, at most
+``timeouts.arrival_s``).
 
 Invariants:
 - A trial is registered at most once, across ``Tuner.restore`` too (the registered set is the callback's
@@ -18,6 +20,8 @@ Invariants:
   (:mod:`keeper.tune_integration.advice`).
 - A trial whose weights are already in the zoo (a search repeated with the same seeds) is that model: it is
   recorded on it (the better accuracy kept, the registration counted), never refused for it.
+- A trial started from its parent's function whose first report falls far below the parent's accuracy gets one
+  warning naming both figures and the fix in the trainable (its learning rate undid the warm start).
 
 Example::
 
@@ -28,20 +32,26 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import json
 import logging
 import math
 import re
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ray
 from ray.tune import Callback
 
 from keeper.actors.config import load_config
-from keeper.actors.launcher import launch_registrar, start
-from keeper.actors.remote import Demand, demand_of, get
+from keeper.actors.launcher import find, start
+from keeper.actors.remote import demand_of, get
+from keeper.choice.inheritance import training_of
 from keeper.errors import ConfigError
+from keeper.store import zoo_is_empty
+from keeper.torch_support.trial import LINEAGE_FILE
 from keeper.tune_integration import advice
 
 __all__ = ["KeeperCallback"]
@@ -61,33 +71,26 @@ class KeeperCallback(Callback):
             ``lambda loss: math.exp(-loss)``). Default: the metric itself.
         config: the service's config (YAML path, mapping or ServiceConfig); ``**overrides`` on top, e.g.
             ``zoo="/data/zoo"``. Trainables pass the same ``config`` to ``warm_start`` when it is not the default.
-        model_builder: optional ``fn(trial_config) -> (module, example_input)``. With it, keeper prepares each
-            trial's match while the trial starts, and can register checkpoints of trials that never called
-            ``warm_start``.
+        model_builder: optional ``fn(trial_config) -> (module, example_input)``. With it, keeper can register
+            checkpoints of trials that never called ``warm_start``.
         wait_for_registration: a trial's parent choice waits for the registrations of the trials that ended
             before it started (at most ``timeouts.arrival_s``), so it can inherit from them (True); False never
-            waits. Either way the driver does not wait: registration runs in the registrar.
+            waits. Either way the driver does not wait.
         name_prefix: prefix of the zoo names (default: the experiment's directory name and ``-``); the
             trial id follows it.
-        register_best: also register a running trial's checkpoint whenever its metric beats every model this
-            callback has registered (named ``<trial name>-i<iteration>``), so trials that start while the best
-            trial still trains (ASHA promotes it; a long FIFO trial) inherit from where it is, not from an older
-            finished one. Default False, from measurement: in ASHA searches on both workloads (2 seeds each) it
-            changed the steps to the cold search's best by -50 to +350 of 550-1350, within run-to-run noise.
 
     Attributes:
         outcomes: per trial id, what happened to it (``"registered as NAME"``, ``"recorded on NAME"`` for weights
             the zoo held already, ``"errored"``, ``"skipped: ..."``, ``"refused: ..."``).
         models: per registered trial id, the zoo model's name (the stored model's, for weights it held already).
-        registration_s: per registered trial id, seconds from handing its checkpoint to the registrar to the
-            driver seeing the zoo's record (an upper bound: the driver looks between Tune's steps).
+        registration_s: per registered trial id, seconds from handing its checkpoint over to the driver seeing
+            the zoo's record (an upper bound: the driver looks between Tune's steps).
         hook_s: seconds the driver spent in this callback's hooks, all told (what keeper adds to Tune's loop).
     """
 
     def __init__(self, metric: str, mode: str = "max", *, score_fn: Callable[[float], float] | None = None,
                  config: Any = None, model_builder: Callable[[dict], tuple[Any, Any]] | None = None,
-                 wait_for_registration: bool = True, name_prefix: str | None = None, register_best: bool = False,
-                 **overrides: Any):
+                 wait_for_registration: bool = True, name_prefix: str | None = None, **overrides: Any):
         if mode not in ("max", "min"):
             raise ConfigError(f"KeeperCallback: mode must be 'max' or 'min', got {mode!r}")
         if mode == "min" and score_fn is None:
@@ -98,38 +101,45 @@ class KeeperCallback(Callback):
         self.config = load_config(config, **overrides)  # checked now, on the driver, not in a trial
         self.model_builder = model_builder
         self.wait_for_registration = wait_for_registration
-        self.register_best = register_best
-        self.interim: dict[str, list[str]] = {}
-        self._best_value: float | None = None
         self.name_prefix = name_prefix
         self.outcomes: dict[str, str] = {}
         self.models: dict[str, str] = {}
         self.registration_s: dict[str, float] = {}
         self._registered: set[str] = set()
         self._errored: set[str] = set()
-        self._pending: dict[str, Any] = {}
-        self._prepares: list[Any] = []
+        self._curves: dict[str, list[float]] = {}
+        self._checked_start: set[str] = set()
+        self._pending: dict[str, _Pending] = {}
         self._handle: Any = None
-        self._registrar: Any = None
+        self._deferred = False
         self._starting: tuple[Any, float] | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.hook_s = 0.0
 
     # ------------------------------------------------------------------------------------------------ Tune hooks
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info) -> None:
         with self._clock():
-            # the service starts while the first trials do (their first asks queue until it answers); its first
-            # answer is checked between Tune's steps, so a service that cannot start still ends the experiment
-            self._handle = start(self.config, wait=False)
-            self._starting = (self._handle.ping.remote(), time.monotonic())
-            self._registrar_handle()  # started now: its imports overlap the first trials, not their registration
+            self._handle = find(self.config)
+            if self._handle is not None:  # a running service (`keeper serve`, an earlier search): use it
+                return
+            if zoo_is_empty(self.config.zoo_uri):
+                # nothing for the first trials to inherit: they find the zoo empty on their own, and the service
+                # boots once they train, not beside their start (every process it boots takes a core from them)
+                self._deferred = True
+                return
+            self._launch()
 
-    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info) -> None:
-        if self.model_builder is None:
-            return
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info) -> None:
         with self._clock():
-            self._prepares = [r for r in self._prepares if not _done(r)]
-            self._prepares.append(self._registrar_handle().prepare.remote(self._service(), self.model_builder,
-                                                                           dict(trial.config)))
+            value = result.get(self.metric)
+            if _finite(value):
+                self._curves.setdefault(trial.trial_id, []).append(self._accuracy(float(value)))
+            if self._deferred:
+                self._deferred = False
+                self._launch()
+            if trial.trial_id not in self._checked_start:
+                self._checked_start.add(trial.trial_id)
+                self._check_first_report(trial, result)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info) -> None:
         self._errored.add(trial.trial_id)
@@ -138,11 +148,6 @@ class KeeperCallback(Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
         with self._clock():
             self._submit(trial)
-
-    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info) -> None:
-        if self.register_best:
-            with self._clock():
-                self._submit_best(trial, checkpoint)
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
         if self._starting is not None:
@@ -155,18 +160,31 @@ class KeeperCallback(Callback):
     def on_experiment_end(self, trials: list, **info) -> None:
         with self._clock():
             self._collect(wait=True)
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
 
     def get_state(self) -> dict | None:
-        # a pending registration completes in the service whatever the driver does next
-        finals = {tid for tid, entry in self._pending.items() if not entry[3]}
-        return {"registered": sorted(self._registered | finals), "errored": sorted(self._errored),
-                "outcomes": dict(self.outcomes), "models": dict(self.models)}
+        return {"registered": sorted(self._registered), "pending": sorted(self._pending),
+                "errored": sorted(self._errored), "outcomes": dict(self.outcomes), "models": dict(self.models),
+                "curves": {tid: list(v) for tid, v in self._curves.items()}}
 
     def set_state(self, state: dict) -> None:
         self._registered = set(state.get("registered", ()))
         self._errored = set(state.get("errored", ()))
         self.outcomes = dict(state.get("outcomes", {}))
         self.models = dict(state.get("models", {}))
+        self._curves = {str(k): [float(x) for x in v] for k, v in dict(state.get("curves", {})).items()}
+        # a registration the driver had not seen settle before it stopped is handed over again when its trial
+        # is seen finished (registration is idempotent by content: nothing is stored twice)
+        self._resubmit = set(state.get("pending", ()))
+
+    def on_step_begin(self, iteration: int, trials: list, **info) -> None:
+        if getattr(self, "_resubmit", None):
+            with self._clock():
+                for trial in trials:
+                    if trial.trial_id in self._resubmit and trial.status == "TERMINATED":
+                        self._resubmit.discard(trial.trial_id)
+                        self._submit(trial)
 
     # ------------------------------------------------------------------------------------------------- helpers
     @property
@@ -182,10 +200,20 @@ class KeeperCallback(Callback):
         finally:
             self.hook_s += time.perf_counter() - t0
 
+    def _launch(self) -> None:
+        """Start the service without waiting (its first answer is checked between Tune's steps, so a service that
+        cannot start still ends the experiment)."""
+        self._handle = start(self.config, wait=False)
+        self._starting = (self._handle.ping.remote(), time.monotonic())
+
     def _service(self) -> Any:
         if self._handle is None:
-            self._handle = start(self.config)
+            self._deferred = False
+            self._launch()
         return self._handle
+
+    def _accuracy(self, value: float) -> float:
+        return float(self.score_fn(value)) if self.score_fn is not None else value
 
     def _check_started(self) -> None:
         """The service's first answer, once it is back (raises the service's failure); ServiceError past
@@ -199,13 +227,18 @@ class KeeperCallback(Callback):
             demand_of(f"the keeper service {self.config.name!r} answering its first ping (timeouts.start_s; zoo "
                       f"{self.config.zoo_uri!r})", "keeper", self.config.actor_options("keeper"), self._handle))
 
-    def _registrar_handle(self) -> Any:
-        if self._registrar is None:
-            self._registrar = launch_registrar(self.config)
-        return self._registrar
+    def _check_first_report(self, trial: Any, result: dict) -> None:
+        """One warning when a trial started from its parent's whole function first reports far below it."""
+        value = result.get(self.metric)
+        if not _finite(value):
+            return
+        lineage = _read_json(trial.storage.storage_filesystem, f"{trial.storage.trial_fs_path}/{LINEAGE_FILE}")
+        why = advice.lost_inheritance(trial.trial_id, lineage, self._accuracy(float(value)), self.metric)
+        if why is not None:
+            logger.warning("keeper: %s", why)
 
     def _submit(self, trial: Any) -> None:
-        """Hand a finished trial's best checkpoint to the registrar (announced to the front door first); no wait."""
+        """Hand a finished trial's best checkpoint over for registration (announced to the front door first)."""
         tid = trial.trial_id
         if tid in self._registered or tid in self._pending or tid in self._errored:
             return
@@ -219,43 +252,23 @@ class KeeperCallback(Callback):
             self.outcomes[tid] = f"skipped: no {self.metric!r} reported"
             logger.warning("keeper: %s", advice.no_metric(tid, self.metric, last))
             return
-        accuracy = float(self.score_fn(value)) if self.score_fn is not None else float(value)
+        accuracy = self._accuracy(value)
         why = advice.out_of_range(tid, self.metric, value, accuracy, self.score_fn is not None, last)
         if why is not None:
             self.outcomes[tid] = f"skipped: {self.metric!r} outside [0, 1]"
             logger.warning("keeper: %s", why)
             return
-        self._hand_over(tid, trial, checkpoint, value, accuracy, self._name(trial), interim=False)
-
-    def _submit_best(self, trial: Any, checkpoint: Any) -> None:
-        """A running trial's new checkpoint, registered when its metric beats every model handed over so far."""
-        tid, last = trial.trial_id, dict(trial.last_result or {})
-        value = last.get(self.metric)
-        if tid in self._errored or not _finite(value) or not self._beats(float(value)):
-            return
-        accuracy = float(self.score_fn(value)) if self.score_fn is not None else float(value)
-        if not 0.0 <= accuracy <= 1.0:
-            return  # the trial's final registration says why
-        name = f"{self._name(trial)}-i{last.get('training_iteration', 0)}"[-128:].lstrip(".")
-        self._hand_over(f"{tid}@{name}", trial, checkpoint, float(value), accuracy, name, interim=True)
-
-    def _beats(self, value: float) -> bool:
-        sign = 1.0 if self.mode == "max" else -1.0
-        return self._best_value is None or sign * value > sign * self._best_value
-
-    def _hand_over(self, key: str, trial: Any, checkpoint: Any, value: float, accuracy: float, name: str,
-                   interim: bool) -> None:
-        """Announce ``name`` to the front door and hand the checkpoint to the registrar; no wait."""
-        if self._beats(value):
-            self._best_value = value
+        name = self._name(trial)
+        training = training_of(self._curves.get(tid, ()), str(trial.storage.experiment_dir_name)).as_dict()
         handle = self._service()
         if self.wait_for_registration:
             handle.expect.remote(name)  # before the next trial asks: actor calls arrive in milliseconds
-        # retried on the registrar's restart: registration is idempotent by content, so a retry stores nothing twice
-        ref = self._registrar_handle().register.remote(
-            handle, name, checkpoint, trial.storage.storage_filesystem, trial.storage.trial_fs_path, accuracy,
-            self.model_builder, dict(trial.config), self.config.timeouts.register_s, self.config.zoo_uri)
-        self._pending[key] = (ref, name, time.perf_counter(), interim)
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="keeper-register")
+        future = self._pool.submit(_register, handle, name, checkpoint, trial.storage.storage_filesystem,
+                                   trial.storage.trial_fs_path, accuracy, self.model_builder, dict(trial.config),
+                                   self.config.timeouts.register_s, self.config.zoo_uri, training)
+        self._pending[tid] = _Pending(future, name, time.perf_counter())
 
     def _best(self, trial: Any) -> tuple[Any, float | None]:
         """The trial's checkpoint with the best metric among those Tune kept, and that metric."""
@@ -281,33 +294,58 @@ class KeeperCallback(Callback):
 
     def _collect(self, wait: bool) -> None:
         """Take in the registrations that are back (``wait``: all of them, each within ``timeouts.register_s``)."""
-        refs = {tid: entry[0] for tid, entry in self._pending.items()}
-        if not wait and refs:  # one look at all of them: the driver's loop must stay cheap
-            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
-            refs = {tid: ref for tid, ref in refs.items() if ref in ready}
-        for key in refs:
-            ref, name, submitted, interim = self._pending.pop(key)
-            tid = key.split("@")[0]
+        for tid in [t for t, p in self._pending.items() if wait or p.future.done()]:
+            entry = self._pending.pop(tid)
             try:
-                record = get(ref, self.config.timeouts.register_s,
-                             Demand(f"registering trial {tid} as {name} (timeouts.register_s)"))
+                record = entry.future.result(timeout=self.config.timeouts.register_s if wait else 0)
+            except concurrent.futures.TimeoutError:
+                self.outcomes[tid] = (f"refused: registering trial {tid} as {entry.name} did not finish within "
+                                      f"timeouts.register_s ({self.config.timeouts.register_s:g} s)")
+                logger.warning("keeper: %s", self.outcomes[tid])
+                continue
             except Exception as exc:  # refused by admission, or a Ray failure: report it, never fail the experiment
                 cause = getattr(exc, "cause", None) or exc
-                if interim:  # the trial's final registration comes when it ends
-                    logger.info("keeper: a checkpoint of running trial %s was not registered: %s", tid, cause)
-                    continue
                 self.outcomes[tid] = f"refused: {cause}"
                 logger.warning("keeper: %s", advice.refused(tid, cause))
                 continue
-            if interim:
-                self.interim.setdefault(tid, []).append(record.get("name", name))
-                continue
             self._registered.add(tid)
-            stored = self.models[tid] = record.get("name", name)
-            self.outcomes[tid] = f"registered as {stored}" if stored == name else f"recorded on {stored}"
-            if stored != name:
+            stored = self.models[tid] = record.get("name", entry.name)
+            self.outcomes[tid] = f"registered as {stored}" if stored == entry.name else f"recorded on {stored}"
+            if stored != entry.name:
                 logger.info("keeper: %s", advice.recorded(tid, record))
-            self.registration_s[tid] = time.perf_counter() - submitted
+            self.registration_s[tid] = time.perf_counter() - entry.submitted
+
+
+@dataclass
+class _Pending:
+    """A registration handed over and not yet taken in."""
+
+    future: concurrent.futures.Future
+    name: str
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+def _register(handle: Any, name: str, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float,
+              builder: Any, config: dict, timeout_s: float, zoo_uri: str | None, training: dict) -> dict:
+    """The trial's checkpoint registered as ``name`` (in the driver's registration thread); ``name`` is settled at
+    the front door whatever happens, so no parent choice waits for it longer than it runs."""
+    from keeper.tune_integration.checkpoint import register_trial
+
+    try:
+        return register_trial(handle, checkpoint, storage_fs, trial_fs_path, accuracy, name, builder, config,
+                              timeout_s, zoo_uri, training=training)
+    finally:
+        handle.settled.remote(name)
+
+
+def _read_json(fs: Any, path: str, cap: int = 65536) -> dict | None:
+    try:
+        with fs.open_input_file(path) as f:
+            data = f.read(cap + 1)
+        out = json.loads(data) if len(data) <= cap else None
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
 
 
 def _done(ref: Any) -> bool:

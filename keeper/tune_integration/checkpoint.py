@@ -113,8 +113,10 @@ def _template_of(state: dict, what: str, builder: Callable[[], tuple[Any, Any]] 
 
 def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float, name: str,
                    builder: Callable[[dict], tuple[Any, Any]] | None, config: dict, timeout_s: float,
-                   zoo_uri: str | None = None) -> dict:
-    """Register a finished trial's checkpoint into the zoo (runs in the registrar actor, off the Tune driver).
+                   zoo_uri: str | None = None, training: dict | None = None) -> dict:
+    """Register a finished trial's checkpoint into the zoo (in the Tune driver's registration thread, off Tune's
+    loop); ``training``: its learning curve's summary (:func:`keeper.choice.inheritance.training_of`), kept in the
+    model's lineage.
 
     Weights already in the zoo are that stored model trained again (a search repeated with the same seeds): the
     trial is recorded on it (``record_again``), never refused for it.
@@ -134,6 +136,8 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
                                                 (lambda state: find_template(zoo_uri, state)) if zoo_uri else None)
     if template is not None and not own:
         lineage = None  # the lineage beside the template tells the trial's latest warm start, not this checkpoint's
+    if training is not None:
+        lineage = {**(lineage or {"parent": None}), "training": training}
     need = Demand(f"registering {what} (timeouts.register_s)", actor=handle)
     # weights apart as safetensors bytes: no ONNX 2 GB bound, and plain bytes on the wire
     blob = None if weights is None else weights_bytes(weights)

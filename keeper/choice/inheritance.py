@@ -1,0 +1,130 @@
+"""What a trial inherits from its parent: the one rule of a search with keeper.
+
+A warm start helps a search only where it gives a trial something the search does not hold already and the trial
+could not get within its own budget. keeper reads that off what it knows of the parent: the learning curve its
+trial reported (the Tune callback records it with the model), the search that trained it, and whether the child is
+the parent's own architecture. The rule:
+
+* **A parent still improving when its training stopped** (its metric rose through its last reports, or it
+  reported too few results to tell, as a trial an early-stopping scheduler cut): its whole function, to every
+  trial that asks. The child continues the parent's training, which is more than its own budget gives it.
+* **A parent that had converged, trained by this very search**: nothing; the child starts cold. The search holds
+  that model already, and a child started from it ends in its basin (of its own architecture it ends below it),
+  so a warm start would only spend the child's budget without evaluating the child's configuration.
+* **A parent that had converged, from elsewhere** (an earlier search, another team, a registration by hand): its
+  whole function to the first trial of this search that asks, so the search holds that model from its first
+  report; every later trial that would take it starts cold, so the search keeps exploring.
+
+A model without a recorded curve (registered outside Tune) counts as converged: a trained model handed to the zoo
+is usually finished. Growth, a shrink or a partial transfer follow the same rule; the operators themselves do not
+change (:mod:`keeper.transforms`).
+
+Invariants: :func:`decide` is a pure function of its arguments; every :class:`Inheritance` says why in one
+sentence, which the warm result's ``reason`` carries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+__all__ = ["Training", "Inheritance", "decide", "training_of", "LATE_GAIN", "MIN_REPORTS"]
+
+#: share of a curve's total gain its second half must add for the curve to count as still improving
+LATE_GAIN = 0.2
+#: fewer reports than this cannot tell a plateau from a climb: the parent counts as still improving
+MIN_REPORTS = 4
+
+
+@dataclass(frozen=True)
+class Training:
+    """How a model was trained, as far as keeper saw it: the search it came from and its learning curve's verdict.
+
+    Attributes:
+        search: the search (Tune experiment) that trained it; "" when unknown.
+        reports: how many results its trial reported.
+        late_gain: the share of the curve's gain made in its second half (None when it made no gain or too few
+            reports were seen).
+        improving: True when the curve was still climbing at its end, False when it had flattened, None when
+            there were too few reports to tell.
+    """
+
+    search: str = ""
+    reports: int = 0
+    late_gain: float | None = None
+    improving: bool | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"search": self.search, "reports": self.reports, "late_gain": self.late_gain,
+                "improving": self.improving}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "Training | None":
+        """The record's ``training`` entry, or None for a model registered without one."""
+        if not d:
+            return None
+        late = d.get("late_gain")
+        improving = d.get("improving")
+        return cls(search=str(d.get("search") or ""), reports=int(d.get("reports") or 0),
+                   late_gain=None if late is None else float(late),
+                   improving=None if improving is None else bool(improving))
+
+
+def training_of(values: Sequence[float], search: str = "") -> Training:
+    """The verdict on a learning curve: ``values`` are the metric of each report, in order, higher better.
+
+    The curve is still improving when the best report of its second half beats the best of its first half by at
+    least :data:`LATE_GAIN` of its total gain (best report minus first report); a curve that gained nothing has
+    converged; fewer than :data:`MIN_REPORTS` reports cannot tell.
+
+    Example:
+        >>> training_of([0.2, 0.5, 0.7, 0.8, 0.85, 0.9]).improving
+        True
+        >>> training_of([0.6, 0.9, 0.95, 0.95, 0.96, 0.95]).improving
+        False
+    """
+    vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    n = len(vals)
+    if n < MIN_REPORTS:
+        return Training(search, n, None, None)
+    half = n // 2
+    total = max(vals) - vals[0]
+    if total <= 0.0:
+        return Training(search, n, None, False)
+    late = (max(vals[half:]) - max(vals[:half])) / total
+    return Training(search, n, late, late >= LATE_GAIN)
+
+
+@dataclass(frozen=True)
+class Inheritance:
+    """What one trial inherits: ``whole`` (the parent's function, as the transforms carry it) or ``cold`` (the
+    trial keeps its own initialisation), and the sentence saying why."""
+
+    whole: bool
+    why: str
+
+
+def decide(parent: str, training: Training | None, search: str, first_in_search: bool) -> Inheritance:
+    """The rule of the module docstring for one trial of ``search`` whose best parent is ``parent``.
+
+    Args:
+        training: the parent's :class:`Training` (None: registered without a curve, counted as converged).
+        search: the asking trial's search; "" outside a search (every start then inherits: nothing to explore).
+        first_in_search: no trial of ``search`` has inherited ``parent``'s converged function yet.
+    """
+    if not search:
+        return Inheritance(True, f"{parent!r} gives its function (outside a search, nothing to explore)")
+    if training is not None and training.improving is not False:
+        how = ("was still improving when its training stopped" if training.improving
+               else f"reported {training.reports} result(s), too few to tell a plateau")
+        return Inheritance(True, f"{parent!r} {how}: the child continues its training")
+    if training is not None and training.search == search:
+        return Inheritance(False, f"{parent!r} had converged in this search, which holds it already: the child "
+                                  "starts cold, so its own configuration is evaluated")
+    origin = "had converged in another search" if training is not None else "was registered without a learning curve"
+    if first_in_search:
+        return Inheritance(True, f"{parent!r} {origin}: the first trial of this search to ask takes its function, "
+                                 "so the search holds it from its first report")
+    return Inheritance(False, f"{parent!r} {origin} and a trial of this search took its function already: the "
+                              "child starts cold, so the search keeps exploring")
