@@ -39,8 +39,9 @@ class ParentSource(Protocol):
     chooses, the transfer runs in this process from the store) and the front door itself (its transfer task).
     """
 
-    def choose(self, graph: LayerGraph, fresh: bool = False) -> ParentChoice:
-        """The parent choice for the child ``graph`` (``fresh``: re-read the zoo first). Counts no hit."""
+    def choose(self, graph: LayerGraph, fresh: bool = False, search: str = "") -> ParentChoice:
+        """The parent choice for the child ``graph`` of a trial of ``search`` ("" outside a search), under the
+        search rule (:mod:`keeper.choice.inheritance`); ``fresh``: re-read the zoo first. Counts no hit."""
 
     def transfer(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
                  weights: WeightsInput | None, noise: float, out: str | os.PathLike | None,
@@ -56,8 +57,12 @@ class ParentSource(Protocol):
 
 
 def reason_of(choice: ParentChoice) -> str:
-    """One sentence: why this parent, or why none (and the choice's note, when it has one)."""
-    why = _why(choice)
+    """One sentence: why this parent, or why none (and the search rule's verdict and the choice's note, when it has
+    them)."""
+    if choice.withheld is not None:
+        why = f"{choice.rule}; the child keeps its own weights"
+    else:
+        why = _why(choice) + (f"; {choice.rule}" if choice.rule else "")
     return f"{why}; {choice.note}" if choice.note else why
 
 
@@ -68,9 +73,8 @@ def _why(choice: ParentChoice) -> str:
         if choice.qualified:  # every qualifying candidate maps across block structures (SelectionPolicy)
             top = choice.candidates[0]
             return (f"{top.name!r} (similarity {top.score:.3f}, structure {top.structure:.3f}) maps layers across "
-                    "block structures without preserving function, and no data probe vouched for it: such parents "
-                    "gained nothing over cold in keeper's benchmarks; the child keeps its own weights (a probe, or "
-                    "selection cross_structure: true, lets it be used)")
+                    "block structures without preserving function, and no data probe vouched for it; the child keeps "
+                    "its own weights (a probe, or selection cross_structure: true, lets it be used)")
         return (f"no candidate preserves function or has a fit (similarity x structure) of at least the floor "
                 f"{choice.floor}; the child keeps its own weights")
     best = next(c for c in choice.candidates if c.name == choice.parent)
@@ -97,7 +101,8 @@ def report_of(choice: ParentChoice, probe: ProbeReport | None = None) -> dict[st
 
 def warm(source: ParentSource, child: ModelInput, graph: LayerGraph, *, weights: WeightsInput | None = None,
          noise: float | None = None, seed: int | None = None, out: str | os.PathLike | None = None,
-         probe: ResultScore | None = None, choice: ParentChoice | None = None, count: bool = True) -> WarmResult:
+         probe: ResultScore | None = None, choice: ParentChoice | None = None, count: bool = True,
+         search: str = "") -> WarmResult:
     """``child`` (its ONNX, and its LayerGraph ``graph``) warmed from the parent ``source`` chooses.
 
     Args:
@@ -109,9 +114,10 @@ def warm(source: ParentSource, child: ModelInput, graph: LayerGraph, *, weights:
             the cold init are scored and the best kept (see :mod:`keeper.probe`).
         choice: a choice already made (a Ray Train rank receives rank 0's); None: ``source.choose(graph)``.
         count: count the parent hit (False on all but one rank of a Ray Train trial).
+        search: the search the child's trial belongs to ("" outside a search; see ParentSource.choose).
     """
     for attempt in (0, 1):
-        choice = choice if choice is not None else source.choose(graph, fresh=attempt > 0)
+        choice = choice if choice is not None else source.choose(graph, fresh=attempt > 0, search=search)
         if seed is not None:
             choice = dataclasses.replace(choice, seed=int(seed))
         try:

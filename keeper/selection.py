@@ -137,7 +137,9 @@ class ParentChoice:
     the first ``probe_top`` of those), then the best of the rest by score. ``floor`` is the policy's floor and
     ``models`` how many models the zoo held, for the reason a result gives; ``note`` anything else the reason must say
 (registrations the choice did not wait for); ``restart_shrink`` the share of the parent's weights the transfer
-keeps when the child is the parent's own architecture (1.0: all of it; see :mod:`keeper.transforms.shrink`).
+keeps when the child is the parent's own architecture (1.0: all of it; see :mod:`keeper.transforms.shrink`);
+``withheld`` the best parent the search rule kept from this child and ``rule`` the rule's sentence
+(:mod:`keeper.choice.inheritance`).
 
     Plain data (strings, numbers, a tuple of Candidates), so it crosses Ray without pickling user objects, and
     :meth:`to_json` / :meth:`from_json` carry it as JSON (Ray Train ranks).
@@ -155,6 +157,8 @@ keeps when the child is the parent's own architecture (1.0: all of it; see :mod:
     models: int = 0
     note: str = ""
     restart_shrink: float = 1.0
+    withheld: str | None = None
+    rule: str = ""
 
     def ranked(self) -> tuple[Candidate, ...]:
         """The qualifying candidates, best first."""

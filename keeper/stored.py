@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from keeper.choice.inheritance import Training
 from keeper.errors import ModelNotFoundError
 from keeper.graph import LayerGraph, load_graph
 from keeper.onnx_safety import ModelInput
@@ -29,7 +30,7 @@ from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 from keeper.weights import SafeTensors, WeightsInput
 
 __all__ = ["GRAPH_EXTRA", "WEIGHTS_EXTRA", "graph_blob", "graph_format", "graph_from_blob", "stored_weights",
-           "store_for", "read_parent", "read_parent_graph", "warm_from_store"]
+           "store_for", "read_parent", "read_parent_graph", "read_training", "warm_from_store"]
 
 #: The extra holding a model's LayerGraph (``LayerGraph.to_arrays()`` as ``.npz``).
 GRAPH_EXTRA = "graph.npz"
@@ -104,6 +105,17 @@ def read_parent(uri: str, parent: str) -> tuple[bytes, LayerGraph, SafeTensors |
     """
     store, (blob, gblob) = _read_stored(uri, lambda s: (s.get(parent), s.get_extra(parent, GRAPH_EXTRA)))
     return blob, graph_from_blob(gblob, lambda: blob), stored_weights(store, parent)
+
+
+def read_training(uri: str, name: str) -> Training | None:
+    """How the zoo model ``name`` at ``uri`` was trained, from its catalog record (None: registered without a
+    learning curve; see :mod:`keeper.choice.inheritance`).
+
+    Raises:
+        ModelNotFoundError: ``name`` is not in the store.
+    """
+    _, rec = _read_stored(uri, lambda s: s.record(name))
+    return Training.from_dict(rec.summary.get("lineage", {}).get("training"))
 
 
 def read_parent_graph(uri: str, parent: str) -> tuple[LayerGraph, Any]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from keeper import chooser
 from keeper.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
-from keeper.choice.inheritance import Training
+from keeper.choice.inheritance import Inheritances, Training
 from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
@@ -100,6 +100,7 @@ class Zoo:
         self._sigs: dict[str, np.ndarray] = {}
         self._roles: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._assessed = AssessedPairs()  # alignments assessed, per child architecture and stored model
+        self._inheritances = Inheritances()  # the search rule: which converged parents each search took
         self.reload()
 
     # -- catalog
@@ -434,13 +435,18 @@ class Zoo:
         """The qualifying candidates for ``child``, best first (:func:`keeper.selection.rank_parents`)."""
         return rank_parents(self.candidates(child), self.config.selection)
 
-    def choose(self, graph: LayerGraph | ModelInput, fresh: bool = False) -> ParentChoice:
-        """The parent choice for ``graph`` (a :class:`~keeper.chooser.ParentSource` method; counts no hit).
-        ``fresh``: re-read the catalog first (another process may have removed the parent)."""
+    def choose(self, graph: LayerGraph | ModelInput, fresh: bool = False, search: str = "") -> ParentChoice:
+        """The parent choice for ``graph`` of a trial of ``search`` under the search rule
+        (:mod:`keeper.choice.inheritance`; "" outside a search), a :class:`~keeper.chooser.ParentSource` method
+        that counts no hit. ``fresh``: re-read the catalog first (another process may have removed the parent)."""
         if fresh:
             self.reload()
-        return make_choice(self.candidates(graph), self.config.selection, self.uri, self.config.noise,
-                           self.config.seed, len(self))
+        choice = make_choice(self.candidates(graph), self.config.selection, self.uri, self.config.noise,
+                             self.config.seed, len(self))
+        return self._inheritances.apply(choice, search, self._training)
+
+    def _training(self, name: str) -> Training | None:
+        return Training.from_dict(self.store.record(name).summary.get("lineage", {}).get("training"))
 
     def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None, *,
              weights: WeightsInput | None = None, out: str | os.PathLike | None = None,

@@ -49,9 +49,10 @@ class ServiceClient:
         self.timeout_s = float(timeout_s)
         self.what = what
 
-    def choose(self, graph: LayerGraph, fresh: bool = False) -> ParentChoice:
-        """The service's choice for the child ``graph`` (sent as its arrays: plain data); counts no hit."""
-        ref = self.handle.choose.remote(graph.to_arrays(), False, fresh)
+    def choose(self, graph: LayerGraph, fresh: bool = False, search: str = "") -> ParentChoice:
+        """The service's choice for the child ``graph`` of a trial of ``search`` (sent as its arrays: plain data);
+        counts no hit."""
+        ref = self.handle.choose.remote(graph.to_arrays(), False, fresh, search)
         return get(ref, self.timeout_s, Demand(f"{self.what}: the keeper service's parent choice", actor=self.handle))
 
     def transfer(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,

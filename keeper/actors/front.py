@@ -51,7 +51,8 @@ from keeper.onnx_safety import ModelInput, load_model
 from keeper.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
 from keeper.preservation import layer_roles
 from keeper.selection import Candidate, ParentChoice, SelectionPolicy, make_choice
-from keeper.stored import read_parent_graph
+from keeper.choice.inheritance import Inheritances, Training
+from keeper.stored import read_parent_graph, read_training
 from keeper.warm import WarmResult
 
 __all__ = ["Keeper"]
@@ -105,6 +106,8 @@ class Keeper:
         self._parents: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
         self._assessed = AssessedPairs()
         self._inflight = InFlight(config.timeouts.register_s)
+        self._inheritances = Inheritances()
+        self._trainings: collections.OrderedDict[tuple, Training | None] = collections.OrderedDict()
         self._views.start()
 
     # ------------------------------------------------------------------------------------------- public API
@@ -144,7 +147,7 @@ class Keeper:
         return ref
 
     def choose(self, model: ModelInput | dict[str, np.ndarray], hit: bool = False,
-               fresh: bool = False) -> ParentChoice:
+               fresh: bool = False, search: str = "") -> ParentChoice:
         """The parent a warm start would use, without transferring weights.
 
         Choices are cached per architecture until the zoo changes, so a ``choose`` made ahead of time (e.g. by
@@ -155,6 +158,8 @@ class Keeper:
                 arrays) when the caller has extracted it and warms in its own process.
             hit: count a hit for the chosen parent (a caller that warms from it counts it with :meth:`hit`).
             fresh: refresh the zoo view first (the parent of an earlier choice was removed).
+            search: the search the child's trial belongs to ("" outside a search): the search rule
+                (:mod:`keeper.choice.inheritance`) decides what it inherits.
 
         Returns:
             The :class:`~keeper.selection.ParentChoice`; :class:`keeper.actors.ServiceClient` warms from it in
@@ -166,7 +171,7 @@ class Keeper:
             late = self._inflight.wait(self.config.timeouts.arrival_s)
             if fresh:
                 self._refresh(force=True)
-            choice = self._choose(graph)
+            choice = self._inheritances.apply(self._choose(graph), search, self._training)
             if late:
                 choice = dataclasses.replace(choice, note=(
                     f"registrations still in flight after {self.config.timeouts.arrival_s:g} s "
@@ -373,6 +378,22 @@ class Keeper:
         return assess_found(found, graph, floor, facts, lambda n: self._parent(version(n)), child, self._assessed,
                             lambda n: (digest, *version(n)))
 
+    def _training(self, name: str) -> Training | None:
+        """How the zoo model ``name`` was trained (its record's learning-curve summary), read from the store once
+        per version of the model (a new registration under a name lands in a new shard)."""
+        view = self._refresh().view
+        p = view.positions([name])[0]
+        version = (name, view.shards[int(view.shard[p])], int(view.row[p]))
+        with self._stats_lock:
+            if version in self._trainings:
+                return self._trainings[version]
+        found = read_training(self.config.zoo_uri, name)
+        with self._stats_lock:
+            self._trainings[version] = found
+            while len(self._trainings) > _PARENT_CACHE:
+                self._trainings.popitem(last=False)
+        return found
+
     def _parent(self, version: tuple) -> tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]:
         """(graph, match arrays, layer roles) of the zoo model ``version`` = (name, shard id, row), read from the
         store once (a bounded LRU kept across views: a model that stays in its shard keeps its entry)."""
@@ -481,10 +502,10 @@ class _TaskSource:
     def __init__(self, keeper: Keeper):
         self.keeper = keeper
 
-    def choose(self, graph: LayerGraph, fresh: bool = False) -> ParentChoice:
+    def choose(self, graph: LayerGraph, fresh: bool = False, search: str = "") -> ParentChoice:
         if fresh:
             self.keeper._refresh(force=True)
-        return self.keeper._choose(graph)
+        return self.keeper._inheritances.apply(self.keeper._choose(graph), search, self.keeper._training)
 
     def transfer(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
                  weights: Any, noise: float, out: Any, report: dict | None) -> WarmResult:

@@ -25,11 +25,16 @@ sentence, which the warm result's ``reason`` carries.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-__all__ = ["Training", "Inheritance", "decide", "training_of", "LATE_GAIN", "MIN_REPORTS"]
+if TYPE_CHECKING:
+    from keeper.selection import ParentChoice
+
+__all__ = ["Training", "Inheritance", "Inheritances", "decide", "training_of", "LATE_GAIN", "MIN_REPORTS"]
 
 #: share of a curve's total gain its second half must add for the curve to count as still improving
 LATE_GAIN = 0.2
@@ -128,3 +133,31 @@ def decide(parent: str, training: Training | None, search: str, first_in_search:
                                  "so the search holds it from its first report")
     return Inheritance(False, f"{parent!r} {origin} and a trial of this search took its function already: the "
                               "child starts cold, so the search keeps exploring")
+
+
+class Inheritances:
+    """The rule applied to the choices of one parent source (the embedded zoo, the service's front door), which
+    remembers which converged parents each search has taken already (thread-safe; in memory: a source that
+    restarts forgets, and a search may then take such a parent once more)."""
+
+    def __init__(self) -> None:
+        self._taken: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def apply(self, choice: "ParentChoice", search: str,
+              training: Callable[[str], Training | None]) -> "ParentChoice":
+        """``choice`` under the rule for a trial of ``search``: its parent kept (the rule's sentence added) or
+        withheld (no parent, no candidate left to probe); ``training(name)`` reads a model's :class:`Training`."""
+        if choice.parent is None:
+            return choice
+        trained = training(choice.parent)
+        with self._lock:
+            key = (search, choice.parent)
+            verdict = decide(choice.parent, trained, search, key not in self._taken)
+            if verdict.whole and search and (trained is None or trained.improving is False):
+                self._taken.add(key)
+        if verdict.whole:
+            return dataclasses.replace(choice, rule=verdict.why)
+        return dataclasses.replace(choice, parent=None, score=0.0, qualified=0, withheld=choice.parent,
+                                   rule=verdict.why)
+

@@ -156,7 +156,8 @@ def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, confi
     if result is None:
         score = module_probe(module, exported.keys, probe) if probe is not None else None
         result = chooser.warm(source, exported.onnx, exported.graph, noise=noise, probe=score, choice=choice,
-                              weights=module_weights(module, exported) if exported.apart else None, count=rank == 0)
+                              weights=module_weights(module, exported) if exported.apart else None, count=rank == 0,
+                              search=trial.search_name(trainable))
         result = load_result(module, result, exported.keys)
         if failed:
             result.reason = f"{failed}; {result.reason}"
@@ -174,7 +175,7 @@ class _EmptyZoo:
     def __init__(self, uri: str, noise: float, seed: int):
         self.uri, self.noise, self.seed = uri, noise, seed
 
-    def choose(self, graph: Any, fresh: bool = False) -> ParentChoice:
+    def choose(self, graph: Any, fresh: bool = False, search: str = "") -> ParentChoice:
         return ParentChoice(None, 0.0, self.uri, self.noise, self.seed)
 
     def transfer(self, choice: ParentChoice, parent: str | None, child: Any, graph: Any, *, weights: Any,
@@ -346,7 +347,7 @@ def choose_for_module(module: Any, example_input: Any = None, zoo: Any = None, *
 def _choose(module: Any, example_input: Any, source: ParentSource, dynamo: bool | None,
             trainable: Any) -> tuple[Exported, ParentChoice]:
     exported = export_graph(module, example_input, dynamo=dynamo)
-    choice = source.choose(exported.graph)
+    choice = source.choose(exported.graph, search=trial.search_name(trainable))
     state = module.state_dict()
     trial.save_architecture(architecture_template(exported, state), state, choice.uri, trainable)
     return exported, choice

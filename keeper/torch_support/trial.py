@@ -30,7 +30,7 @@ from keeper.torch_support.templates import save_template
 from keeper.warm import WarmResult
 
 __all__ = ["ARCHITECTURE_FILE", "LINEAGE_FILE", "checkpoint_state", "in_trial", "own_checkpoint_state",
-           "save_architecture", "save_lineage"]
+           "save_architecture", "save_lineage", "search_name"]
 
 #: The architecture template's file name in the trial directory.
 ARCHITECTURE_FILE = "keeper-architecture.onnx"
@@ -68,6 +68,18 @@ def _storage(trainable: Any) -> Any:
     finally:
         del frame
     return None
+
+
+def search_name(trainable: Any = None) -> str:
+    """The search this call runs in: the Tune experiment's directory name ("" outside Tune; a Ray Train worker
+    inside a Tune trial names its own run's)."""
+    storage = _storage(trainable)
+    if storage is None and train_context() is not None:
+        try:
+            storage = train_context().get_storage()
+        except Exception:  # Train's context API differs across versions: the worker then searches alone
+            storage = None
+    return str(getattr(storage, "experiment_dir_name", "") or "")
 
 
 def in_trial(trainable: Any = None) -> bool:

@@ -1,0 +1,62 @@
+"""The search rule (keeper.choice.inheritance): what a trial inherits, from the parent's learning curve and search."""
+
+import dataclasses
+
+import pytest
+
+from keeper.choice.inheritance import LATE_GAIN, Inheritances, Training, decide, training_of
+from keeper.chooser import reason_of
+from keeper.selection import Candidate, ParentChoice
+
+
+def test_a_curve_still_climbing_is_improving_and_a_flat_one_converged():
+    assert training_of([0.1, 0.3, 0.5, 0.6, 0.7, 0.8], "s").improving is True
+    assert training_of([0.5, 0.9, 0.95, 0.96, 0.96, 0.96], "s").improving is False
+    assert training_of([0.3, 0.3, 0.3, 0.3]).improving is False, "a curve that gained nothing has converged"
+    short = training_of([0.2, 0.9])
+    assert short.improving is None and short.reports == 2, "two reports cannot tell a plateau from a climb"
+    # the threshold is a share of the curve's own gain, whatever its scale
+    late = 1.0 + LATE_GAIN  # second half adds just above LATE_GAIN of the total gain
+    v = [0.0, 0.5, 0.8, 1.0, 1.0, late]
+    assert training_of([x / late for x in v]).improving is True
+
+
+def test_training_round_trips_through_a_record():
+    t = training_of([0.1, 0.5, 0.6, 0.6], "exp-1")
+    assert Training.from_dict(t.as_dict()) == t
+    assert Training.from_dict(None) is None
+
+
+@pytest.mark.parametrize("training, search, first, whole", [
+    (Training("a", 8, 0.4, True), "b", False, True),       # still improving: every trial inherits
+    (Training("a", 2, None, None), "a", False, True),      # too few reports (a trial cut early): improving
+    (Training("a", 8, 0.0, False), "a", True, False),      # converged in this very search: cold
+    (Training("a", 8, 0.0, False), "b", True, True),       # converged elsewhere: the first trial of b takes it
+    (Training("a", 8, 0.0, False), "b", False, False),     # ... and only the first
+    (None, "b", True, True),                               # registered by hand: as converged elsewhere
+    (None, "b", False, False),
+    (Training("a", 8, 0.0, False), "", False, True),       # outside a search: always inherits
+])
+def test_decide_follows_the_rule(training, search, first, whole):
+    verdict = decide("p", training, search, first)
+    assert verdict.whole is whole and "'p'" in verdict.why
+
+
+def _choice(parent="p"):
+    cand = Candidate(name="p", score=1.0, accuracy=0.9, preserved=True)
+    return ParentChoice(parent, 1.0, "zoo", 0.0, 0, candidates=(cand,), qualified=1, models=1)
+
+
+def test_a_converged_parent_from_elsewhere_goes_to_one_trial_per_search_and_says_so():
+    rule = Inheritances()
+    converged = Training("earlier", 8, 0.0, False)
+    first = rule.apply(_choice(), "new", lambda name: converged)
+    second = rule.apply(_choice(), "new", lambda name: converged)
+    other = rule.apply(_choice(), "another", lambda name: converged)
+    assert first.parent == "p" and "first trial of this search" in reason_of(first)
+    assert second.parent is None and second.withheld == "p" and second.qualified == 0, "nothing left to probe"
+    assert "keeps exploring" in reason_of(second) and "keeps its own weights" in reason_of(second)
+    assert other.parent == "p", "each search takes it once"
+    improving = Training("earlier", 8, 0.5, True)
+    assert all(rule.apply(_choice(), "new", lambda name: improving).parent == "p" for _ in range(3))
+    assert rule.apply(dataclasses.replace(_choice(), parent=None), "new", lambda n: converged).withheld is None
