@@ -281,12 +281,12 @@ def run_arm(arm: str, run: PbtRun, seed: int, workdir: str, *, pbt_interval: int
            "errors": [str(e) for e in grid.errors], "actor_cpu": actor_cpu}
     if keeper_cb is not None:
         out["callback"] = {"outcomes": dict(keeper_cb.outcomes), "registration_s": dict(keeper_cb.registration_s),
-                           "hook_s": keeper_cb.hook_s}
+                           "registration_cpu_s": dict(keeper_cb.registration_cpu_s), "hook_s": keeper_cb.hook_s}
     return out
 
 
 #: Process titles of keeper's actors (Ray names an actor's process ``ray::<Class>``).
-KEEPER_ACTORS = ("Keeper", "ZooManager", "Matcher", "Registrar")
+KEEPER_ACTORS = ("Keeper", "FrontDoor", "ZooManager", "Matcher")
 
 
 def keeper_actor_cpu() -> dict[str, float]:

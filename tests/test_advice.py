@@ -48,3 +48,37 @@ def test_a_trial_recorded_on_a_stored_model_says_so():
     text = advice.recorded("t9", {"name": "exp1-t0", "accuracy": 0.9, "summary": {"trained": 3}})
     assert text == ("trial t9 trained the same weights as the stored model 'exp1-t0' (a repeated seed), so it was "
                     "recorded on that model: trained 3 times, accuracy 0.9000 (the best reported)")
+
+
+def test_a_warmed_trial_that_first_reports_far_below_its_parent_is_told_how_to_keep_what_it_was_given():
+    given = {"parent": "exp-t0", "preserved": True, "structure": 1.0, "probed": False, "parent_accuracy": 0.971}
+    text = advice.lost_inheritance("t3", given, 0.898, "val_accuracy")
+    assert text.startswith("trial t3 started from the function of 'exp-t0' (registered at 0.971)")
+    assert "val_accuracy 0.898" in text and "warm_lr(" in text and "warm.lr_factor(step, total_steps)" in text
+    assert advice.lost_inheritance("t3", given, 0.95, "val_accuracy") is None, "within 5% of what it was given"
+    assert advice.lost_inheritance("t3", {**given, "preserved": False}, 0.5, "acc") is None, "no function given"
+    assert advice.lost_inheritance("t3", {**given, "parent": None}, 0.5, "acc") is None
+    assert advice.lost_inheritance("t3", None, 0.5, "acc") is None, "warm_start never ran"
+
+
+def test_the_callback_warns_once_from_the_lineage_the_trial_left(tmp_path, caplog):
+    import json
+    import logging
+    from types import SimpleNamespace
+
+    import pyarrow.fs
+
+    from keeper.torch_support.trial import LINEAGE_FILE
+    from keeper.tune_integration import KeeperCallback
+
+    (tmp_path / LINEAGE_FILE).write_text(json.dumps({"parent": "exp-t0", "preserved": True, "parent_accuracy": 0.97}))
+    trial = SimpleNamespace(trial_id="t3", storage=SimpleNamespace(storage_filesystem=pyarrow.fs.LocalFileSystem(),
+                                                                   trial_fs_path=str(tmp_path)))
+    cb = KeeperCallback(metric="acc", mode="max", zoo=str(tmp_path / "zoo"))
+    cb._deferred = False  # the service is never started here: only the first-report check runs
+    with caplog.at_level(logging.WARNING, logger="keeper.tune_integration.callback"):
+        cb.on_trial_result(0, [], trial, {"acc": 0.80})
+        cb.on_trial_result(1, [], trial, {"acc": 0.60})
+    assert [r.getMessage() for r in caplog.records if "started from the function" in r.getMessage()] == [
+        "keeper: " + advice.lost_inheritance("t3", json.loads((tmp_path / LINEAGE_FILE).read_text()), 0.80, "acc")]
+    assert cb._curves["t3"] == [0.80, 0.60], "every report joins the trial's learning curve"

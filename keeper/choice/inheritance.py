@@ -5,19 +5,22 @@ could not get within its own budget. keeper reads that off what it knows of the 
 trial reported (the Tune callback records it with the model), the search that trained it, and whether the child is
 the parent's own architecture. The rule:
 
-* **A parent still improving when its training stopped** (its metric rose through its last reports, or it
-  reported too few results to tell, as a trial an early-stopping scheduler cut): its whole function, to every
-  trial that asks. The child continues the parent's training, which is more than its own budget gives it.
-* **A parent that had converged, trained by this very search**: nothing; the child starts cold. The search holds
-  that model already, and a child started from it ends in its basin (of its own architecture it ends below it),
-  so a warm start would only spend the child's budget without evaluating the child's configuration.
-* **A parent that had converged, from elsewhere** (an earlier search, another team, a registration by hand): its
-  whole function to the first trial of this search that asks, so the search holds that model from its first
-  report; every later trial that would take it starts cold, so the search keeps exploring.
+* **A parent of another architecture** (a growth, a shrink, a partial transfer): its function as the transforms
+  carry it, a head start on an architecture the search has not trained from it.
+* **A parent of the child's own architecture** (a restart) that was **still improving** when its training stopped
+  (its metric rose through its last reports, or it reported too few results to tell, as a trial an early-stopping
+  scheduler cut): its whole function, to every trial that asks. The child continues the parent's training, which
+  is more than its own budget gives it.
+* **A parent of the child's own architecture that had converged, trained by this very search**: nothing; the
+  child starts cold. The search holds that model already, and a restart of it ends in its basin (measured: below
+  the parent, on average), so it would spend the child's budget without evaluating the child's configuration.
+* **A parent of the child's own architecture that had converged, from elsewhere** (an earlier search, another
+  team, a registration by hand): its whole function to the first trial of this search that asks, so the search
+  holds that model from its first report; every later trial that would restart it starts cold, so the search
+  keeps exploring.
 
 A model without a recorded curve (registered outside Tune) counts as converged: a trained model handed to the zoo
-is usually finished. Growth, a shrink or a partial transfer follow the same rule; the operators themselves do not
-change (:mod:`keeper.transforms`).
+is usually finished.
 
 Invariants: :func:`decide` is a pure function of its arguments; every :class:`Inheritance` says why in one
 sentence, which the warm result's ``reason`` carries.
@@ -110,16 +113,21 @@ class Inheritance:
     why: str
 
 
-def decide(parent: str, training: Training | None, search: str, first_in_search: bool) -> Inheritance:
+def decide(parent: str, training: Training | None, search: str, first_in_search: bool,
+           same_architecture: bool = True) -> Inheritance:
     """The rule of the module docstring for one trial of ``search`` whose best parent is ``parent``.
 
     Args:
         training: the parent's :class:`Training` (None: registered without a curve, counted as converged).
         search: the asking trial's search; "" outside a search (every start then inherits: nothing to explore).
         first_in_search: no trial of ``search`` has inherited ``parent``'s converged function yet.
+        same_architecture: the child is the parent's own architecture (a restart).
     """
     if not search:
         return Inheritance(True, f"{parent!r} gives its function (outside a search, nothing to explore)")
+    if not same_architecture:
+        return Inheritance(True, f"the child is another architecture than {parent!r}: it starts from its function, "
+                                 "a head start")
     if training is not None and training.improving is not False:
         how = ("was still improving when its training stopped" if training.improving
                else f"reported {training.reports} result(s), too few to tell a plateau")
@@ -151,9 +159,11 @@ class Inheritances:
         if choice.parent is None:
             return choice
         trained = training(choice.parent)
+        best = next((c for c in choice.candidates if c.name == choice.parent), None)
+        same = best is not None and best.preserved and best.score >= 1.0 - 1e-9
         with self._lock:
             key = (search, choice.parent)
-            verdict = decide(choice.parent, trained, search, key not in self._taken)
+            verdict = decide(choice.parent, trained, search, key not in self._taken, same)
             if verdict.whole and search and (trained is None or trained.improving is False):
                 self._taken.add(key)
         if verdict.whole:

@@ -85,6 +85,8 @@ class KeeperCallback(Callback):
         models: per registered trial id, the zoo model's name (the stored model's, for weights it held already).
         registration_s: per registered trial id, seconds from handing its checkpoint over to the driver seeing
             the zoo's record (an upper bound: the driver looks between Tune's steps).
+        registration_cpu_s: per registered trial id, CPU seconds the driver's registration thread spent on it
+            (reading the checkpoint, filling the template; the zoo's own work is the service's).
         hook_s: seconds the driver spent in this callback's hooks, all told (what keeper adds to Tune's loop).
     """
 
@@ -105,6 +107,7 @@ class KeeperCallback(Callback):
         self.outcomes: dict[str, str] = {}
         self.models: dict[str, str] = {}
         self.registration_s: dict[str, float] = {}
+        self.registration_cpu_s: dict[str, float] = {}
         self._registered: set[str] = set()
         self._errored: set[str] = set()
         self._curves: dict[str, list[float]] = {}
@@ -297,7 +300,7 @@ class KeeperCallback(Callback):
         for tid in [t for t, p in self._pending.items() if wait or p.future.done()]:
             entry = self._pending.pop(tid)
             try:
-                record = entry.future.result(timeout=self.config.timeouts.register_s if wait else 0)
+                record, cpu_s = entry.future.result(timeout=self.config.timeouts.register_s if wait else 0)
             except concurrent.futures.TimeoutError:
                 self.outcomes[tid] = (f"refused: registering trial {tid} as {entry.name} did not finish within "
                                       f"timeouts.register_s ({self.config.timeouts.register_s:g} s)")
@@ -314,6 +317,7 @@ class KeeperCallback(Callback):
             if stored != entry.name:
                 logger.info("keeper: %s", advice.recorded(tid, record))
             self.registration_s[tid] = time.perf_counter() - entry.submitted
+            self.registration_cpu_s[tid] = cpu_s
 
 
 @dataclass
@@ -326,16 +330,19 @@ class _Pending:
 
 
 def _register(handle: Any, name: str, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float,
-              builder: Any, config: dict, timeout_s: float, zoo_uri: str | None, training: dict) -> dict:
-    """The trial's checkpoint registered as ``name`` (in the driver's registration thread); ``name`` is settled at
-    the front door whatever happens, so no parent choice waits for it longer than it runs."""
+              builder: Any, config: dict, timeout_s: float, zoo_uri: str | None, training: dict) -> tuple[dict, float]:
+    """The trial's checkpoint registered as ``name`` (in the driver's registration thread): the zoo's record and
+    the thread's CPU seconds; ``name`` is settled at the front door whatever happens, so no parent choice waits for
+    it longer than it runs."""
     from keeper.tune_integration.checkpoint import register_trial
 
+    t0 = time.thread_time()
     try:
-        return register_trial(handle, checkpoint, storage_fs, trial_fs_path, accuracy, name, builder, config,
-                              timeout_s, zoo_uri, training=training)
+        record = register_trial(handle, checkpoint, storage_fs, trial_fs_path, accuracy, name, builder, config,
+                                timeout_s, zoo_uri, training=training)
     finally:
         handle.settled.remote(name)
+    return record, time.thread_time() - t0
 
 
 def _read_json(fs: Any, path: str, cap: int = 65536) -> dict | None:
