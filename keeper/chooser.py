@@ -12,7 +12,7 @@ Invariants:
     * a parent hit is counted once per warm, for the parent the result came from, never for a cold result;
     * a parent removed between its choice and its transfer is chosen again, once, on a fresh choice;
     * with a probe, only qualifying candidates are scored (the first ``probe_top`` in rank order), and the cold
-      init wins unless a candidate scores strictly better (:func:`keeper.probe.probe_choice`).
+      init wins unless a candidate scores strictly better (:func:`keeper.choice.probe.probe_choice`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import dataclasses
 import os
 from typing import Any, Protocol
 
+from keeper.choice.probe import ProbeReport, ResultScore, probe_choice
+from keeper.choice.selection import SHOWN, ParentChoice
 from keeper.errors import ModelNotFoundError
 from keeper.graph import LayerGraph
 from keeper.onnx_safety import ModelInput
-from keeper.probe import ProbeReport, ResultScore, probe_choice
-from keeper.selection import SHOWN, ParentChoice
 from keeper.warm import WarmResult
 from keeper.weights import WeightsInput
 
@@ -106,7 +106,7 @@ def warm(source: ParentSource, child: ModelInput, graph: LayerGraph, *, weights:
         seed: the transfer's seed (None: the choice's).
         out: stream the warmed weights into this safetensors file.
         probe: a score over WarmResults (lower is better): the qualifying candidates the choice ranks first and
-            the cold init are scored and the best kept (see :mod:`keeper.probe`).
+            the cold init are scored and the best kept (see :mod:`keeper.choice.probe`).
         choice: a choice already made (a Ray Train rank receives rank 0's); None: ``source.choose(graph)``.
         count: count the parent hit (False on all but one rank of a Ray Train trial).
     """

@@ -23,13 +23,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import onnx
 
+from keeper.choice.preservation import assess
 from keeper.errors import InvalidModelError, PartialWarmWarning
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
-from keeper.preservation import assess
-from keeper.recipe import Recipe, recipe_for
 from keeper.onnx_safety import MAX_MODEL_BYTES, ModelInput, load_model
 from keeper.onnx_weights import apart_specs, model_weights, write_weights
+from keeper.recipe import Recipe, recipe_for
 from keeper.transforms import transfer
 from keeper.transforms.compose import Transfer
 from keeper.transforms.shrink import mixer
@@ -59,7 +59,7 @@ class WarmResult:
         unexpected: filled by torch loading: warm keys with no state_dict entry.
         unset: child tensors with no value: the child came as a graph without weights and the parent supplies
             none of them (operator ``init``); the caller's own initialisation fills them.
-        preserved: the child is a function-preserving growth of the parent (see :mod:`keeper.preservation`).
+        preserved: the child is a function-preserving growth of the parent (see :mod:`keeper.choice.preservation`).
         structure: share of the inherited elements mapped block onto block (0 without a parent).
         candidates: what the choice used on each candidate, best ranked first (``Candidate.as_dict()``: name,
             score, coverage, preserved, structure, fit, accuracy, clean).

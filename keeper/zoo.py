@@ -29,17 +29,17 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from keeper import chooser
-from keeper.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
+from keeper.choice.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
+from keeper.choice.preservation import layer_roles
+from keeper.choice.probe import ResultScore
+from keeper.choice.selection import Candidate, ParentChoice, SelectionPolicy, make_choice, rank_parents
 from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.onnx_weights import apart_specs
-from keeper.preservation import layer_roles
-from keeper.probe import ResultScore
-from keeper.selection import Candidate, ParentChoice, SelectionPolicy, make_choice, rank_parents
 from keeper.store import ModelRecord, ModelStore, check_name, sha256
-from keeper.stored import GRAPH_EXTRA, WEIGHTS_EXTRA, graph_blob, graph_format, graph_from_blob, stored_weights
+from keeper.store.stored import GRAPH_EXTRA, WEIGHTS_EXTRA, graph_blob, graph_format, graph_from_blob, stored_weights
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 from keeper.weights import WeightsInput, staged_weights
 
@@ -391,7 +391,7 @@ class Zoo:
     def candidates(self, child: LayerGraph | ModelInput, names: list[str] | None = None) -> list[Candidate]:
         """Every zoo model that may qualify as a parent, with its exact score, coverage and what its alignment keeps
         (``preserved``, ``structure``), and whether its lineage is ``clean`` (see :meth:`register`); assembled as
-        the service assembles them (:mod:`keeper.candidates`)."""
+        the service assembles them (:mod:`keeper.choice.candidates`)."""
         g = as_graph(child)
         pool = names if names is not None else self.names()
         if not pool:
@@ -422,7 +422,7 @@ class Zoo:
         return self._roles[name]
 
     def rank(self, child: LayerGraph | ModelInput) -> list[Candidate]:
-        """The qualifying candidates for ``child``, best first (:func:`keeper.selection.rank_parents`)."""
+        """The qualifying candidates for ``child``, best first (:func:`keeper.choice.selection.rank_parents`)."""
         return rank_parents(self.candidates(child), self.config.selection)
 
     def choose(self, graph: LayerGraph | ModelInput, fresh: bool = False) -> ParentChoice:
@@ -446,7 +446,7 @@ class Zoo:
             graph: ``model``'s LayerGraph when the caller has extracted it (it is not extracted again).
             probe: a data probe over warm results (lower is better; e.g. load ``result`` into your model and
                 return a loss): the best ``selection.probe_top`` candidates and the cold init are scored and
-                the best is kept, cold included (:func:`keeper.probe.probe_choice`). Torch users pass a module
+                the best is kept, cold included (:func:`keeper.choice.probe.probe_choice`). Torch users pass a module
                 probe or ``(batches, loss_fn)`` to :func:`keeper.torch_support.warm_start` instead.
 
         The result says what the choice used: ``candidates`` (score, coverage, preserved, structure per

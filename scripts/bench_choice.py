@@ -135,7 +135,7 @@ def run(args) -> dict:
     import torch
 
     import keeper
-    from keeper.selection import SelectionPolicy
+    from keeper.choice.selection import SelectionPolicy
     from keeper.torch_support import DataProbe, export_graph, module_weights, warm_start
     from keeper_bench.families import build, example_input, num_params
     from keeper_bench.workload import mnist1d_dataset

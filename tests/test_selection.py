@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keeper.errors import KeeperError
+from keeper.choice.selection import Candidate, SelectionPolicy, choose_parent, coverage, make_choice, rank_parents
 from keeper.chooser import reason_of
-from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage, make_choice, rank_parents
+from keeper.errors import KeeperError
 
 unit = st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 0.3, 0.5, 0.95, 1.0]))
 candidates = st.lists(st.builds(Candidate, st.sampled_from("abcdefgh"), unit, unit, unit), max_size=12)

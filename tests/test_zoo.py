@@ -357,7 +357,7 @@ def test_a_graph_stored_by_an_older_version_is_extracted_again_and_stored_back(t
 
     from keeper.graph import load_graph
     from keeper.graph import LayerGraph
-    from keeper.stored import GRAPH_EXTRA, graph_blob, graph_format, graph_from_blob
+    from keeper.store.stored import GRAPH_EXTRA, graph_blob, graph_format, graph_from_blob
 
     blob = nets.extra_onnx("tokens")
     current = load_graph(blob)
@@ -461,7 +461,7 @@ def test_weights_given_as_arrays_are_stored_with_the_checksum_of_their_bytes_and
     """Arrays are written once, beside the blobs, hashed as they are written, then renamed into their
     content-addressed key: the key is the sha256 of the stored bytes, and neither a stored nor a refused
     registration leaves a temp file or a blob behind."""
-    from keeper.store_files import sha256
+    from keeper.store.files import sha256
 
     root = tmp_path / "zoo"
     zoo = Zoo(str(root))
@@ -664,7 +664,7 @@ def test_a_pair_is_assessed_once_per_architecture_and_again_when_the_model_under
                                                                                                   monkeypatch):
     # a search's trials share a few architectures: each (child architecture, stored model) pair is assessed once,
     # not once per query; a model registered again under a removed model's name is assessed afresh
-    import keeper.candidates as candidates
+    import keeper.choice.candidates as candidates
 
     calls = []
     real = candidates.assess_candidate

@@ -21,11 +21,11 @@ from typing import Any
 from ray.actor import ActorHandle
 
 from keeper.actors.remote import Demand, get
+from keeper.choice.selection import ParentChoice
 from keeper.errors import KeeperError
 from keeper.graph import LayerGraph
 from keeper.onnx_safety import ModelInput
-from keeper.selection import ParentChoice
-from keeper.stored import warm_from_store
+from keeper.store.stored import warm_from_store
 from keeper.warm import WarmResult
 from keeper.weights import WeightsInput
 

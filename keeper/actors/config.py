@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Union
 
+from keeper.choice.selection import SelectionPolicy
 from keeper.errors import ConfigError, KeeperError
-from keeper.selection import SelectionPolicy
 from keeper.zoo import ZooConfig
 
 __all__ = ["ServiceConfig", "ClusteringConfig", "Timeouts", "ConfigError", "load_config", "ACTOR_KINDS",
@@ -101,7 +101,7 @@ class ServiceConfig:
     hit_half_life_s: float = 7 * 24 * 3600.0
     noise: float = 0.01
     seed: int = 0
-    # parent choice (keeper.selection.SelectionPolicy)
+    # parent choice (keeper.choice.selection.SelectionPolicy)
     selection: dict[str, Any] = field(default_factory=lambda: {"floor": 0.3, "buckets": 10, "accuracy_aware": True,
                                                                "min_coverage": 0.3, "preserve": True,
                                                                "structure": True, "probe_top": 3,

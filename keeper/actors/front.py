@@ -44,14 +44,14 @@ from keeper.actors.pool import MatcherPool
 from keeper.actors.remote import Demand, demand_of, get, shortfall
 from keeper.actors.viewfeed import ViewFeed
 from keeper.actors.viewsearch import SearchState, batches, plan
+from keeper.choice.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
+from keeper.choice.preservation import layer_roles
+from keeper.choice.selection import Candidate, ParentChoice, SelectionPolicy, make_choice
 from keeper.errors import ServiceError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
-from keeper.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
-from keeper.preservation import layer_roles
-from keeper.selection import Candidate, ParentChoice, SelectionPolicy, make_choice
-from keeper.stored import read_parent_graph
+from keeper.store.stored import read_parent_graph
 from keeper.warm import WarmResult
 
 __all__ = ["Keeper"]
@@ -157,7 +157,7 @@ class Keeper:
             fresh: refresh the zoo view first (the parent of an earlier choice was removed).
 
         Returns:
-            The :class:`~keeper.selection.ParentChoice`; :class:`keeper.actors.ServiceClient` warms from it in
+            The :class:`~keeper.choice.selection.ParentChoice`; :class:`keeper.actors.ServiceClient` warms from it in
             the caller's process.
         """
         t0 = time.perf_counter()
@@ -342,7 +342,7 @@ class Keeper:
     def _candidates(self, graph: LayerGraph, child: MatchArrays, state: SearchState, names: list[str],
                     scores: np.ndarray, digest: bytes) -> list[Candidate]:
         """The candidates the search returned, plus every weighted model that may qualify by preserved function,
-        assembled as the embedded zoo assembles them (:func:`keeper.candidates.assess_found`); ``digest``: the
+        assembled as the embedded zoo assembles them (:func:`keeper.choice.candidates.assess_found`); ``digest``: the
         child's architecture, under which its assessed pairs are kept across views."""
         view = state.view
         if view.n == 0:

@@ -32,7 +32,7 @@ from keeper.actors.manager import ZooManager
 from keeper.actors.matcher import Matcher
 from keeper.actors.remote import demand_of, get, infeasible, shortfall
 from keeper.errors import ConfigError, ServiceError
-from keeper.stored import warm_from_store
+from keeper.store.stored import warm_from_store
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A :class:`DataProbe` scores the start of the learning curve (the mean training loss over a few SGD steps on a
 copy of the module plus the loss after the last one; see ``docs/architecture.md``); :func:`module_probe` turns a
-probe over modules into the probe over WarmResults that :mod:`keeper.probe` runs.
+probe over modules into the probe over WarmResults that :mod:`keeper.choice.probe` runs.
 
 Invariant: the module itself is never touched; every candidate is loaded into and trained on a fresh copy.
 """

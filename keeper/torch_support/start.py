@@ -27,9 +27,9 @@ import logging
 from typing import Any
 
 from keeper import chooser
+from keeper.choice.selection import ParentChoice
 from keeper.chooser import ParentSource
 from keeper.errors import CheckpointError, KeeperError, ServiceError, StoreError
-from keeper.selection import ParentChoice
 from keeper.torch_support import distributed, trial
 from keeper.torch_support.export import Exported, export_graph, module_weights
 from keeper.torch_support.inputs import example_for, trainer_building

@@ -2,7 +2,7 @@
 
 A candidate is a zoo model with its similarity ``score`` to the child (in [0, 1], see :func:`keeper.similarity`),
 its ``coverage`` (the fraction of the parent's own parameter elements that the child inherits), its recorded
-``accuracy``, and what its alignment preserves (:mod:`keeper.preservation`): ``preserved`` (the child is a
+``accuracy``, and what its alignment preserves (:mod:`keeper.choice.preservation`): ``preserved`` (the child is a
 function-preserving growth of it) and ``structure`` (the share of inherited elements whose layers sit alike in their
 blocks). Similarity counts elements, not function, so the choice optimises, in this order:
 
@@ -71,7 +71,7 @@ def _is_real(x: object) -> bool:
 class Candidate:
     """A possible parent: its zoo ``name``, its similarity ``score`` to the child, its ``accuracy``, its
     ``coverage``: the fraction of the parent's parameter elements the child inherits (see :func:`coverage`), and
-    what its alignment keeps (:func:`keeper.preservation.assess`): ``preserved`` (the child is a
+    what its alignment keeps (:func:`keeper.choice.preservation.assess`): ``preserved`` (the child is a
     function-preserving growth of it) and ``structure`` (share of inherited elements mapped block onto block;
     1.0 when not assessed). ``clean``: its lineage holds no warm start across block structures."""
 
@@ -106,10 +106,10 @@ class Candidate:
                               "the model's recorded metric")
         if not _is_real(self.coverage) or self.coverage < 0.0:
             raise KeeperError(f"candidate {self.name!r}: coverage {self.coverage!r} is not a fraction >= 0; "
-                              "compute it with keeper.selection.coverage(score, child_params, parent_params)")
+                              "compute it with keeper.choice.selection.coverage(score, child_params, parent_params)")
         if not _is_real(self.structure) or not 0.0 <= self.structure <= 1.0:
             raise KeeperError(f"candidate {self.name!r}: structure {self.structure!r} is not a fraction in [0, 1]; "
-                              "compute it with keeper.preservation.assess")
+                              "compute it with keeper.choice.preservation.assess")
         if not isinstance(self.preserved, (bool, np.bool_)) or not isinstance(self.clean, (bool, np.bool_)):
             raise KeeperError(f"candidate {self.name!r}: preserved and clean must be True or False")
 

@@ -40,11 +40,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from keeper.choice.selection import Candidate, coverage
 from keeper.graph import INPUT_ROLE, LayerGraph
 from keeper.graph.walk import walk
 from keeper.kinds import Identity, Kind, kinds_where, traits
 from keeper.matching import Alignment, MatchArrays, align
-from keeper.selection import Candidate, coverage
 from keeper.transforms.depth import fresh_branches
 from keeper.transforms.exact_width import inexact_width
 
@@ -343,7 +343,7 @@ def _name(g: LayerGraph, i: int) -> str:
 def assess_candidate(name: str, score: float, accuracy: float, clean: bool, floor: float,
                      child: tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]],
                      parent: tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]) -> Candidate:
-    """One parent's :class:`~keeper.selection.Candidate` for a child: its exact ``score`` and coverage, and, when
+    """One parent's :class:`~keeper.choice.selection.Candidate` for a child: its exact ``score`` and coverage, and, when
     it may qualify (score at or above ``floor``, or every parent element inherited), what its alignment keeps.
 
     ``child`` / ``parent``: (graph, match arrays, :func:`layer_roles`) of each. Invariant: ``preserved`` is True

@@ -18,10 +18,10 @@ from typing import Callable, Hashable, Mapping, NamedTuple
 
 import numpy as np
 
+from keeper.choice.preservation import assess_candidate, layer_roles
+from keeper.choice.selection import Candidate, coverage
 from keeper.graph import LayerGraph
 from keeper.matching import MatchArrays, match_arrays
-from keeper.preservation import assess_candidate, layer_roles
-from keeper.selection import Candidate, coverage
 
 __all__ = ["ParentFacts", "AssessedPairs", "architecture_digest", "may_qualify_all", "assess_found"]
 
@@ -85,7 +85,7 @@ def assess_found(found: Mapping[str, float], child: LayerGraph, floor: float,
                  parent: Callable[[str], tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]],
                  child_arrays: MatchArrays | None = None, assessed: AssessedPairs | None = None,
                  version: Callable[[str], Hashable] | None = None) -> list[Candidate]:
-    """One :class:`~keeper.selection.Candidate` per model in ``found`` (name -> exact score).
+    """One :class:`~keeper.choice.selection.Candidate` per model in ``found`` (name -> exact score).
 
     ``facts(name)`` is cheap (the catalog); ``parent(name)`` gives (graph, match arrays, layer roles) and is called
     only for models that may qualify (score at or above ``floor``, or every parent element inherited), whose

@@ -24,7 +24,7 @@ import numpy as np
 from keeper.errors import ModelNotFoundError
 from keeper.graph import LayerGraph, load_graph
 from keeper.onnx_safety import ModelInput
-from keeper.store import ModelStore
+from keeper.store.model_store import ModelStore
 from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
 from keeper.weights import SafeTensors, WeightsInput
 
