@@ -22,16 +22,16 @@ from typing import Any
 
 import numpy as np
 
+from keeper.store.stored import read_parent
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.onnx_weights import layer_arrays, model_weights
-from keeper.store.stored import read_parent
+from keeper.weights import WeightsInput
 from keeper.transforms.compose import LayerTensors, Transfer, paste_overlap, transfer_layers
 from keeper.transforms.depth import identity_fill
 from keeper.transforms.width import take_inputs, take_units, unit_map
 from keeper.warm import WarmResult
-from keeper.weights import WeightsInput
 
 __all__ = ["published_transfer", "published_warm", "published_warm_from_store", "name_shape_load",
            "PUBLISHED_NOISE"]

@@ -129,7 +129,8 @@ def _trace(module, args) -> tuple[object, float]:
 
     t0 = time.perf_counter()
     try:
-        _, keys, _, graph = trace_graph(module, args)
+        traced = trace_graph(module, args)
+        keys, graph = traced.keys, traced.graph
         found = (graph, keys)
     except TraceUnsupported as exc:
         found = f"falls back: {exc}"

@@ -48,7 +48,7 @@ _DEFAULT_ACTORS: dict[str, dict[str, Any]] = {
     "matcher": {"num_cpus": 0.0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1,
                 "scheduling_strategy": "SPREAD"},
     # Turns finished Tune trials' checkpoints into zoo models: one long-lived process whose imports (torch, onnx)
-    # are paid once, where a task per trial paid them in a fresh worker every time (2-3 s on 2 busy cores).
+    # are paid once, where a task per trial would pay them in a fresh worker every time.
     "registrar": {"num_cpus": 0.0, "max_restarts": -1, "max_task_retries": -1, "max_concurrency": 4},
     # No CPU reserved either: a warm must never wait for a CPU that trials hold.
     "transfer": {"num_cpus": 0.0, "max_retries": 2},
@@ -81,6 +81,7 @@ class Timeouts:
     control_s: float = 30.0     # small control calls (view, stats, ping)
     start_s: float = 120.0      # start(): the front door answering its first ping
     arrival_s: float = 10.0     # a parent choice waits at most this long for registrations announced before it
+    choice_s: float = 300.0     # warm_start in a trial or worker: the service's parent choice, arrivals included
 
 
 @dataclass
@@ -101,6 +102,10 @@ class ServiceConfig:
     hit_half_life_s: float = 7 * 24 * 3600.0
     noise: float = 0.01
     seed: int = 0
+    # how warm_start and register read a torch module's architecture (keeper.torch_support.export_graph): None the
+    # torch front end, the dynamo exporter where it cannot read a module ($KEEPER_EXPORTER chooses when set);
+    # True torch's dynamo exporter; False its TorchScript exporter
+    dynamo: bool | None = None
     # parent choice (keeper.choice.selection.SelectionPolicy)
     selection: dict[str, Any] = field(default_factory=lambda: {"floor": 0.3, "buckets": 10, "accuracy_aware": True,
                                                                "min_coverage": 0.3, "preserve": True,
@@ -247,6 +252,8 @@ def _check(cfg: ServiceConfig) -> None:
         raise bad("noise", "a finite relative std >= 0", cfg.noise)
     if cfg.latency_window < 1:
         raise bad("latency_window", "an integer >= 1", cfg.latency_window)
+    if cfg.dynamo is not None and not isinstance(cfg.dynamo, bool):
+        raise bad("dynamo", "null, true or false", cfg.dynamo)
     try:
         SelectionPolicy(**cfg.selection)
     except TypeError as exc:

@@ -1,4 +1,4 @@
-"""Keeper: the front door of the service. Every job talks to it: ``ray.get(keeper.warm.remote(onnx_bytes))``.
+"""The front door of the service (:class:`FrontDoor`). Every job talks to it: ``ray.get(service.warm.remote(onnx))``.
 
 A query parses the child once, reads the current search state (:mod:`keeper.actors.viewfeed`: a refresher thread
 long-polls the ZooManager, takes in each new View as it is published and builds the state off the query path, so no
@@ -8,14 +8,14 @@ then any model whose signature bound beats the best found; :mod:`keeper.actors.v
 parallel on the Matcher pool (one batch per matcher; ``search`` reports where the time went), assesses the
 candidates as the embedded zoo does (preserved function, structure, lineage; the parents' graphs come from the
 store, kept across views while a model stays in its shard), picks the parent with the selection policy, and hands
-the weight transfer to a Ray task that reads the parent straight from the store. The child's LayerGraph travels to
-that task as flat arrays, so a warm parses and extracts the child once.
+the weight transfer to a Ray task that reads the parent straight from the store. ``warm`` runs the one warm path
+(:func:`keeper.warm.warm`) with this door as its parent source. The child's LayerGraph and the choice's alignment
+of the parent travel to that task as flat arrays, so a warm parses the child and aligns the pair once.
 
 Data path and sizes: parents' weights never pass through this actor. ``warm`` waits for the transfer task and
 returns its WarmResult, so the *child's* warmed weights pass through this actor once (the size of the child's
-initializers); ``warm_ref`` returns the task's ObjectRef instead, so the result goes from the task to the caller
-only; ``choose`` returns the parent choice alone, for callers that run :func:`keeper.actors.transfer.warm_from_store`
-themselves.
+initializers); ``choose`` returns the parent choice alone, for callers that warm in their own process
+(:class:`keeper.actors.ServiceClient`, the path of ``keeper.warm_start``), so no weights pass through an actor.
 
 Plain class: the launcher makes it a detached, named Ray actor and injects what it starts (matchers, the
 transfer task), so this module never imports the launcher.
@@ -35,7 +35,6 @@ import numpy as np
 import ray
 from ray.exceptions import RayError
 
-from keeper import chooser
 from keeper.actors.config import ServiceConfig
 from keeper.actors.inflight import InFlight
 from keeper.actors.matcher import Matcher
@@ -44,17 +43,17 @@ from keeper.actors.pool import MatcherPool
 from keeper.actors.remote import Demand, demand_of, get, shortfall
 from keeper.actors.viewfeed import ViewFeed
 from keeper.actors.viewsearch import SearchState, batches, plan
-from keeper.choice.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
-from keeper.choice.preservation import layer_roles
+from keeper.choice.candidates import (AssessedPairs, Assessable, ParentFacts, architecture_digest, assess_found,
+                                     may_qualify_all)
 from keeper.choice.selection import Candidate, ParentChoice, SelectionPolicy, make_choice
 from keeper.errors import ServiceError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.store.stored import read_parent_graph
-from keeper.warm import WarmResult
+from keeper.warm import WarmResult, warm
 
-__all__ = ["Keeper"]
+__all__ = ["FrontDoor"]
 
 #: Cached parent choices (per zoo view and child architecture); a new view makes old entries unreachable.
 _CHOICE_CACHE = 1024
@@ -62,12 +61,13 @@ _CHOICE_CACHE = 1024
 _PARENT_CACHE = 256
 
 
-class Keeper:
-    """The service's front door. Construct through :func:`keeper.actors.start`.
+class FrontDoor:
+    """The service's front door. Construct through :func:`keeper.actors.start` (its actor name is the config's
+    ``name``).
 
     Example:
-        >>> keeper = keeper.actors.start(zoo="s3://bucket/zoo?endpoint_override=...")  # doctest: +SKIP
-        >>> result = ray.get(keeper.warm.remote(onnx_bytes), timeout=120)              # doctest: +SKIP
+        >>> service = keeper.actors.start(zoo="s3://bucket/zoo?endpoint_override=...")  # doctest: +SKIP
+        >>> result = ray.get(service.warm.remote(onnx_bytes), timeout=120)             # doctest: +SKIP
         >>> result.parent, result.score                                                # doctest: +SKIP
     """
 
@@ -88,7 +88,7 @@ class Keeper:
         self._matcher_need = demand_of("a matcher", "matcher", config.actor_options("matcher"))
         self._local = Matcher(fetch_timeout_s=config.timeouts.batch_s)
         # matchers start when the zoo is large enough for a stage to reach them (more than clustering.local_below
-        # models): below that every stage is scored here, and each idle matcher process costs ~1% of a core
+        # models): below that every stage is scored here, and an idle matcher process still takes CPU from trials
         self._matchers_wanted = config.matchers
         self.pool = MatcherPool(spawn_matcher, config.matchers if self._pool_needed(0) else 0,
                                 config.timeouts.batch_s, self._local.score_timed)
@@ -102,7 +102,7 @@ class Keeper:
         self.registers = 0
         self.errors = 0
         self._choices: collections.OrderedDict[tuple, dict] = collections.OrderedDict()
-        self._parents: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
+        self._parents: collections.OrderedDict[tuple, Assessable] = collections.OrderedDict()
         self._assessed = AssessedPairs()
         self._inflight = InFlight(config.timeouts.register_s)
         self._views.start()
@@ -119,29 +119,12 @@ class Keeper:
         t0 = time.perf_counter()
         try:
             blob, graph = self._child(model)
-            result = chooser.warm(_TaskSource(self), blob, graph, noise=noise, seed=seed)
+            result = warm(_TaskSource(self), blob, graph, noise=noise, seed=seed)
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise
         self._count(time.perf_counter() - t0, ok=True)
         return result
-
-    def warm_ref(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> Any:
-        """Like :meth:`warm`, but returns the transfer task's ObjectRef at once: the WarmResult then goes from
-        the task to the caller without passing through this actor (``ray.get(ray.get(h.warm_ref.remote(b)))``).
-        """
-        t0 = time.perf_counter()
-        try:
-            blob, graph = self._child(model)
-            choice = self._choose(graph)
-            ref = self._launch(choice, choice.parent, blob, graph, noise, seed, chooser.report_of(choice))
-        except Exception:
-            self._count(time.perf_counter() - t0, ok=False)
-            raise
-        if choice.parent is not None:
-            self.hit(choice.parent)
-        self._count(time.perf_counter() - t0, ok=True, timed=False)  # p50 / p99 are of whole warms only
-        return ref
 
     def choose(self, model: ModelInput | dict[str, np.ndarray], hit: bool = False,
                fresh: bool = False) -> ParentChoice:
@@ -248,7 +231,7 @@ class Keeper:
         """Service figures: models, matchers, clusters, queries, latency percentiles, and more.
 
         ``p50`` / ``p99``: seconds per ``warm``, end to end (over the last ``latency_window`` warms);
-        ``search_p50`` / ``search_p99``: the parent search alone (``warm``, ``warm_ref``, ``choose``).
+        ``search_p50`` / ``search_p99``: the parent search alone (``warm``, ``choose``).
         """
         view = self._refresh().view
         try:
@@ -310,12 +293,13 @@ class Keeper:
         return blob, graph_from_proto(proto)
 
     def _launch(self, choice: ParentChoice, parent: str | None, blob: bytes, graph: LayerGraph,
-                noise: float | None, seed: int | None, report: dict | None) -> Any:
-        """The transfer task's ObjectRef; the graph goes as flat arrays, so the task neither extracts it again nor
-        unpickles an object."""
-        return self._transfer.remote(choice.uri, parent, blob, choice.noise if noise is None else float(noise),
-                                     choice.seed if seed is None else int(seed), graph.to_arrays(), report=report,
-                                     restart_shrink=choice.restart_shrink)
+                noise: float | None) -> Any:
+        """The transfer task's ObjectRef (:func:`keeper.warm.inherit_stored`); the graph goes as flat arrays, so the
+        task neither extracts it again nor unpickles an object, and the choice's assessment of the parent goes with
+        it (its alignment's pairs are an array), so the task does not align the pair again."""
+        return self._transfer.remote(choice.uri, parent, blob, child_graph=graph.to_arrays(),
+                                     noise=choice.noise if noise is None else float(noise), seed=choice.seed,
+                                     restart_shrink=choice.restart_shrink, assessment=choice.assessment_of(parent))
 
     def _choose(self, graph: LayerGraph) -> ParentChoice:
         t0 = time.perf_counter()
@@ -373,8 +357,8 @@ class Keeper:
         return assess_found(found, graph, floor, facts, lambda n: self._parent(version(n)), child, self._assessed,
                             lambda n: (digest, *version(n)))
 
-    def _parent(self, version: tuple) -> tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]:
-        """(graph, match arrays, layer roles) of the zoo model ``version`` = (name, shard id, row), read from the
+    def _parent(self, version: tuple) -> Assessable:
+        """The graph, match arrays and layer roles of the zoo model ``version`` = (name, shard id, row), read from the
         store once (a bounded LRU kept across views: a model that stays in its shard keeps its entry)."""
         with self._stats_lock:
             hit = self._parents.get(version)
@@ -382,7 +366,7 @@ class Keeper:
                 self._parents.move_to_end(version)
                 return hit
         g, _ = read_parent_graph(self.config.zoo_uri, version[0])
-        entry = (g, match_arrays(g), layer_roles(g))
+        entry = Assessable.of(g)
         with self._stats_lock:
             self._parents[version] = entry
             while len(self._parents) > _PARENT_CACHE:
@@ -475,24 +459,24 @@ def _as_bytes(model: ModelInput, weights_apart: bool = False) -> bytes:
 
 
 class _TaskSource:
-    """The front door as a :class:`~keeper.chooser.ParentSource`: it has chosen already; the transfer runs in the
+    """The front door as a :class:`~keeper.warm.ParentSource`: it chooses here; the child inherits in the
     service's transfer task, awaited within ``timeouts.transfer_s``."""
 
-    def __init__(self, keeper: Keeper):
-        self.keeper = keeper
+    def __init__(self, door: FrontDoor):
+        self.door = door
 
     def choose(self, graph: LayerGraph, fresh: bool = False) -> ParentChoice:
         if fresh:
-            self.keeper._refresh(force=True)
-        return self.keeper._choose(graph)
+            self.door._refresh(force=True)
+        return self.door._choose(graph)
 
-    def transfer(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
-                 weights: Any, noise: float, out: Any, report: dict | None) -> WarmResult:
-        need = self.keeper._transfer_need
-        ref = self.keeper._launch(choice, parent, child, graph, noise, None, report)
-        return get(ref, self.keeper.config.timeouts.transfer_s,
+    def inherit(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
+                weights: Any, noise: float, out: Any) -> WarmResult:
+        need = self.door._transfer_need
+        ref = self.door._launch(choice, parent, child, graph, noise)
+        return get(ref, self.door.config.timeouts.transfer_s,
                    Demand(f"the weight-transfer task from {parent!r} (timeouts.transfer_s)", need.setting,
                           need.resources))
 
     def hit(self, parent: str) -> None:
-        self.keeper.hit(parent)
+        self.door.hit(parent)

@@ -11,9 +11,9 @@ writes it, none changes it.
 
 from keeper.store.files import sha256
 from keeper.store.model_store import DEFAULT_ZOO_DIR, ModelRecord, ModelStore, check_name
-from keeper.store.stored import (GRAPH_EXTRA, WEIGHTS_EXTRA, graph_blob, graph_format, graph_from_blob, read_parent,
-                                 read_parent_graph, store_for, stored_weights)
+from keeper.store.stored import (GRAPH_EXTRA, WEIGHTS_EXTRA, StoredParent, graph_blob, graph_format, graph_from_blob,
+                                 read_parent, read_parent_graph, store_for, stored_weights)
 
 __all__ = ["ModelStore", "ModelRecord", "DEFAULT_ZOO_DIR", "check_name", "sha256", "GRAPH_EXTRA", "WEIGHTS_EXTRA",
-           "graph_blob", "graph_format", "graph_from_blob", "stored_weights", "store_for", "read_parent",
-           "read_parent_graph"]
+           "graph_blob", "graph_format", "graph_from_blob", "stored_weights", "store_for", "StoredParent",
+           "read_parent", "read_parent_graph"]

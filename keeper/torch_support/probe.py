@@ -99,7 +99,6 @@ def module_probe(module: torch.nn.Module, keys: dict[str, tuple[str, str]],
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PartialWarmWarning)  # reported once, for the winner
             load_result(twin, result, keys)
-        result.missing, result.unexpected = [], []
         return probe(twin)
 
     return score

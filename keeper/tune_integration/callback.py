@@ -33,7 +33,7 @@ import logging
 import math
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import ray
 from ray.tune import Callback
@@ -49,6 +49,14 @@ __all__ = ["KeeperCallback"]
 logger = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class _Pending(NamedTuple):
+    """A registration handed to the registrar and not yet back: its reference, the zoo name, when it was handed."""
+
+    ref: Any
+    name: str
+    submitted: float
 
 
 class KeeperCallback(Callback):
@@ -69,11 +77,6 @@ class KeeperCallback(Callback):
             waits. Either way the driver does not wait: registration runs in the registrar.
         name_prefix: prefix of the zoo names (default: the experiment's directory name and ``-``); the
             trial id follows it.
-        register_best: also register a running trial's checkpoint whenever its metric beats every model this
-            callback has registered (named ``<trial name>-i<iteration>``), so trials that start while the best
-            trial still trains (ASHA promotes it; a long FIFO trial) inherit from where it is, not from an older
-            finished one. Default False, from measurement: in ASHA searches on both workloads (2 seeds each) it
-            changed the steps to the cold search's best by -50 to +350 of 550-1350, within run-to-run noise.
 
     Attributes:
         outcomes: per trial id, what happened to it (``"registered as NAME"``, ``"recorded on NAME"`` for weights
@@ -86,8 +89,7 @@ class KeeperCallback(Callback):
 
     def __init__(self, metric: str, mode: str = "max", *, score_fn: Callable[[float], float] | None = None,
                  config: Any = None, model_builder: Callable[[dict], tuple[Any, Any]] | None = None,
-                 wait_for_registration: bool = True, name_prefix: str | None = None, register_best: bool = False,
-                 **overrides: Any):
+                 wait_for_registration: bool = True, name_prefix: str | None = None, **overrides: Any):
         if mode not in ("max", "min"):
             raise ConfigError(f"KeeperCallback: mode must be 'max' or 'min', got {mode!r}")
         if mode == "min" and score_fn is None:
@@ -98,16 +100,13 @@ class KeeperCallback(Callback):
         self.config = load_config(config, **overrides)  # checked now, on the driver, not in a trial
         self.model_builder = model_builder
         self.wait_for_registration = wait_for_registration
-        self.register_best = register_best
-        self.interim: dict[str, list[str]] = {}
-        self._best_value: float | None = None
         self.name_prefix = name_prefix
         self.outcomes: dict[str, str] = {}
         self.models: dict[str, str] = {}
         self.registration_s: dict[str, float] = {}
         self._registered: set[str] = set()
         self._errored: set[str] = set()
-        self._pending: dict[str, Any] = {}
+        self._pending: dict[str, _Pending] = {}
         self._prepares: list[Any] = []
         self._handle: Any = None
         self._registrar: Any = None
@@ -139,11 +138,6 @@ class KeeperCallback(Callback):
         with self._clock():
             self._submit(trial)
 
-    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info) -> None:
-        if self.register_best:
-            with self._clock():
-                self._submit_best(trial, checkpoint)
-
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
         if self._starting is not None:
             with self._clock():
@@ -158,8 +152,7 @@ class KeeperCallback(Callback):
 
     def get_state(self) -> dict | None:
         # a pending registration completes in the service whatever the driver does next
-        finals = {tid for tid, entry in self._pending.items() if not entry[3]}
-        return {"registered": sorted(self._registered | finals), "errored": sorted(self._errored),
+        return {"registered": sorted(self._registered | set(self._pending)), "errored": sorted(self._errored),
                 "outcomes": dict(self.outcomes), "models": dict(self.models)}
 
     def set_state(self, state: dict) -> None:
@@ -225,29 +218,10 @@ class KeeperCallback(Callback):
             self.outcomes[tid] = f"skipped: {self.metric!r} outside [0, 1]"
             logger.warning("keeper: %s", why)
             return
-        self._hand_over(tid, trial, checkpoint, value, accuracy, self._name(trial), interim=False)
+        self._hand_over(tid, trial, checkpoint, accuracy, self._name(trial))
 
-    def _submit_best(self, trial: Any, checkpoint: Any) -> None:
-        """A running trial's new checkpoint, registered when its metric beats every model handed over so far."""
-        tid, last = trial.trial_id, dict(trial.last_result or {})
-        value = last.get(self.metric)
-        if tid in self._errored or not _finite(value) or not self._beats(float(value)):
-            return
-        accuracy = float(self.score_fn(value)) if self.score_fn is not None else float(value)
-        if not 0.0 <= accuracy <= 1.0:
-            return  # the trial's final registration says why
-        name = f"{self._name(trial)}-i{last.get('training_iteration', 0)}"[-128:].lstrip(".")
-        self._hand_over(f"{tid}@{name}", trial, checkpoint, float(value), accuracy, name, interim=True)
-
-    def _beats(self, value: float) -> bool:
-        sign = 1.0 if self.mode == "max" else -1.0
-        return self._best_value is None or sign * value > sign * self._best_value
-
-    def _hand_over(self, key: str, trial: Any, checkpoint: Any, value: float, accuracy: float, name: str,
-                   interim: bool) -> None:
+    def _hand_over(self, tid: str, trial: Any, checkpoint: Any, accuracy: float, name: str) -> None:
         """Announce ``name`` to the front door and hand the checkpoint to the registrar; no wait."""
-        if self._beats(value):
-            self._best_value = value
         handle = self._service()
         if self.wait_for_registration:
             handle.expect.remote(name)  # before the next trial asks: actor calls arrive in milliseconds
@@ -255,7 +229,7 @@ class KeeperCallback(Callback):
         ref = self._registrar_handle().register.remote(
             handle, name, checkpoint, trial.storage.storage_filesystem, trial.storage.trial_fs_path, accuracy,
             self.model_builder, dict(trial.config), self.config.timeouts.register_s, self.config.zoo_uri)
-        self._pending[key] = (ref, name, time.perf_counter(), interim)
+        self._pending[tid] = _Pending(ref, name, time.perf_counter())
 
     def _best(self, trial: Any) -> tuple[Any, float | None]:
         """The trial's checkpoint with the best metric among those Tune kept, and that metric."""
@@ -281,33 +255,26 @@ class KeeperCallback(Callback):
 
     def _collect(self, wait: bool) -> None:
         """Take in the registrations that are back (``wait``: all of them, each within ``timeouts.register_s``)."""
-        refs = {tid: entry[0] for tid, entry in self._pending.items()}
+        refs = {tid: entry.ref for tid, entry in self._pending.items()}
         if not wait and refs:  # one look at all of them: the driver's loop must stay cheap
             ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
             refs = {tid: ref for tid, ref in refs.items() if ref in ready}
-        for key in refs:
-            ref, name, submitted, interim = self._pending.pop(key)
-            tid = key.split("@")[0]
+        for tid in refs:
+            entry = self._pending.pop(tid)
             try:
-                record = get(ref, self.config.timeouts.register_s,
-                             Demand(f"registering trial {tid} as {name} (timeouts.register_s)"))
+                record = get(entry.ref, self.config.timeouts.register_s,
+                             Demand(f"registering trial {tid} as {entry.name} (timeouts.register_s)"))
             except Exception as exc:  # refused by admission, or a Ray failure: report it, never fail the experiment
                 cause = getattr(exc, "cause", None) or exc
-                if interim:  # the trial's final registration comes when it ends
-                    logger.info("keeper: a checkpoint of running trial %s was not registered: %s", tid, cause)
-                    continue
                 self.outcomes[tid] = f"refused: {cause}"
                 logger.warning("keeper: %s", advice.refused(tid, cause))
                 continue
-            if interim:
-                self.interim.setdefault(tid, []).append(record.get("name", name))
-                continue
             self._registered.add(tid)
-            stored = self.models[tid] = record.get("name", name)
-            self.outcomes[tid] = f"registered as {stored}" if stored == name else f"recorded on {stored}"
-            if stored != name:
+            stored = self.models[tid] = record.get("name", entry.name)
+            self.outcomes[tid] = f"registered as {stored}" if stored == entry.name else f"recorded on {stored}"
+            if stored != entry.name:
                 logger.info("keeper: %s", advice.recorded(tid, record))
-            self.registration_s[tid] = time.perf_counter() - submitted
+            self.registration_s[tid] = time.perf_counter() - entry.submitted
 
 
 def _done(ref: Any) -> bool:

@@ -2,11 +2,11 @@
 
 One long-lived process per service (``<name>-registrar``, started by :class:`KeeperCallback`), reserving no CPU.
 Its imports (torch, onnx, the checkpoint readers) are paid once, when the callback starts it with the experiment,
-not once per trial: a zero-CPU task per trial ran in a fresh worker each time (Ray keeps no more idle workers than
-CPUs while trials hold them), which re-imported torch for 2.2-2.8 s of a busy 2-core machine's CPU per trial.
+not once per trial: a task per trial would run in a fresh worker each time (Ray keeps no more idle workers than
+CPUs while trials hold them) and import torch again, seconds of CPU that the trials beside it lose.
 
-Invariant: every registration the driver announced to the front door (``Keeper.expect``) is settled there
-(``Keeper.settled``) when it ends, registered or refused, so no parent choice waits for it longer than it runs.
+Invariant: every registration the driver announced to the front door (``FrontDoor.expect``) is settled there
+(``FrontDoor.settled``) when it ends, registered or refused, so no parent choice waits for it longer than it runs.
 """
 
 from __future__ import annotations
