@@ -1,16 +1,27 @@
 """keeper: warm starts for deep-learning training from a zoo of trained models.
 
-Public entry points: :func:`load_graph`, :func:`similarity`, :func:`align`, :class:`Zoo` (with
-:class:`ZooConfig`), :class:`WarmResult`. The Ray service lives in :mod:`keeper.actors`, the Tune integration in
-:mod:`keeper.tune_integration`, torch helpers in :mod:`keeper.torch_support`.
+What users call: :func:`warm_start` (a torch module warmed in place from the best parent: one line in a Tune
+trainable, a Ray Train worker or a plain script) and :func:`register` (a trained module into a zoo), with
+:class:`Zoo` (the embedded zoo, with :class:`ZooConfig`) and :class:`WarmResult` (what a warm start did and why);
+:class:`~keeper.tune_integration.KeeperCallback` registers a Tune search's trials. Below them: :func:`load_graph`,
+:func:`similarity` and :func:`align` over ONNX models. The Ray service lives in :mod:`keeper.actors`, the Tune
+integration in :mod:`keeper.tune_integration`, torch helpers in :mod:`keeper.torch_support`.
+
+``import keeper`` imports neither torch nor Ray: :func:`warm_start`, :func:`register` and ``KeeperCallback`` are
+imported on first use.
 
 Example:
     >>> import keeper
-    >>> zoo = keeper.Zoo("/tmp/zoo")                                   # doctest: +SKIP
-    >>> zoo.register(trained_onnx_bytes, accuracy=0.91, name="net-a")  # doctest: +SKIP
-    >>> zoo.warm(new_onnx_bytes).parent                                # doctest: +SKIP
-    'net-a'
+    >>> zoo = keeper.Zoo("/tmp/zoo")                                      # doctest: +SKIP
+    >>> keeper.register(trained_model, example_input, zoo, accuracy=0.91)  # doctest: +SKIP
+    >>> keeper.warm_start(new_model, example_input, zoo).parent           # doctest: +SKIP
+    'model-...'
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from keeper.errors import InvalidModelError, KeeperError
 from keeper.graph import LayerGraph, load_graph
@@ -18,6 +29,22 @@ from keeper.matching import Alignment, align, similarity
 from keeper.warm import WarmResult
 from keeper.zoo import Zoo, ZooConfig
 
-__all__ = ["load_graph", "LayerGraph", "similarity", "align", "Alignment", "Zoo", "ZooConfig", "WarmResult",
-           "KeeperError", "InvalidModelError"]
+__all__ = ["warm_start", "register", "KeeperCallback", "Zoo", "ZooConfig", "WarmResult", "load_graph",
+           "LayerGraph", "similarity", "align", "Alignment", "KeeperError", "InvalidModelError"]
 __version__ = "0.1.0"
+
+# Imported on first use: the torch entry points import torch (seconds in a fresh process), the callback Ray Tune.
+_LAZY = {"warm_start": "keeper.torch_support.start", "register": "keeper.torch_support.start",
+         "KeeperCallback": "keeper.tune_integration.callback"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'keeper' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -40,20 +40,20 @@ def _version(name: str) -> str | None:
 
 def _kernels(load: bool) -> dict[str, Any]:
     """Which alignment kernels run here, and for numba where their compiled code is and whether it is there."""
-    from keeper import alignment_core, kernel_cache
+    from keeper.matching import core, kernel_cache
 
-    out: dict[str, Any] = {"implementation": alignment_core.IMPLEMENTATION}
-    if alignment_core.IMPLEMENTATION == "c":
-        out["path"] = getattr(alignment_core._dpcore, "__file__", None)
+    out: dict[str, Any] = {"implementation": core.IMPLEMENTATION}
+    if core.IMPLEMENTATION == "c":
+        out["path"] = getattr(core._dpcore, "__file__", None)
         return out
     where = kernel_cache.directory()
-    out.update(reason=alignment_core.MISSING_REASON, numba=_version("numba"),
+    out.update(reason=core.MISSING_REASON, numba=_version("numba"),
                cache=str(where) if where is not None else None)
     if load:
         out["load"] = _load_kernels()
-    from keeper import matching_kernels
+    from keeper.matching import kernels
 
-    out["cached"] = matching_kernels.cached()
+    out["cached"] = kernels.cached()
     return out
 
 
@@ -63,7 +63,7 @@ def _load_kernels() -> dict[str, Any]:
 
     import numpy as np
 
-    from keeper import matching_kernels
+    from keeper.matching import kernels
     from keeper.errors import KernelCompileWarning
     from keeper.matching import MatchArrays, align, score_many, similarity
 
@@ -75,7 +75,7 @@ def _load_kernels() -> dict[str, Any]:
         warnings.simplefilter("ignore", KernelCompileWarning)  # this report says it itself
         similarity(tiny, tiny), align(tiny, tiny), score_many([tiny], tiny)
     seconds = time.perf_counter() - t0
-    compiled = [k for k in matching_kernels.KERNELS if getattr(matching_kernels, k).stats.cache_misses]
+    compiled = [k for k in kernels.KERNELS if getattr(kernels, k).stats.cache_misses]
     return {"seconds": round(seconds, 3), "compiled": compiled}
 
 
@@ -125,9 +125,9 @@ def _notes(r: dict[str, Any]) -> list[str]:
     notes = []
     k = r["kernels"]
     if k["implementation"] == "numba" and r["settings"].get("KEEPER_DP") != "numba":
-        notes.append("the C alignment kernels (keeper._dpcore) are not built: every fresh process loads the numba "
-                     "ones (about 0.5 s). Install keeper again where a C compiler is present (`pip install -e .` in "
-                     "the checkout)")
+        notes.append("the C alignment kernels (keeper.matching._dpcore) are not built: every fresh process loads the "
+                     "numba ones (about 0.5 s). Install keeper again where a C compiler is present (`pip install -e .` "
+                     "in the checkout)")
     if k["implementation"] == "numba" and k["cache"] is None:
         notes.append("no kernel cache directory is writable: every process compiles the numba kernels (1-4 s); set "
                      "KEEPER_KERNEL_CACHE to a writable directory")
@@ -151,7 +151,7 @@ def render(r: dict[str, Any]) -> str:
     """The report as aligned ``name: value`` lines, then the notes."""
     k, t, a = r["kernels"], r["torch"], r["architecture_cache"]
     if k["implementation"] == "c":
-        kernels = f"C extension (keeper._dpcore, {k['path']})"
+        kernels = f"C extension (keeper.matching._dpcore, {k['path']})"
     else:
         cached = sum(k["cached"].values())
         kernels = (f"numba {k['numba']} ({k['reason']}); compiled code for this machine: {cached} of "

@@ -100,6 +100,6 @@ class TraceFallbackWarning(UserWarning):
 
 
 class KernelCompileWarning(UserWarning):
-    """keeper's compiled alignment kernels (``keeper._dpcore``) are not built in this install, so the numba ones
-    run: compiled once per machine (seconds), loaded in every process (about half a second). Said once per
+    """keeper's compiled alignment kernels (``keeper.matching._dpcore``) are not built in this install, so the numba
+    ones run: compiled once per machine (seconds), loaded in every process (about half a second). Said once per
     process; the message names the cache directory and how to get the compiled kernels."""

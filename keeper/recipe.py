@@ -1,15 +1,13 @@
 """A learning-rate recipe for a warm start: a factor the trainable multiplies into its own schedule.
 
 A model restarted at its recipe's full learning rate with fresh optimizer state loses much of what it had in its
-first steps (Adam's first updates have the size of the learning rate on every weight, whatever the gradient): an
-exact copy of a converged model needed 0.23x of its cold run's steps to get back (median of 15 runs, up to
-0.86x; ``reports/bench_recipe.md``), 0.09x with the rate lowered to 0.1x and ramped back over the first quarter.
+first steps: Adam's first updates have the size of the learning rate on every weight, whatever the gradient, so a
+converged model's function is shaken before its moments adapt. A lower rate ramped back over the first steps lets
+the moments settle first.
 
-A child that must learn past its parent (a growth, a transfer onto another architecture) is another matter. The
-same ramp (and, for a partial transfer, the published system's ``max(0.3, 1 - inherited share)`` start) made the
-language models' warmed trials slower on every seed (2.29x against 2.52x cold's speed, 3 seeds;
-``reports/bench_lm.md``) and MNIST-1D's on two seeds of three (1.96x against 1.92x on average, more trials slower
-than cold; it helped CNNs and cost transformers and MLPs; ``reports/bench_training.md``). So:
+A child that must learn past its parent (a growth, a transfer onto another architecture) is another matter: it has
+to leave the parent's optimum, and a lower rate only trades the early dip for a slower climb (``docs/architecture.md``,
+"The learning-rate recipe", gives the measurements behind both rules). So:
 
 * a cold result, or a warm onto another architecture: factor 1 at every step (the user's schedule, untouched);
 * a restart (the parent's function kept whole on a child it covers whole: the same architecture, as a resumed
@@ -71,7 +69,7 @@ def recipe_for(parent: str | None, score: float, preserved: bool, total_steps: i
         return Recipe(1.0, 0, "cold start: the trainable's own schedule")
     if not (preserved and score >= 1.0 - 1e-9):
         return Recipe(1.0, 0, "a child that must learn past its parent: the trainable's own schedule (a lower "
-                              "start slowed such warm starts in keeper's training benchmarks)")
+                              "start only slows it on its way past the parent)")
     steps = max(1, round(ramp * total_steps))
     return Recipe(Recipe.RESTART_START, steps,
                   f"a restart of the parent's function on its own architecture: start at {Recipe.RESTART_START:g}x "

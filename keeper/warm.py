@@ -1,6 +1,24 @@
-"""WarmResult, and warming one child from one chosen parent.
+"""A warm start: the one orchestrator every way in ends in, and the result it builds once.
 
-A model reaches this module as its graph (ONNX) and its weights: inline in the ONNX (models under protobuf's
+Every entry warms through :func:`warm`: a torch module (:func:`keeper.warm_start`, in any process, a Tune trial or a
+Ray Train worker), the embedded zoo (:meth:`keeper.Zoo.warm`, behind the ``keeper warm`` command) and the service's
+front door (``handle.warm.remote(onnx)``). They differ only in their :class:`ParentSource`: who chooses (the zoo in
+this process, or the service) and where the child inherits from the chosen parent (here, reading the parent from
+the store, or in the service's transfer task). A trial restored from a checkpoint of another architecture (an
+exploit of population-based training) goes through :func:`restore`, the same step with the checkpoint as parent.
+
+Invariants:
+    * a result is frozen when made: its report (``candidates``, ``reason``, ``probe``) is written here, once, from
+      the choice, the probe and the caller's ``note`` (why a checkpoint was not restored); loading it into a module
+      adds a :class:`LoadReport` in a new result instead of patching it;
+    * a warm aligns the child and its parent once: the choice's alignment and assessment of the chosen parent
+      (``Candidate.assessment``) travel with the choice to :func:`inherit`, through Ray and to Ray Train's ranks too;
+    * a parent hit is counted once per warm, for the parent the result came from, never for a cold result;
+    * a parent removed between its choice and its transfer is chosen again, once, on a fresh choice;
+    * with a probe, only qualifying candidates are scored (the first ``probe_top`` in rank order), and the cold
+      init wins unless a candidate scores strictly better (:func:`keeper.choice.probe_choice`).
+
+A model reaches :func:`inherit` as its graph (ONNX) and its weights: inline in the ONNX (models under protobuf's
 2 GiB), or apart in safetensors (any size; the graph's initializers then hold no data). Weights from a file are
 memory-mapped and checked against the graph before any transform; the transform streams tensor by tensor.
 
@@ -9,41 +27,65 @@ read-only memory-mapped views of a safetensors file the warm wrote (``out=``), o
 child's own arrays. A WarmResult holds plain data only (strings, floats, numpy arrays, the child's graph bytes), so
 Ray moves it with its zero-copy numpy path (arrays travel as out-of-band buffers; memory-mapped ones are read
 into the object store, never pickled as objects) and no user object is pickled on the wire. A child too large to
-travel whole is warmed where it is needed: ``warm_from_store`` reads the parent straight from the store there.
+travel whole is warmed where it is needed: :func:`inherit_stored` reads the parent straight from the store there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 import onnx
 
-from keeper.errors import InvalidModelError, PartialWarmWarning
+from keeper.choice.preservation import Assessment, assess
+from keeper.choice.probe import ProbeReport, ResultScore, probe_choice
+from keeper.choice.selection import SHOWN, ParentChoice, reason_of
+from keeper.errors import InvalidModelError, ModelNotFoundError, PartialWarmWarning
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
-from keeper.preservation import assess
-from keeper.recipe import Recipe, recipe_for
 from keeper.onnx_safety import MAX_MODEL_BYTES, ModelInput, load_model
 from keeper.onnx_weights import apart_specs, model_weights, write_weights
+from keeper.recipe import Recipe, recipe_for
+from keeper.store import ModelStore, read_parent, stored_weights
 from keeper.transforms import transfer
 from keeper.transforms.compose import Transfer
 from keeper.transforms.shrink import mixer
 from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, save_weights
 
-__all__ = ["WarmResult", "warm_from_parent", "cold_result", "DEFAULT_NOISE"]
+__all__ = ["WarmResult", "LoadReport", "ParentSource", "warm", "restore", "restored", "inherit", "inherit_stored",
+           "cold_result", "DEFAULT_NOISE"]
 
 #: Relative std of the symmetry-breaking noise added to warmed weights unless the caller says otherwise.
 DEFAULT_NOISE = 0.01
 
 
-@dataclass
+@dataclass(frozen=True)
+class LoadReport:
+    """What loading a warm result into a module found, as transformers' loading report says it.
+
+    Attributes:
+        missing: the module's float state_dict entries the result did not fill: they keep the module's values.
+        unexpected: the result's tensors with no state_dict entry in the module: not loaded.
+        mismatched: state_dict entries whose warmed value holds another number of elements than the module's
+            tensor (a result warmed for another architecture): not loaded, they keep the module's values.
+        reason: why the lists hold what they hold where that is expected ("" when every list is empty).
+    """
+
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class WarmResult:
-    """The outcome of a warm start.
+    """The outcome of a warm start, frozen when made: :func:`warm` (or :func:`restore`) builds it whole, report
+    included; loading it into a module adds a :class:`LoadReport` in a new result (``load``), never by patching.
 
     Attributes:
         parent: name of the parent model in the zoo, or None when the child keeps its own weights.
@@ -54,20 +96,19 @@ class WarmResult:
             ``kernel-pad``, ``identity``, ``zero``, ``init``.
         model: the child's ONNX bytes as given (its graph, with its own initial weights when they were inline).
         missing: tensors not inherited: the child's learned initializers that no layer holds
-            (``LayerGraph.unread``: read by ops keeper has no rule for), which keep the child's values; torch
-            loading replaces them with the state_dict keys not warmed.
-        unexpected: filled by torch loading: warm keys with no state_dict entry.
+            (``LayerGraph.unread``: read by ops keeper has no rule for), which keep the child's values (what a
+            module's loading left, in state_dict keys, is ``load.missing``).
         unset: child tensors with no value: the child came as a graph without weights and the parent supplies
             none of them (operator ``init``); the caller's own initialisation fills them.
-        preserved: the child is a function-preserving growth of the parent (see :mod:`keeper.preservation`).
+        preserved: the child is a function-preserving growth of the parent (see :mod:`keeper.choice.preservation`).
         structure: share of the inherited elements mapped block onto block (0 without a parent).
         candidates: what the choice used on each candidate, best ranked first (``Candidate.as_dict()``: name,
             score, coverage, preserved, structure, fit, accuracy, clean).
         probe: the data probe's report (``ProbeReport.as_dict()``) when one ran, else None.
         reason: why this parent, or why none (one sentence).
         shrink: the share of the parent's weights a restart kept (shrink and perturb: ``restart_shrink`` of
-            :func:`warm_from_parent`); 1.0 when the whole of them was kept, and for every warm that is not a
-            restart.
+            :func:`inherit`); 1.0 when the whole of them was kept, and for every warm that is not a restart.
+        load: what loading the result into a torch module found (:class:`LoadReport`), None until it is loaded.
     """
 
     parent: str | None
@@ -76,7 +117,6 @@ class WarmResult:
     mapping: dict[str, tuple[str | None, str]]
     model: bytes = b""
     missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
     unset: list[str] = field(default_factory=list)
     preserved: bool = False
     structure: float = 0.0
@@ -84,9 +124,10 @@ class WarmResult:
     probe: dict[str, Any] | None = None
     reason: str = ""
     shrink: float = 1.0
+    load: LoadReport | None = None
 
     def lineage(self) -> dict[str, Any]:
-        """How this child was obtained, for :meth:`keeper.zoo.Zoo.register` (``lineage=``): its parent, whether
+        """How this child was obtained, for :meth:`keeper.Zoo.register` (``lineage=``): its parent, whether
         the warm preserved the parent's function, its structure score, and whether a data probe chose it over the
         cold init."""
         given = next((c.get("accuracy") for c in self.candidates if c.get("name") == self.parent), None)
@@ -134,6 +175,116 @@ class WarmResult:
                 "structure": round(float(self.structure), 6), "reason": self.reason}
 
 
+class ParentSource(Protocol):
+    """Where parents come from: it chooses, makes the child inherit from a named parent, and counts hits.
+
+    Implemented by :class:`keeper.Zoo` (all in this process), :class:`keeper.actors.ServiceClient` (the service
+    chooses, the child inherits in this process from the store) and the front door itself (its transfer task).
+    """
+
+    def choose(self, graph: LayerGraph, fresh: bool = False, search: str = "") -> ParentChoice:
+        """The parent choice for the child ``graph`` of a trial of ``search`` ("" outside a search), under the
+        search rule (:mod:`keeper.choice.inheritance`); ``fresh``: re-read the zoo first. Counts no hit."""
+
+    def inherit(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
+                weights: WeightsInput | None, noise: float, out: str | os.PathLike | None) -> WarmResult:
+        """``child`` warmed from ``parent`` (its own weights when None) along the choice's alignment of it, with no
+        report yet (:func:`warm` writes it). Counts no hit.
+
+        Raises:
+            ModelNotFoundError: ``parent`` is no longer in the zoo.
+        """
+
+    def hit(self, parent: str) -> None:
+        """Count one use of ``parent`` (best effort)."""
+
+
+def warm(source: ParentSource, child: ModelInput, graph: LayerGraph, *, weights: WeightsInput | None = None,
+         noise: float | None = None, seed: int | None = None, out: str | os.PathLike | None = None,
+         probe: ResultScore | None = None, choice: ParentChoice | None = None, count: bool = True,
+         note: str = "", search: str = "") -> WarmResult:
+    """``child`` (its ONNX, and its LayerGraph ``graph``) warmed from the parent ``source`` chooses.
+
+    Args:
+        weights: the child's initial weights when ``child`` is its graph alone.
+        noise: relative std of symmetry-breaking noise (None: the choice's, i.e. the zoo's setting).
+        seed: the transfer's seed (None: the choice's).
+        out: stream the warmed weights into this safetensors file.
+        probe: a score over WarmResults (lower is better): the qualifying candidates the choice ranks first and
+            the cold init are scored and the best kept (see :mod:`keeper.choice.probe`).
+        choice: a choice already made (a Ray Train rank receives rank 0's); None: ``source.choose(graph)``.
+        count: count the parent hit (False on all but one rank of a Ray Train trial).
+        note: what the reason says first (why a trial's checkpoint was not restored), joined by "; ".
+        search: the search the child's trial belongs to ("" outside a search; see :meth:`ParentSource.choose`).
+
+    Example:
+        >>> result = warm(zoo, onnx_bytes, keeper.load_graph(onnx_bytes))  # doctest: +SKIP
+        >>> result.parent, result.reason                                   # doctest: +SKIP
+    """
+    for attempt in (0, 1):
+        choice = choice if choice is not None else source.choose(graph, fresh=attempt > 0, search=search)
+        if seed is not None:
+            choice = dataclasses.replace(choice, seed=int(seed))
+        try:
+            result = _warm_chosen(source, choice, child, graph, weights, noise, out, probe, note)
+            break
+        except ModelNotFoundError:
+            if attempt:
+                raise
+            choice = None  # removed or evicted after it was chosen: choose again on a fresh view of the zoo
+    if count and result.parent is not None:
+        source.hit(result.parent)
+    return result
+
+
+def _warm_chosen(source: ParentSource, choice: ParentChoice, child: ModelInput, graph: LayerGraph,
+                 weights: WeightsInput | None, noise: float | None, out: str | os.PathLike | None,
+                 probe: ResultScore | None, note: str) -> WarmResult:
+    level = choice.noise if noise is None else float(noise)
+
+    def make(name: str | None, to: Any = None) -> WarmResult:
+        return source.inherit(choice, name, child, graph, weights=weights, noise=level, out=to)
+
+    ranked = choice.ranked()
+    if probe is None or not ranked:
+        return _reported(make(choice.parent, out), choice, None, note)
+    result, measured = probe_choice(ranked, make, lambda: make(None), probe, choice.probe_top)
+    if out is not None:  # the probe ran in memory; the winner is made again into the file
+        result = make(result.parent, out)
+    return _reported(result, choice, measured, note)
+
+
+def _reported(result: WarmResult, choice: ParentChoice, probe: ProbeReport | None, note: str) -> WarmResult:
+    """The result as it leaves :func:`warm`: the transfer's, with the report of the choice and the probe (the one
+    place a report is written)."""
+    reason = probe.reason if probe is not None else reason_of(choice)
+    return dataclasses.replace(result, candidates=[c.as_dict() for c in choice.candidates[:SHOWN]],
+                               reason=f"{note}; {reason}" if note else reason,
+                               probe=probe.as_dict() if probe is not None else None)
+
+
+def restore(checkpoint: ModelInput, name: str, child: ModelInput, graph: LayerGraph, *,
+            checkpoint_weights: WeightsInput | None = None, weights: WeightsInput | None = None, noise: float,
+            seed: int = 0, note: str = "") -> WarmResult:
+    """``child`` warmed from a trial's checkpoint of another architecture (its ``checkpoint`` graph and
+    ``checkpoint_weights``, labelled ``name``), not from a zoo parent: what population-based training's exploit
+    across architectures needs. The checkpoint is not chosen, so it is aligned here, once; ``note`` comes first in
+    the reason, as for :func:`warm`."""
+    result = inherit(checkpoint, child, parent_weights=checkpoint_weights, parent_name=name, child_weights=weights,
+                     child_graph=graph, noise=noise, seed=seed)
+    reason = (f"restored from {name}, another architecture, by keeper's transforms (similarity {result.score:.2f}"
+              f"{', function preserved' if result.preserved else ''})")
+    return dataclasses.replace(result, reason=f"{note}; {reason}" if note else reason)
+
+
+def restored(name: str, note: str = "") -> WarmResult:
+    """The result of a checkpoint ``name`` of the child's own architecture, which the caller loads exactly (a
+    plain copy, as Tune's PBT does; nothing to transform): its whole function kept."""
+    reason = f"restored from {name}: the same architecture, loaded exactly"
+    return WarmResult(name, 1.0, {}, {}, preserved=True, structure=1.0,
+                      reason=f"{note}; {reason}" if note else reason)
+
+
 def _read(model: ModelInput, weights: WeightsInput | None, what: str,
           child: bool = True) -> tuple[onnx.ModelProto, dict, list[str]]:
     """The checked proto, its weights, and, for a child, the data-less initializers that got no value (a zero
@@ -159,7 +310,7 @@ def _without_apart(proto: onnx.ModelProto) -> onnx.ModelProto:
 def cold_result(child: ModelInput, child_weights: WeightsInput | None = None, *,
                 out: str | os.PathLike | None = None, graph: LayerGraph | None = None) -> WarmResult:
     """The child's own weights, no parent (``out``: also written there as safetensors, ``unset`` ones as zeros,
-    as :func:`warm_from_parent` writes them; ``graph``: the child's, when the caller has extracted it)."""
+    as :func:`inherit` writes them; ``graph``: the child's, when the caller has extracted it)."""
     proto, weights, unset = _read(child, child_weights, "child model")
     graph = graph if graph is not None else graph_from_proto(proto)
     mapping = {r.key: (None, "init") for refs in graph.tensors for r in refs}
@@ -176,18 +327,23 @@ def cold_result(child: ModelInput, child_weights: WeightsInput | None = None, *,
     return WarmResult(None, 0.0, weights, mapping, proto.SerializeToString(), unset=unset)
 
 
-def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: WeightsInput | None = None,
-                     child_weights: WeightsInput | None = None, parent_name: str | None = None,
-                     parent_graph: LayerGraph | None = None, child_graph: LayerGraph | None = None,
-                     alignment: Alignment | None = None, noise: float = DEFAULT_NOISE, seed: int = 0,
-                     out: str | os.PathLike | None = None, restart_shrink: float = 1.0) -> WarmResult:
-    """Warm ``child`` from ``parent`` (ONNX bytes, paths or ModelProtos, each with its weights inline or apart).
+def inherit(parent: ModelInput, child: ModelInput, *, parent_weights: WeightsInput | None = None,
+            child_weights: WeightsInput | None = None, parent_name: str | None = None,
+            parent_graph: LayerGraph | None = None, child_graph: LayerGraph | None = None,
+            alignment: Alignment | None = None, assessment: Assessment | None = None, noise: float = DEFAULT_NOISE,
+            seed: int = 0, out: str | os.PathLike | None = None, restart_shrink: float = 1.0) -> WarmResult:
+    """``child`` warmed from the given ``parent`` (ONNX bytes, paths or ModelProtos, each with its weights inline
+    or apart): the step after a choice, with no report (:func:`warm` writes it).
 
     Args:
         parent_weights / child_weights: safetensors bytes, a path (memory-mapped) or a mapping of arrays, for the
             initializers a graph holds without data; checked against the graph (names, dtypes, dims) first. A
             child given as a graph without weights keeps nothing of its own: tensors the parent does not supply
             are listed in ``unset``.
+        alignment: the two graphs' alignment when the caller has it (aligned here otherwise).
+        assessment: the choice's assessment of the pair (:attr:`keeper.choice.Candidate.assessment`): its alignment
+            and what it keeps are used as they are, so the pair is neither aligned nor assessed again; one made on
+            other graphs than these (:meth:`~keeper.choice.Assessment.fits`) is not used.
         out: write the child's weights to this safetensors file as they are made (peak memory: one tensor);
             the result's ``weights`` are then memory-mapped views of it.
         restart_shrink: for a restart only (the child is the parent's own architecture, its whole function
@@ -199,8 +355,8 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
         InvalidWeightsError: a weights file is unreadable or does not fit its graph (nothing is transformed).
 
     Example:
-        >>> r = warm_from_parent(parent_bytes, child_bytes, noise=0.0)  # doctest: +SKIP
-        >>> r.score, r.summary()["operators"]                            # doctest: +SKIP
+        >>> r = inherit(parent_bytes, child_bytes, noise=0.0)  # doctest: +SKIP
+        >>> r.score, r.summary()["operators"]                  # doctest: +SKIP
     """
     if not (noise >= 0.0 and np.isfinite(noise)):
         raise ValueError(f"noise must be a finite relative std >= 0, got {noise!r}")
@@ -208,9 +364,12 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
     cproto, cweights, unset = _read(child, child_weights, "child model")
     pg = parent_graph or graph_from_proto(pproto)
     cg = child_graph or graph_from_proto(cproto)
-    al = alignment or align(pg, cg)
+    if assessment is not None and assessment.fits(pg, cg):
+        al, fit = assessment.alignment, assessment
+    else:
+        al = alignment or align(pg, cg)
+        fit = assess(pg, cg, al)
     model = cproto.SerializeToString()
-    fit = assess(pg, cg, al)
     shrink = float(restart_shrink) if fit.preserved and al.score >= 1.0 - 1e-9 and restart_shrink < 1.0 else 1.0
     # a restart inherits every tensor it has, so the mix needs no provenance and can run as the transfer streams
     mix = mixer(cg, cweights, shrink, lambda key: True) if shrink < 1.0 else None
@@ -233,6 +392,41 @@ def warm_from_parent(parent: ModelInput, child: ModelInput, *, parent_weights: W
     return WarmResult(parent_name, al.score, weights, moved.provenance, model, missing=sorted(cg.unread),
                       unset=unset, preserved=fit.preserved and not moved.unkept and shrink == 1.0,
                       structure=fit.structure, shrink=shrink)
+
+
+def inherit_stored(store: ModelStore | str, parent: str | None, child: ModelInput, *,
+                   child_graph: LayerGraph | dict[str, np.ndarray] | None = None,
+                   child_weights: WeightsInput | None = None, parent_graph: LayerGraph | None = None,
+                   noise: float = DEFAULT_NOISE, seed: int = 0, out: str | os.PathLike | None = None,
+                   restart_shrink: float = 1.0, assessment: Assessment | None = None) -> WarmResult:
+    """:func:`inherit` from the zoo model ``parent`` as ``store`` holds it (the child's own weights when None),
+    wherever the caller runs: the embedded zoo, a Tune trial, the service's transfer task. The parent's weights are
+    memory-mapped there (a local file for a local store, a verified copy streamed from an object store), so they
+    never pass through an actor.
+
+    Args:
+        store: the zoo's :class:`~keeper.store.ModelStore`, or its URI (one store per URI and process; a model
+            missing from it is looked up once more in a fresh one, as it may have been registered since).
+        child_graph: the child's LayerGraph (or its ``to_arrays()``, as a Ray task receives it) when the caller
+            has extracted it, so it is not extracted twice.
+        parent_graph: the parent's LayerGraph when the caller holds it (read from the store otherwise).
+        assessment: the choice's assessment of the pair (see :func:`inherit`).
+
+    Raises:
+        ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
+    """
+    if isinstance(child_graph, dict):
+        child_graph = LayerGraph.from_arrays(child_graph)
+    if parent is None:
+        return cold_result(child, child_weights, out=out, graph=child_graph)
+    if isinstance(store, ModelStore):
+        blob, graph, weights = store.get(parent), parent_graph, stored_weights(store, parent)
+    else:
+        blob, graph, weights = read_parent(store, parent)
+        graph = parent_graph if parent_graph is not None else graph
+    return inherit(blob, child, parent_weights=weights, child_weights=child_weights, parent_name=parent,
+                   parent_graph=graph, child_graph=child_graph, assessment=assessment, noise=noise, seed=seed,
+                   out=out, restart_shrink=restart_shrink)
 
 
 def _transfer_to_file(pg, pweights, cg, cweights: Mapping[str, np.ndarray], al, noise, seed,

@@ -17,7 +17,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import math
@@ -28,20 +27,20 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from keeper import chooser
-from keeper.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
+from keeper.choice.candidates import (AssessedPairs, Assessable, ParentFacts, architecture_digest, assess_found,
+                                     may_qualify_all)
 from keeper.choice.inheritance import Inheritances, Training
+from keeper.choice.preservation import Roles, layer_roles
+from keeper.choice.probe import ResultScore
+from keeper.choice.selection import Candidate, ParentChoice, SelectionPolicy, make_choice, rank_parents
 from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.onnx_weights import apart_specs
-from keeper.preservation import layer_roles
-from keeper.probe import ResultScore
-from keeper.selection import Candidate, ParentChoice, SelectionPolicy, make_choice, rank_parents
 from keeper.store import ModelRecord, ModelStore, check_name, sha256
-from keeper.stored import GRAPH_EXTRA, WEIGHTS_EXTRA, graph_blob, graph_format, graph_from_blob, stored_weights
-from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
+from keeper.store.stored import GRAPH_EXTRA, WEIGHTS_EXTRA, graph_blob, graph_format, graph_from_blob
+from keeper.warm import DEFAULT_NOISE, WarmResult, inherit_stored, warm
 from keeper.weights import WeightsInput, staged_weights
 
 __all__ = ["Zoo", "ZooConfig"]
@@ -98,7 +97,7 @@ class Zoo:
         self._graphs: dict[str, LayerGraph] = {}
         self._arrays: dict[str, MatchArrays] = {}
         self._sigs: dict[str, np.ndarray] = {}
-        self._roles: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._roles: dict[str, Roles] = {}
         self._assessed = AssessedPairs()  # alignments assessed, per child architecture and stored model
         self._inheritances = Inheritances()  # the search rule: which converged parents each search took
         self.reload()
@@ -401,7 +400,7 @@ class Zoo:
     def candidates(self, child: LayerGraph | ModelInput, names: list[str] | None = None) -> list[Candidate]:
         """Every zoo model that may qualify as a parent, with its exact score, coverage and what its alignment keeps
         (``preserved``, ``structure``), and whether its lineage is ``clean`` (see :meth:`register`); assembled as
-        the service assembles them (:mod:`keeper.candidates`)."""
+        the service assembles them (:mod:`keeper.choice.candidates`)."""
         g = as_graph(child)
         pool = names if names is not None else self.names()
         if not pool:
@@ -423,21 +422,21 @@ class Zoo:
 
         digest = architecture_digest(ca)
         return assess_found(found, g, sel.floor, facts,
-                            lambda n: (self._graphs[n], self._arrays[n], self._roles_of(n)), ca, self._assessed,
-                            lambda n: (digest, n, recs[n].checksum, recs[n].created))
+                            lambda n: Assessable(self._graphs[n], self._arrays[n], self._roles_of(n)), ca,
+                            self._assessed, lambda n: (digest, n, recs[n].checksum, recs[n].created))
 
-    def _roles_of(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+    def _roles_of(self, name: str) -> Roles:
         if name not in self._roles:
             self._roles[name] = layer_roles(self._graphs[name])
         return self._roles[name]
 
     def rank(self, child: LayerGraph | ModelInput) -> list[Candidate]:
-        """The qualifying candidates for ``child``, best first (:func:`keeper.selection.rank_parents`)."""
+        """The qualifying candidates for ``child``, best first (:func:`keeper.choice.selection.rank_parents`)."""
         return rank_parents(self.candidates(child), self.config.selection)
 
     def choose(self, graph: LayerGraph | ModelInput, fresh: bool = False, search: str = "") -> ParentChoice:
         """The parent choice for ``graph`` of a trial of ``search`` under the search rule
-        (:mod:`keeper.choice.inheritance`; "" outside a search), a :class:`~keeper.chooser.ParentSource` method
+        (:mod:`keeper.choice.inheritance`; "" outside a search), a :class:`~keeper.warm.ParentSource` method
         that counts no hit. ``fresh``: re-read the catalog first (another process may have removed the parent)."""
         if fresh:
             self.reload()
@@ -457,11 +456,11 @@ class Zoo:
             model: the child: ONNX with its initial weights inside, or its graph alone (then ``weights`` holds
                 its initial weights, or, when absent, the tensors the parent does not supply are ``unset``).
             seed: the transfer's seed (None: the zoo's ``seed`` setting).
-            out: stream the warmed weights into this safetensors file (any size; see :func:`warm_from_parent`).
+            out: stream the warmed weights into this safetensors file (any size; see :func:`keeper.warm.inherit`).
             graph: ``model``'s LayerGraph when the caller has extracted it (it is not extracted again).
             probe: a data probe over warm results (lower is better; e.g. load ``result`` into your model and
                 return a loss): the best ``selection.probe_top`` candidates and the cold init are scored and
-                the best is kept, cold included (:func:`keeper.probe.probe_choice`). Torch users pass a module
+                the best is kept, cold included (:func:`keeper.choice.probe.probe_choice`). Torch users pass a module
                 probe or ``(batches, loss_fn)`` to :func:`keeper.torch_support.warm_start` instead.
 
         The result says what the choice used: ``candidates`` (score, coverage, preserved, structure per
@@ -469,28 +468,24 @@ class Zoo:
         """
         proto = load_model(model, what="child model", weights_apart=weights is not None)
         graph = graph if graph is not None else graph_from_proto(proto)
-        return chooser.warm(self, proto, graph, weights=weights, noise=noise, seed=seed, out=out, probe=probe)
+        return warm(self, proto, graph, weights=weights, noise=noise, seed=seed, out=out, probe=probe)
 
-    def transfer(self, choice: ParentChoice | None, parent: str | None, child: ModelInput,
-                 graph: LayerGraph | None = None, *, weights: WeightsInput | None = None,
-                 noise: float | None = None, out: str | os.PathLike | None = None,
-                 report: dict[str, Any] | None = None) -> WarmResult:
-        """``child`` warmed from the named zoo model (its own weights when ``parent`` is None), with ``choice``'s
-        seed (the zoo's without a choice); counts no hit (a :class:`~keeper.chooser.ParentSource` method).
+    def inherit(self, choice: ParentChoice | None, parent: str | None, child: ModelInput,
+                graph: LayerGraph | None = None, *, weights: WeightsInput | None = None, noise: float | None = None,
+                out: str | os.PathLike | None = None) -> WarmResult:
+        """``child`` warmed from the named zoo model (its own weights when ``parent`` is None) along ``choice``'s
+        alignment of it, with its seed (the zoo's without a choice); counts no hit (a
+        :class:`~keeper.warm.ParentSource` method; :func:`keeper.warm.inherit_stored` on this zoo's store).
 
         Raises:
             ModelNotFoundError: ``parent`` is not in the zoo.
         """
-        seed = self.config.seed if choice is None else choice.seed
-        if parent is None:
-            result = cold_result(child, weights, out=out, graph=graph)
-        else:
-            result = warm_from_parent(self.store.get(parent), child, parent_weights=stored_weights(self.store, parent),
-                                      child_weights=weights, parent_name=parent, parent_graph=self.graph(parent),
-                                      child_graph=graph, out=out, seed=seed,
-                                      noise=self.config.noise if noise is None else noise,
-                                      restart_shrink=1.0 if choice is None else choice.restart_shrink)
-        return dataclasses.replace(result, **report) if report else result
+        return inherit_stored(self.store, parent, child, child_graph=graph, child_weights=weights,
+                              parent_graph=self.graph(parent) if parent is not None else None,
+                              noise=self.config.noise if noise is None else noise,
+                              seed=self.config.seed if choice is None else choice.seed, out=out,
+                              restart_shrink=1.0 if choice is None else choice.restart_shrink,
+                              assessment=None if choice is None else choice.assessment_of(parent))
 
     def hit(self, name: str) -> None:
         """Count one use of ``name`` as a parent (decayed value for eviction). Best-effort: a zoo this process may

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from keeper.stored import read_parent
+from keeper.store.stored import read_parent
 from keeper.graph import LayerGraph, graph_from_proto
 from keeper.matching import Alignment, align
 from keeper.onnx_safety import ModelInput, load_model

@@ -294,10 +294,10 @@ def warm_deviation(parent: nn.Module, child: nn.Module, x: tuple, *, dynamo: boo
     from keeper.graph import load_graph
     from keeper.graph.stream import residual_stream
     from keeper.matching import align
-    from keeper.preservation import assess
+    from keeper.choice.preservation import assess
     from keeper.torch_support import export
     from keeper.torch_support.load import load_result
-    from keeper.warm import warm_from_parent
+    from keeper.warm import inherit as warm_from_parent
 
     trained_like(parent, seed)
     t0 = time.perf_counter()

@@ -47,7 +47,6 @@ import numpy as np
 from keeper.recipe import Recipe, recipe_for
 from keeper.torch_support import warm_start
 from keeper.torch_support.load import load_result
-from keeper.torch_support.start import choose_for_module
 
 __all__ = ["ARMS", "BOUNDS", "NasRun", "TrialRecord", "arrivals", "copy_bound_start", "run_arm", "steps_to_target",
            "summarize", "service_config", "warm_by_arm", "plateau_check"]
@@ -157,18 +156,38 @@ def service_config(arm: str, seed: int, workdir: str, noise: float) -> dict:
             "selection": {"accuracy_aware": arm != "keeper-no-accuracy"}}
 
 
+def _choose(model: Any, example: Any, service: dict, dynamo: bool) -> tuple[Any, Any]:
+    """The model's architecture and the service's parent choice for it, with the trial's architecture template saved
+    and a hit counted for the chosen parent, as ``warm_start`` does; the module is not changed. For the arms that
+    transfer weights their own way (the baselines)."""
+    from keeper.torch_support import trial
+    from keeper.torch_support.export import export_graph
+    from keeper.torch_support.inputs import example_for
+    from keeper.torch_support.start import parent_source
+    from keeper.torch_support.templates import architecture_template
+
+    source = parent_source(None, service)
+    exported = export_graph(model, example_for(model, example), dynamo=dynamo)
+    choice = source.choose(exported.graph)
+    state = model.state_dict()
+    trial.save_architecture(architecture_template(exported, state), state, choice.uri)
+    if choice.parent is not None:
+        source.hit(choice.parent)
+    return exported, choice
+
+
 def warm_by_arm(arm: str, model: Any, example: Any, service: dict, dynamo: bool, states: str, seed: int,
                 total_steps: int = 1) -> dict:
     """Warm ``model`` the arm's way (in a Tune trial; ``states``: where the name-shape arm finds its parents'
     state_dicts); returns ``{"parent", "score"}``, and for keeper-recipe ``"recipe"``: the warm start's
     learning-rate recipe over ``total_steps`` (:meth:`keeper.recipe.Recipe.as_dict`)."""
     if arm in ("keeper", "keeper-recipe", "keeper-no-accuracy"):
-        r = warm_start(model, example, config=service, dynamo=dynamo)
+        r = warm_start(model, example, config={**service, "dynamo": dynamo})
         info = {"parent": r.parent or "", "score": float(r.score)}
         if arm == "keeper-recipe":
             info["recipe"] = r.recipe(total_steps).as_dict()
         return info
-    exported, choice = choose_for_module(model, example, config=service, dynamo=dynamo)
+    exported, choice = _choose(model, example, service, dynamo)
     parent = choice.parent
     if parent is None:
         return {"parent": "", "score": 0.0}

@@ -286,7 +286,7 @@ def run_arm(arm: str, run: PbtRun, seed: int, workdir: str, *, pbt_interval: int
 
 
 #: Process titles of keeper's actors (Ray names an actor's process ``ray::<Class>``).
-KEEPER_ACTORS = ("Keeper", "FrontDoor", "ZooManager", "Matcher")
+KEEPER_ACTORS = ("FrontDoor", "ZooManager", "Matcher")
 
 
 def keeper_actor_cpu() -> dict[str, float]:

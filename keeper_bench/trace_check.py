@@ -67,7 +67,8 @@ def front_end_graph(module: torch.nn.Module, args: tuple) -> tuple[LayerGraph, d
 
     drop_eval_caches(module)
     try:
-        _, keys, _, graph = trace_graph(module, args)
+        traced = trace_graph(module, args)
+        keys, graph = traced.keys, traced.graph
     except Exception as exc:  # noqa: BLE001 (see the docstring)
         first = str(exc).splitlines()[0] if str(exc) else ""
         return f"{type(exc).__name__}: {first}"[:200]
@@ -84,7 +85,8 @@ def graph_differences(module: torch.nn.Module, args: tuple) -> GraphCheck:
     drop_eval_caches(module)
     t0 = time.perf_counter()
     try:
-        _, keys, _, graph = trace_graph(module, args)
+        traced = trace_graph(module, args)
+        keys, graph = traced.keys, traced.graph
     except TraceUnsupported as exc:
         return GraphCheck([], 0.0, 0.0, str(exc))
     finally:
@@ -109,8 +111,8 @@ def warm_differences(parent: torch.nn.Module, child: torch.nn.Module, args: tupl
         warm = copy.deepcopy(child)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            register(parent, args, zoo, 0.9, name="parent", dynamo=dynamo)
-            result = warm_start(warm, args, zoo, noise=0.0, dynamo=dynamo)
+            register(parent, args, zoo, 0.9, name="parent", config={"dynamo": dynamo})
+            result = warm_start(warm, args, zoo, noise=0.0, config={"dynamo": dynamo})
         results[path] = (result.parent, round(float(result.score), 4), warm.state_dict())
     (pa, sa, wa), (pb, sb, wb) = results["trace"], results["dynamo"]
     out = []

@@ -135,7 +135,7 @@ def run(args) -> dict:
     import torch
 
     import keeper
-    from keeper.selection import SelectionPolicy
+    from keeper.choice.selection import SelectionPolicy
     from keeper.torch_support import DataProbe, export_graph, module_weights, warm_start
     from keeper_bench.families import build, example_input, num_params
     from keeper_bench.workload import mnist1d_dataset
@@ -164,7 +164,7 @@ def run(args) -> dict:
                     probe = (DataProbe(probe_batches, torch.nn.CrossEntropyLoss(), steps=2, lr=args.lr)
                              if arm == "keeper+probe" else None)
                     t0 = time.perf_counter()
-                    r = warm_start(model, example_input(spec), zoos[arm], probe=probe, dynamo=False)
+                    r = warm_start(model, example_input(spec), zoos[arm], probe=probe, config={"dynamo": False})
                     info.update(parent=r.parent, score=float(r.score), preserved=bool(r.preserved),
                                 structure=float(r.structure), warm_s=time.perf_counter() - t0, reason=r.reason,
                                 candidates=r.candidates)

@@ -113,10 +113,10 @@ def measure(name: str, builders: dict[str, Builder], dynamo: bool) -> Row:
         row.self_score = similarity(graph, graph)
         with tempfile.TemporaryDirectory() as tmp:
             zoo = Zoo(str(Path(tmp) / "zoo"))
-            register(parent, args, zoo, 0.9, name="parent", dynamo=dynamo)
+            register(parent, args, zoo, 0.9, name="parent", config={"dynamo": dynamo})
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", PartialWarmWarning)
-                result = warm_start(child, args, zoo, noise=0.0, dynamo=dynamo)
+                result = warm_start(child, args, zoo, noise=0.0, config={"dynamo": dynamo})
             row.warned = any(issubclass(w.category, PartialWarmWarning) for w in caught)
         row.left = list(result.missing)
         row.similarity = float(result.score)

@@ -263,7 +263,7 @@ def deviation(parent_spec: dict, child_spec: dict, dynamo: bool, seed: int) -> t
     from keeper_bench import families
     from keeper.torch_support import export
     from keeper.torch_support.load import load_result
-    from keeper.warm import warm_from_parent
+    from keeper.warm import inherit as warm_from_parent
 
     torch.manual_seed(seed)
     parent = families.build(parent_spec)
@@ -462,7 +462,7 @@ def large_setup(workdir: Path) -> dict:
 def large_measure(workdir: Path) -> dict:
     """Warm the large child from the parent's memory-mapped safetensors: streamed to a file, then in memory;
     against one safetensors load of the child's weights. No torch in the timed calls."""
-    from keeper.warm import warm_from_parent
+    from keeper.warm import inherit as warm_from_parent
     from keeper.weights import SafeTensors
 
     pgraph, cgraph = (workdir / "parent.onnx").read_bytes(), (workdir / "child.onnx").read_bytes()

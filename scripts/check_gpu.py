@@ -129,7 +129,8 @@ def _trace(module, args) -> tuple[object, float]:
 
     t0 = time.perf_counter()
     try:
-        _, keys, _, graph = trace_graph(module, args)
+        traced = trace_graph(module, args)
+        keys, graph = traced.keys, traced.graph
         found = (graph, keys)
     except TraceUnsupported as exc:
         found = f"falls back: {exc}"
@@ -183,7 +184,7 @@ def trace_rows(device: str, only: list[str] | None) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------- kernels
 def kernel_rows(device: str) -> list[dict]:
     """The kernels in use; for numba, a first and a second fresh process loading them (the second must load)."""
-    from keeper import alignment_core
+    from keeper.matching import core as alignment_core
 
     if alignment_core.IMPLEMENTATION == "c":
         return [_row("kernels", "alignment kernels", "C extension (keeper._dpcore)", "-", "no compile anywhere", True)]

@@ -57,8 +57,8 @@ def grow(timm, name: str, exporter: str, fused: bool, child_size: tuple[int, int
         with tempfile.TemporaryDirectory() as d, nets.quiet(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             zoo = keeper.Zoo(d, keeper.ZooConfig(outlier_z=None))
-            register(parent, x, zoo, 0.9, name="parent", dynamo=dynamo)
-            r = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
+            register(parent, x, zoo, 0.9, name="parent", config={"dynamo": dynamo})
+            r = warm_start(child, x, zoo, noise=0.0, config={"dynamo": dynamo})
     except Exception as exc:  # an exporter that cannot write the model: reported as such
         return f"{name:6s} {exporter:11s} export failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
     with torch.no_grad():

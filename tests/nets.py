@@ -449,5 +449,5 @@ def warm_strictly(parent: nn.Module, child: nn.Module, x: torch.Tensor, root: Pa
     zoo = Zoo(str(root / "zoo"))
     with quiet(), warnings.catch_warnings():
         warnings.simplefilter("error", PartialWarmWarning)
-        register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
-        return warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
+        register(parent, x, zoo, 0.9, name="p", config={"dynamo": dynamo})
+        return warm_start(child, x, zoo, noise=0.0, config={"dynamo": dynamo})

@@ -247,7 +247,8 @@ def test_matchers_spread_over_nodes(service, cluster):
 
 
 def test_warm_through_the_service_equals_the_embedded_warm(service):
-    from keeper.warm import warm_from_parent
+    from keeper.actors import ServiceClient
+    from keeper.warm import inherit, warm
 
     handle, zoo = service
     parent = cnn_onnx([16, 32, 32], kernel=3, seed=1)
@@ -256,14 +257,15 @@ def test_warm_through_the_service_equals_the_embedded_warm(service):
     child = cnn_onnx([24, 32, 32, 32], kernel=5, seed=2)
     result = get(handle.warm.remote(child, noise=0.0))
     assert result.parent == "cnn-parent" and result.score > 0.3
-    local = warm_from_parent(parent, child, parent_name="cnn-parent", noise=0.0)
+    local = inherit(parent, child, parent_name="cnn-parent", noise=0.0)
     assert result.weights.keys() == local.weights.keys()
     assert all(np.array_equal(result.weights[k], local.weights[k]) for k in local.weights)
-    # the ref variant hands the task's result straight to the caller; choose() lets the caller transfer
-    ref = get(handle.warm_ref.remote(child, noise=0.0))
-    assert get(ref).parent == "cnn-parent"
+    # choose() lets the caller warm in its own process, along the alignment the service's choice carries
     choice = get(handle.choose.remote(child))
     assert choice.parent == "cnn-parent" and choice.uri == str(zoo)
+    assert choice.assessment_of("cnn-parent").alignment is not None
+    here = warm(ServiceClient(handle), child, load_graph(child), noise=0.0)
+    assert here.parent == "cnn-parent" and all(np.array_equal(here.weights[k], local.weights[k]) for k in local.weights)
     # nothing similar enough: the child keeps its own weights
     assert get(handle.warm.remote(conv2d_onnx())).parent is None
 

@@ -17,7 +17,7 @@ def _event(trial: str, steps: int, wall: float, val: float, test: float, parent:
 
 def _run(events: list[dict], trials: dict, wall: float, actor_cpu: float = 0.0, hook_s: float = 0.0) -> dict:
     return {"events": events, "trials": trials, "wall_s": wall, "errors": [],
-            "actor_cpu": {"Keeper": actor_cpu} if actor_cpu else {}, "callback": {"hook_s": hook_s}}
+            "actor_cpu": {"FrontDoor": actor_cpu} if actor_cpu else {}, "callback": {"hook_s": hook_s}}
 
 
 def test_a_search_is_read_at_its_first_round_at_the_target_and_at_its_own_final_choice():

@@ -7,21 +7,21 @@ import json
 
 import pytest
 
-from keeper import alignment_core
 from keeper.cli import main
+from keeper.matching import core
 
 
 def test_doctor_names_the_kernels_the_versions_and_the_caches(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("KEEPER_ARCH_CACHE", str(tmp_path / "arch"))
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    kernels = "C extension (keeper._dpcore" if alignment_core.IMPLEMENTATION == "c" else "numba"
+    kernels = "C extension (keeper.matching._dpcore" if core.IMPLEMENTATION == "c" else "numba"
     for line in (f"alignment kernels:", kernels, "torch:", "onnx:", "numba:", "ray:",
                  f"architecture cache: {tmp_path / 'arch'} (0 architectures)"):
         assert line in out, out
     assert main(["doctor", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
-    assert found["kernels"]["implementation"] == alignment_core.IMPLEMENTATION
+    assert found["kernels"]["implementation"] == core.IMPLEMENTATION
     assert found["torch"]["cuda_available"] in (True, False) and found["packages"]["onnx"]
 
 

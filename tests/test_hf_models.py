@@ -43,11 +43,11 @@ def warm_pair(root, parent: torch.nn.Module, child: torch.nn.Module, args: tuple
     zoo = Zoo(str(root / "zoo"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", TraceFallbackWarning)
-        register(parent, args, zoo, 0.9, name="parent", dynamo=dynamo)
+        register(parent, args, zoo, 0.9, name="parent", config={"dynamo": dynamo})
         exported = export_graph(child, args, dynamo=dynamo)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PartialWarmWarning)
-        result = warm_start(child, args, zoo, noise=0.0, dynamo=dynamo)
+        result = warm_start(child, args, zoo, noise=0.0, config={"dynamo": dynamo})
     partial = [str(w.message) for w in caught if issubclass(w.category, PartialWarmWarning)]
     with torch.no_grad():
         dev = rel_dev(parent(*args), child(*args))
@@ -82,7 +82,7 @@ def warmed(request, warm_case):
 def test_same_architecture_warm_is_exact(warmed):
     assert warmed.cold > 0.1, "the two inits must differ, or exactness proves nothing"
     assert warmed.dev < EXACT, f"{warmed.name}: deviation {warmed.dev:.3g} after a same-architecture warm"
-    assert warmed.result.missing == [] and warmed.partial == []
+    assert warmed.result.load.missing == [] and warmed.partial == []
     assert warmed.result.score == 1.0
 
 
@@ -106,7 +106,7 @@ def test_tied_weights_transfer_once_count_once_and_load_under_both_keys(warm_cas
     assert out.graph.total_params == sum(p.numel() for p in child.parameters())
     state = child.state_dict()
     assert torch.equal(state[wte], parent.state_dict()[wte]) and torch.equal(state[head], parent.state_dict()[wte])
-    assert out.result.missing == [] and out.result.score == 1.0
+    assert out.result.load.missing == [] and out.result.score == 1.0
 
 
 @pytest.mark.parametrize("dynamo", [True, None], ids=["dynamo", "trace"])
@@ -139,7 +139,7 @@ def test_a_partial_warm_warns_and_scores_below_one(tmp_path, dynamo):
     parent, child = _GatedViT(1), _GatedViT(2)
     out = warm_pair(tmp_path, parent, child, parent.args, dynamo=dynamo)
     assert out.graph.unread == {"gate": 32}
-    assert out.result.missing == ["gate"]
+    assert out.result.load.missing == ["gate"]
     assert len(out.partial) == 1 and ": gate " in out.partial[0]
     total = sum(p.numel() for p in child.parameters())
     assert out.result.score == pytest.approx((total - 32) / total) and out.result.score < 1.0

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from keeper.choice.inheritance import LATE_GAIN, Inheritances, Training, decide, training_of
-from keeper.chooser import reason_of
-from keeper.selection import Candidate, ParentChoice
+from keeper.choice.selection import reason_of
+from keeper.choice.selection import Candidate, ParentChoice
 
 
 def test_a_curve_still_climbing_is_improving_and_a_flat_one_converged():

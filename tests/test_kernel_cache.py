@@ -1,8 +1,8 @@
-"""keeper.kernel_cache and the numba kernels where keeper._dpcore is not built: the compile is paid once per
-machine (a second process, and a copy of the package elsewhere, load the first one's code), said once per process,
-and shown by ``keeper doctor``.
+"""keeper.matching.kernel_cache and the numba kernels where keeper.matching._dpcore is not built: the compile is paid
+once per machine (a second process, and a copy of the package elsewhere, load the first one's code), said once per
+process, and shown by ``keeper doctor``.
 
-"Not built" is real here: each process runs with an import hook that refuses ``keeper._dpcore``, as an install
+"Not built" is real here: each process runs with an import hook that refuses ``keeper.matching._dpcore``, as an install
 without a C compiler has no such module.
 """
 
@@ -15,15 +15,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from keeper import kernel_cache
+from keeper.matching import kernel_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_BUILT = '''
 import sys
 class _NotBuilt:
     def find_spec(self, name, path=None, target=None):
-        if name == "keeper._dpcore":
-            raise ModuleNotFoundError("No module named 'keeper._dpcore'")
+        if name == "keeper.matching._dpcore":
+            raise ModuleNotFoundError("No module named 'keeper.matching._dpcore'")
 sys.meta_path.insert(0, _NotBuilt())
 '''
 ALIGN = NOT_BUILT + '''
@@ -31,7 +31,7 @@ import dataclasses, json, warnings
 import numpy as np
 warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as said:
-    from keeper import matching_kernels
+    from keeper.matching import kernels
     from keeper.matching import MatchArrays, align, score_many, similarity
     one = {f.name: np.zeros(1, np.int64) for f in dataclasses.fields(MatchArrays)}
     one.update(cls=np.ones(1, np.int32), shape=np.ones((1, 5), np.int64), total=1)
@@ -39,9 +39,9 @@ with warnings.catch_warnings(record=True) as said:
     for _ in range(2):
         similarity(tiny, tiny), align(tiny, tiny), score_many([tiny], tiny)
 print(json.dumps({"compiled": [k for k in ("dp_value", "dp_pairs", "dp_batch")
-                               if getattr(matching_kernels, k).stats.cache_misses],
+                               if getattr(kernels, k).stats.cache_misses],
                   "loaded": [k for k in ("dp_value", "dp_pairs", "dp_batch")
-                             if getattr(matching_kernels, k).stats.cache_hits],
+                             if getattr(kernels, k).stats.cache_hits],
                   "warnings": [f"{w.category.__name__}: {w.message}" for w in said]}))
 '''
 
@@ -67,7 +67,7 @@ def test_the_numba_kernels_compile_once_per_machine_and_say_so_once_per_process(
     # so the same cache entry
     copy = tmp_path / "copy"
     shutil.copytree(ROOT / "keeper", copy / "keeper", ignore=shutil.ignore_patterns("__pycache__", "_dpcore*"))
-    os.utime(copy / "keeper" / "matching_kernels.py")
+    os.utime(copy / "keeper" / "matching" / "kernels.py")
     moved = run(ALIGN, copy, cache)
     assert moved["compiled"] == [] and moved["loaded"] == ["dp_value", "dp_pairs", "dp_batch"]
     # a process that asked for numba is not warned
@@ -78,7 +78,7 @@ def test_doctor_shows_the_kernels_in_use_and_loads_them_on_request(tmp_path):
     cache = tmp_path / "kernels"
     doctor = NOT_BUILT + "from keeper.cli import main\nraise SystemExit(main(['doctor', '--json'] + ARGS))\n"
     before = run(doctor.replace("ARGS", "[]"), ROOT, cache)["kernels"]
-    assert before["implementation"] == "numba" and "keeper._dpcore" in before["reason"]
+    assert before["implementation"] == "numba" and "keeper.matching._dpcore" in before["reason"]
     assert before["cache"].startswith(str(cache)) and not any(before["cached"].values())
     loaded = run(doctor.replace("ARGS", "['--load-kernels']"), ROOT, cache)
     assert loaded["kernels"]["load"]["compiled"] == ["dp_value", "dp_pairs", "dp_batch"]
@@ -102,7 +102,7 @@ def test_the_cache_directory_is_the_first_writable_place(tmp_path, monkeypatch):
 
 def test_where_no_place_is_writable_numba_keeps_its_own_defaults(monkeypatch):
     """No writable place (here: every candidate under /proc, which no one may write): no directory, so
-    matching_kernels asks numba for no cache (``_CACHE``) and compiles in each process instead of failing its
+    keeper.matching.kernels asks numba for no cache (``_CACHE``) and compiles in each process instead of failing its
     import on numba's "cannot cache function"."""
     import tempfile
 

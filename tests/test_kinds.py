@@ -11,10 +11,11 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 
-from keeper import kinds, matching
+from keeper import kinds
 from keeper.errors import KeeperError
 from keeper.graph import Kind, LayerGraph, graph_from_proto, groups, rules
 from keeper.kinds import TRAITS, Identity, Merge, kinds_where, traits
+from keeper.matching import alignment
 from keeper.transforms import compose, depth
 
 import nets
@@ -59,11 +60,11 @@ def test_every_kind_has_a_channel_group_handler_and_op_rules_agree_with_traits()
 
 def test_readers_keep_no_kind_lists_of_their_own():
     # matching and the transforms say what a kind does only through keeper.kinds
-    for module in (matching, compose, depth):
+    for module in (alignment, compose, depth):
         src = inspect.getsource(module)
         assert "Kind." not in src, f"{module.__name__} names kinds itself; read keeper.kinds.TRAITS instead"
-    assert set(np.flatnonzero(matching._LEVELLED).tolist()) == kinds_where(lambda t: t.levelled)
-    assert set(np.flatnonzero(matching._MERGE_MASK).tolist()) == kinds_where(lambda t: t.merge is not None)
+    assert set(np.flatnonzero(alignment._LEVELLED).tolist()) == kinds_where(lambda t: t.levelled)
+    assert set(np.flatnonzero(alignment._MERGE_MASK).tolist()) == kinds_where(lambda t: t.merge is not None)
     assert depth._RESIDUAL_KINDS == kinds_where(lambda t: t.merge is Merge.SUM)
     assert compose._PROPORTIONAL == kinds_where(lambda t: t.proportional)
 

@@ -358,7 +358,7 @@ def test_in_a_plain_chain_the_conv_feeding_the_next_stage_keeps_its_place():
     # one feeds the pooling and the head; a deeper child's new conv goes before it, so the parent's last conv still
     # feeds the head, the warm preserves the function and its structure is whole (a parent once fell under the
     # floor for this: its last conv was paired with a middle one)
-    from keeper.preservation import assess
+    from keeper.choice.preservation import assess
 
     base = dict(family="vgg", dim=1, in_channels=1, num_classes=10, input_length=32, widths=[8, 16], kernel=3)
     parent = load_graph(nets.family_onnx({**base, "depths": [1, 2]}))

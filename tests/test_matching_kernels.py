@@ -1,16 +1,16 @@
-"""The alignment's C core and its numba twin compute the same integers (keeper.alignment_core,
-keeper.matching_kernels, keeper/_dpcore.c)."""
+"""The alignment's C core and its numba twin compute the same integers (keeper.matching.core,
+keeper.matching.kernels, keeper/matching/_dpcore.c)."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from keeper import alignment_core, matching_kernels
 from keeper.graph import load_graph
+from keeper.matching import core, kernels
 from keeper.matching import align, match_arrays, score_many
 from tests.nets import mlp_onnx
 
-pytestmark = pytest.mark.skipif(alignment_core.IMPLEMENTATION != "c",
+pytestmark = pytest.mark.skipif(core.IMPLEMENTATION != "c",
                                 reason="the C extension was not built here; keeper runs the numba kernels alone")
 
 
@@ -24,11 +24,11 @@ def _layers(rng: np.random.Generator, n: int) -> tuple:
 def test_the_alignment_and_its_traceback_agree(seed, m, n):
     rng = np.random.default_rng(seed)
     c, p = _layers(rng, m), _layers(rng, n)
-    want_v, want_pairs = matching_kernels.dp_pairs(*c, *p)
-    got_v, got_pairs = alignment_core.dp_pairs(*c, *p)
+    want_v, want_pairs = kernels.dp_pairs(*c, *p)
+    got_v, got_pairs = core.dp_pairs(*c, *p)
     assert got_v == want_v and np.array_equal(got_pairs, want_pairs)
     row = np.zeros(n + 1, dtype=np.int64)
-    assert alignment_core.dp_value(*c[:3], *p[:3], row) == matching_kernels.dp_value(*c[:3], *p[:3], row)
+    assert core.dp_value(*c[:3], *p[:3], row) == kernels.dp_value(*c[:3], *p[:3], row)
 
 
 @settings(max_examples=100, deadline=None)
@@ -43,8 +43,8 @@ def test_batch_scores_agree(seed, sizes):
               for i, dt in enumerate((np.int32, np.int64, np.int64))]
     packed[0] = packed[0].astype(np.int32)
     want, got = np.zeros(len(sizes), np.int64), np.zeros(len(sizes), np.int64)
-    matching_kernels.dp_batch(*c, *packed, offsets, want)
-    alignment_core.dp_batch(*c, *packed, offsets, got)
+    kernels.dp_batch(*c, *packed, offsets, want)
+    core.dp_batch(*c, *packed, offsets, got)
     assert np.array_equal(got, want)
 
 
@@ -53,7 +53,7 @@ def test_real_graphs_align_alike():
     for p in graphs:
         for c in graphs:
             a, ca = match_arrays(p), match_arrays(c)
-            v, pairs = matching_kernels.dp_pairs(ca.cls, ca.shape, ca.vectors, ca.skip, ca.edge, ca.context,
+            v, pairs = kernels.dp_pairs(ca.cls, ca.shape, ca.vectors, ca.skip, ca.edge, ca.context,
                                                  ca.feeds, a.cls, a.shape, a.vectors, a.skip, a.edge, a.context,
                                                  a.feeds)
             al = align(p, c)
@@ -64,6 +64,6 @@ def test_real_graphs_align_alike():
 def test_bad_arrays_are_refused_by_name():
     c = _layers(np.random.default_rng(0), 3)
     with pytest.raises(TypeError, match="cls_c"):
-        alignment_core.dp_pairs(c[0].astype(np.int64), *c[1:], *c)
+        core.dp_pairs(c[0].astype(np.int64), *c[1:], *c)
     with pytest.raises(ValueError, match="lengths disagree"):
-        alignment_core.dp_pairs(*c[:6], c[6][:2], *c)
+        core.dp_pairs(*c[:6], c[6][:2], *c)

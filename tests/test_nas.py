@@ -13,7 +13,7 @@ from keeper_bench.families import build, default_spec, example_input
 from keeper_bench.nas import NasRun, TrialRecord, arrivals, steps_to_target, summarize
 from keeper.torch_support import export
 from keeper.torch_support.load import load_result
-from keeper.warm import warm_from_parent
+from keeper.warm import inherit
 
 
 def test_arrivals_are_distinct_deterministic_and_interleave_families():
@@ -94,7 +94,7 @@ def test_published_kernel_operator_shifts_the_function_and_keepers_does_not():
     pb, cb = export(parent, x, dynamo=False).onnx, export(child, x, dynamo=False)
     y = _outputs(parent, x)
     deviations = {}
-    for name, warm in (("keeper", warm_from_parent), ("published", published_warm)):
+    for name, warm in (("keeper", inherit), ("published", published_warm)):
         r = warm(pb, cb.onnx, noise=0.0)
         m = build(child_spec)
         load_result(m, r, cb.keys)

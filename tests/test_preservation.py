@@ -1,4 +1,4 @@
-"""Preserved function and structure of an alignment (keeper.preservation), and the choice they drive in the zoo:
+"""Preserved function and structure of an alignment (keeper.choice.preservation), and the choice they drive in the zoo:
 a same-family growth beats a cross-family slice, and a 2x-narrower same-family parent is chosen whatever the floor."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import keeper
+from keeper.choice.preservation import assess
 from keeper.graph import load_graph
 from keeper.matching import align
-from keeper.preservation import assess
 from keeper.torch_support import export, warm_start
 from keeper_bench import families
 from tests.nets import quiet, randomize, trained_like
@@ -176,7 +176,7 @@ def test_cross_family_slice_loses_to_same_family_growth(tmp_path):
     cands = {c.name: c for c in zoo.candidates(load_graph(_onnx(child)))}
     assert cands["resnet"].score > cands["vgg"].score
     assert cands["resnet"].structure < 1.0 and not cands["resnet"].preserved
-    legacy = keeper.selection.choose_parent(cands.values(), keeper.selection.SelectionPolicy(
+    legacy = keeper.choice.selection.choose_parent(cands.values(), keeper.choice.selection.SelectionPolicy(
         preserve=False, structure=False, cross_structure=True))
     assert legacy is not None and legacy.name == "resnet"  # what similarity alone picked
     with quiet():
@@ -196,7 +196,7 @@ def test_a_cross_family_parent_is_used_only_when_a_probe_or_the_switch_vouches_f
     assert cold.parent is None and "across block structures" in cold.reason, cold.reason
     assert cold.candidates[0]["name"] == "resnet" and cold.candidates[0]["structure"] < 1.0
     assert probed.parent == "resnet" and refused.parent is None
-    loose = keeper.Zoo(zoo.uri, keeper.ZooConfig(outlier_z=None, selection=keeper.selection.SelectionPolicy(
+    loose = keeper.Zoo(zoo.uri, keeper.ZooConfig(outlier_z=None, selection=keeper.choice.selection.SelectionPolicy(
         cross_structure=True)))
     with quiet():
         assert loose.warm(child, noise=0.0).parent == "resnet"

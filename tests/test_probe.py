@@ -1,5 +1,5 @@
-"""The data probe (keeper.probe, keeper.torch_support.DataProbe): the best of the cold init and the top candidates
-wins; a harmful parent is rejected and the child stays cold, saying why."""
+"""The data probe (keeper.choice.probe, keeper.torch_support.DataProbe): the best of the cold init and the top
+candidates wins; a harmful parent is rejected and the child stays cold, saying why."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import keeper
+from keeper.choice.probe import probe_choice
+from keeper.choice.selection import Candidate
 from keeper.errors import ProbeError
-from keeper.probe import probe_choice
-from keeper.selection import Candidate
 from keeper.torch_support import DataProbe, export, warm_start
 from keeper.warm import WarmResult
 from keeper_bench import families
@@ -90,16 +90,16 @@ def test_probe_rejects_a_harmful_parent_and_falls_back_to_cold(tmp_path):
     assert probed.probe["transform_s"] > 0 and probed.probe["forward_s"] > 0
     assert all(torch.equal(before[k], v) for k, v in child.state_dict().items())  # the child keeps its init
     # the service's way: its choice lists the candidates; the probe runs here, warming them from the store
-    from keeper import chooser
-    from keeper.selection import ParentChoice
+    from keeper.choice.selection import ParentChoice
     from keeper.torch_support import export_graph, module_weights
     from keeper.torch_support.probe import module_probe
+    from keeper.warm import warm
 
     with quiet():
         exported = export_graph(child, x[:2])
     choice = ParentChoice("wrecked", 1.0, zoo.uri, 0.0, 0, (Candidate("wrecked", 1.0, 0.9, preserved=True),), 3, 1)
-    served = chooser.warm(zoo, exported.onnx, exported.graph, weights=module_weights(child, exported), choice=choice,
-                          probe=module_probe(child, exported.keys, ((x, y), torch.nn.CrossEntropyLoss())))
+    served = warm(zoo, exported.onnx, exported.graph, weights=module_weights(child, exported), choice=choice,
+                  probe=module_probe(child, exported.keys, ((x, y), torch.nn.CrossEntropyLoss())))
     assert served.parent is None and served.probe["losses"]["wrecked"] > served.probe["cold"]
 
 

@@ -95,7 +95,7 @@ def test_the_patterns_warm_exactly_from_their_own_architecture(tmp_path, exporte
     dynamo, x = EXPORTERS[exporter], torch.randn(2, 5, 8)
     parent, child = _attention(1), _attention(2)
     result = nets.warm_strictly(parent, child, x, tmp_path, dynamo)
-    assert result.parent == "p" and result.score == 1.0 and result.preserved and result.missing == []
+    assert result.parent == "p" and result.score == 1.0 and result.preserved and result.load.missing == []
     assert nets.rel_dev(nets.outputs(parent, x), nets.outputs(child, x)) <= 1e-6
     for name in ("cpb.0.weight", "cpb.0.bias", "cpb.2.weight", "logit_scale", "qkv.weight", "coords"):
         assert torch.equal(child.get_parameter(name) if name != "coords" else child.coords,
@@ -116,9 +116,9 @@ def test_a_growth_is_preserved_only_when_exact(tmp_path, heads, head, gathered):
     zoo = Zoo(str(tmp_path / "zoo"))
     with nets.quiet(), warnings.catch_warnings():
         warnings.simplefilter("ignore", PartialWarmWarning)
-        register(parent, x, zoo, 0.9, name="p", dynamo=False)
-        result = warm_start(child, x, zoo, noise=0.0, dynamo=False)
-    assert result.parent == "p" and result.missing == []
+        register(parent, x, zoo, 0.9, name="p", config={"dynamo": False})
+        result = warm_start(child, x, zoo, noise=0.0, config={"dynamo": False})
+    assert result.parent == "p" and result.load.missing == []
     assert result.preserved or heads == 3
     if result.preserved:
         assert nets.rel_dev(nets.outputs(parent, x), nets.outputs(child, x)) <= 1e-5

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keeper.choice.selection import (Candidate, SelectionPolicy, choose_parent, coverage, make_choice, rank_parents,
+                                     reason_of)
 from keeper.errors import KeeperError
-from keeper.chooser import reason_of
-from keeper.selection import Candidate, SelectionPolicy, choose_parent, coverage, make_choice, rank_parents
 
 unit = st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 0.3, 0.5, 0.95, 1.0]))
 candidates = st.lists(st.builds(Candidate, st.sampled_from("abcdefgh"), unit, unit, unit), max_size=12)
@@ -224,3 +224,21 @@ def test_policy_checks_new_keys():
         SelectionPolicy(cross_structure=1)
     with pytest.raises(KeeperError, match="structure"):
         Candidate("x", 0.5, 0.5, structure=1.5)
+
+
+def test_a_choice_travels_as_json_with_its_alignments():
+    # Ray Train's ranks receive rank 0's choice as JSON: each transfers along the same alignment, not a new one
+    import numpy as np
+
+    from keeper.choice.preservation import Assessment
+    from keeper.choice.selection import ParentChoice
+    from keeper.matching import Alignment
+
+    assessed = Assessment(True, 1.0, "", Alignment(0.5, 10, 20, np.array([0, -1, 1], dtype=np.int64)))
+    choice = make_choice([Candidate("a", 0.5, 0.9, 1.0, preserved=True, assessment=assessed),
+                          Candidate("b", 0.2, 0.8)], SelectionPolicy(), "/zoo", 0.0, 3, 2)
+    back = ParentChoice.from_json(choice.to_json())
+    assert back == choice and back.parent == "a"
+    got = back.assessment_of("a")
+    assert got == assessed and got.alignment.score == 0.5 and got.alignment.pairs.tolist() == [0, -1, 1]
+    assert back.assessment_of("b") is None and back.assessment_of(None) is None

@@ -1,5 +1,5 @@
 """Shrink and perturb (keeper/transforms/shrink.py): a restart that keeps a share of its parent's weights, through
-``warm_from_parent`` and ``warm_start`` (torch modules exported by keeper, real ONNX round trips)."""
+``inherit`` and ``warm_start`` (torch modules exported by keeper, real ONNX round trips)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from keeper.onnx_safety import load_model
 from keeper.onnx_weights import model_weights
 from keeper.torch_support import export, warm_start
 from keeper.transforms.shrink import mixer, shrink_perturb
-from keeper.warm import warm_from_parent
+from keeper.warm import inherit
 
 
 def _cnn(width: int, seed: int) -> torch.nn.Module:
@@ -33,8 +33,8 @@ X = torch.randn(2, 1, 8)
 def test_a_restart_keeps_the_share_of_its_parent_and_its_own_init_for_the_rest():
     parent, child = _cnn(6, seed=0), _cnn(6, seed=1)
     p, c = export(parent, X), export(child, X)
-    whole = warm_from_parent(p.onnx, c.onnx, noise=0.0)
-    half = warm_from_parent(p.onnx, c.onnx, noise=0.0, restart_shrink=0.5)
+    whole = inherit(p.onnx, c.onnx, noise=0.0)
+    half = inherit(p.onnx, c.onnx, noise=0.0, restart_shrink=0.5)
     assert whole.preserved and whole.shrink == 1.0
     assert not half.preserved and half.shrink == 0.5, "a shrunk restart no longer computes its parent's function"
     own = {k: np.asarray(v) for k, v in model_weights(load_model(c.onnx), None, "child").items()}
@@ -51,7 +51,7 @@ def test_a_restart_keeps_the_share_of_its_parent_and_its_own_init_for_the_rest()
 
 def test_a_growth_is_never_shrunk():
     parent, child = _cnn(6, seed=0), _cnn(12, seed=1)
-    grown = warm_from_parent(export(parent, X).onnx, export(child, X).onnx, noise=0.0, restart_shrink=0.5)
+    grown = inherit(export(parent, X).onnx, export(child, X).onnx, noise=0.0, restart_shrink=0.5)
     assert grown.preserved and grown.shrink == 1.0
 
 

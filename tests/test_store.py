@@ -18,7 +18,7 @@ from s3server import free_port, running
 
 from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError, ZooNotFoundError
 from keeper.store import ModelRecord, ModelStore
-from keeper.store_files import _HOST, STALE_TEMP_S
+from keeper.store.files import _HOST, STALE_TEMP_S
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -113,7 +113,7 @@ def test_warm_start_cold_then_from_a_parent(tmp_path):
     child.train()
     before = snapshot(child)
     cold = warm_start(child, x, zoo)
-    assert cold.parent is None and cold.score == 0.0 and cold.missing == [] and cold.unexpected == []
+    assert cold.parent is None and cold.score == 0.0 and cold.load.missing == [] and cold.load.unexpected == []
     assert snapshot(child) == before, "a cold start leaves the module untouched"
 
     parent, _ = build(RESNET, seed=2)
@@ -123,7 +123,7 @@ def test_warm_start_cold_then_from_a_parent(tmp_path):
     child.train()
     result = warm_start(child, x, zoo, noise=0.0)
     assert result.parent == "parent" and 0.0 < result.score < 1.0
-    assert result.missing == [] and result.unexpected == []
+    assert result.load.missing == [] and result.load.unexpected == []
     assert child.training, "warm_start keeps the module's mode"
     assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-4
     assert zoo.record("parent").hits == pytest.approx(1.0)
@@ -157,8 +157,8 @@ def test_loading_keeps_dtype_and_device(tmp_path, dynamo):
     nets.trained_like(parent, x, seed=3)
     zoo.register(export(parent, x, dynamo=dynamo).onnx, 0.9, name="parent")
     child, _ = build({**MLP, "widths": [40, 20]}, seed=4, dtype=torch.float64)
-    result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
-    assert result.parent == "parent" and result.missing == []
+    result = warm_start(child, x, zoo, noise=0.0, config={"dynamo": dynamo})
+    assert result.parent == "parent" and result.load.missing == []
     for k, v in child.state_dict().items():
         assert v.device.type == "cpu", k
         assert v.dtype == (torch.int64 if k.endswith("num_batches_tracked") else torch.float64), k
@@ -251,7 +251,7 @@ def test_register_and_warm_start_serialise_no_weights(tmp_path, dynamo, monkeypa
     proto = onnx.load_from_string(graph.onnx)
     assert graph.apart and not [t.name for t in proto.graph.initializer if t.name in graph.apart and has_data(t)]
     assert set(graph.apart.values()) >= {k for k, (sd, _) in graph.keys.items() if sd.endswith("weight")}
-    rec = ts.register(parent, x, zoo, 0.9, name="parent", dynamo=dynamo)
+    rec = ts.register(parent, x, zoo, 0.9, name="parent", config={"dynamo": dynamo})
     stored = SafeTensors(zoo.store.extra_path("parent", "weights.safetensors"))
     sd = parent.state_dict()
     for init, key in graph.apart.items():
@@ -260,8 +260,8 @@ def test_register_and_warm_start_serialise_no_weights(tmp_path, dynamo, monkeypa
         assert np.array_equal(stored[init], want.reshape(stored[init].shape)), init
     assert rec.nbytes >= stored.nbytes
     child, _ = build({**MLP, "widths": [40, 20]}, seed=4)
-    result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
-    assert result.parent == "parent" and result.missing == [] and result.unexpected == []
+    result = warm_start(child, x, zoo, noise=0.0, config={"dynamo": dynamo})
+    assert result.parent == "parent" and result.load.missing == [] and result.load.unexpected == []
     assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-4
     assert written == [], "no weight was written into an ONNX model"
 
@@ -278,12 +278,12 @@ def test_bfloat16_and_float16_modules_keep_their_dtype(tmp_path, dynamo):
         parent, x = build(MLP, seed=5, dtype=pdtype)
         nets.trained_like(parent.float(), x.float(), seed=5)
         parent = parent.to(pdtype)
-        ts.register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
+        ts.register(parent, x, zoo, 0.9, name="p", config={"dynamo": dynamo})
         stored = SafeTensors(zoo.store.extra_path("p", "weights.safetensors"))
         want = np.dtype(ml_dtypes.bfloat16) if pdtype == torch.bfloat16 else np.dtype(np.float16)
         assert {stored.spec(k)[0] for k in stored} == {want}
         child, _ = build({**MLP, "widths": [40, 20]}, seed=6, dtype=cdtype)
-        result = warm_start(child, x.to(cdtype), zoo, noise=0.0, dynamo=dynamo)
+        result = warm_start(child, x.to(cdtype), zoo, noise=0.0, config={"dynamo": dynamo})
         assert result.parent == "p" and all(v.dtype == cdtype for v in child.state_dict().values()
                                             if v.is_floating_point())
         ref = outputs(parent.float(), x.float())
@@ -317,7 +317,7 @@ def test_a_warm_that_leaves_a_tensor_behind_says_so(tmp_path):
     zoo.register(export(_Gated(), x).onnx, 0.9, "p")
     with pytest.warns(PartialWarmWarning, match=r"'p'.*1 tensor\(s\).*: gate "):
         result = warm_start(_Gated(), x, zoo, noise=0.0)
-    assert result.missing == ["gate"]
+    assert result.load.missing == ["gate"]
     assert result.score == pytest.approx(27 / 35)  # the gate's 8 elements are the child's, of 35 it has
     # a warm that inherits everything stays silent
     mlp = lambda: torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))  # noqa: E731
@@ -371,9 +371,9 @@ def test_tensors_cached_in_eval_mode_are_read_from_their_parameter_and_refreshed
     assert not load_graph(g.onnx).unread and "table" in {sd for sd, _ in g.keys.values()}
     zoo = Zoo(str(tmp_path / "zoo"))
     with nets.quiet():
-        register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
-        result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
-    assert result.parent == "p" and result.score == 1.0 and not result.missing
+        register(parent, x, zoo, 0.9, name="p", config={"dynamo": dynamo})
+        result = warm_start(child, x, zoo, noise=0.0, config={"dynamo": dynamo})
+    assert result.parent == "p" and result.score == 1.0 and not result.load.missing
     assert torch.equal(child(x), before)  # in eval mode, from the warmed table, not the cached old one
 
 
@@ -438,7 +438,7 @@ def test_a_bias_built_from_pieces_is_read_and_warmed_exactly(tmp_path, exporter)
     # every parameter is held, the zero buffer counts as no learned tensor
     assert g.unread == {} and g.total_params == sum(p.numel() for p in parent.parameters())
     result = nets.warm_strictly(parent, child, x, tmp_path, dynamo)
-    assert result.parent == "p" and result.score == 1.0 and result.preserved and result.missing == []
+    assert result.parent == "p" and result.score == 1.0 and result.preserved and result.load.missing == []
     assert result.mapping["q_bias"] == ("q_bias", "copy") and result.mapping["v_bias"] == ("v_bias", "copy")
     assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-6
     assert torch.equal(child.k_bias, torch.zeros(8))
@@ -454,7 +454,7 @@ def test_a_bias_built_from_pieces_grows_with_its_heads(tmp_path, heads, head):
     with nets.quiet():
         register(parent, x, zoo, 0.9, name="p")
         result = warm_start(child, x, zoo, noise=0.0)
-    assert result.preserved and result.missing == [] and "widen" in result.mapping["q_bias"][1]
+    assert result.preserved and result.load.missing == [] and "widen" in result.mapping["q_bias"][1]
     assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-5
     assert torch.equal(child.k_bias, torch.zeros(heads * head))  # the key's new units: zeros cloned from zeros
 
@@ -470,9 +470,9 @@ def test_packed_attention_unbound_from_parts_and_heads_warms_its_own_architectur
     child = nets.randomize(nets.UnbindViT(), 2).eval()
     zoo = Zoo(str(tmp_path / "zoo"))
     with nets.quiet():
-        register(parent, x, zoo, 0.9, name="p", dynamo=dynamo)
-        result = warm_start(child, x, zoo, noise=0.0, dynamo=dynamo)
-    assert result.parent == "p" and result.score == 1.0 and result.preserved and result.missing == []
+        register(parent, x, zoo, 0.9, name="p", config={"dynamo": dynamo})
+        result = warm_start(child, x, zoo, noise=0.0, config={"dynamo": dynamo})
+    assert result.parent == "p" and result.score == 1.0 and result.preserved and result.load.missing == []
     assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-6
 
 
@@ -550,10 +550,12 @@ def test_a_cuda_module_reads_as_its_cpu_copy_in_float32_and_bfloat16(name):
     from keeper_bench.trace_check import compare_graphs
 
     module, args = _user_lm(name)
-    _, keys, _, cpu = trace_graph(module, args)
+    traced = trace_graph(module, args)
+    keys, cpu = traced.keys, traced.graph
     for dtype in (torch.float32, torch.bfloat16):
         on_gpu = copy.deepcopy(module).to("cuda", dtype)
-        _, gpu_keys, _, graph = trace_graph(on_gpu, tuple(a.cuda() for a in args))
+        on = trace_graph(on_gpu, tuple(a.cuda() for a in args))
+        gpu_keys, graph = on.keys, on.graph
         assert compare_graphs(cpu, keys, graph, gpu_keys) == [], dtype
 
 

@@ -106,7 +106,8 @@ def test_a_meta_default_device_changes_no_graph(name):
 def _traced(module: torch.nn.Module, args: tuple) -> tuple[dict, object]:
     drop_eval_caches(module)
     try:
-        _, keys, _, graph = trace_graph(module, args)
+        traced = trace_graph(module, args)
+        keys, graph = traced.keys, traced.graph
     finally:
         drop_eval_caches(module)
     return keys, graph

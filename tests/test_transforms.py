@@ -19,7 +19,7 @@ from keeper.torch_support.load import load_result
 from keeper.transforms.depth import identity_fill, zero_fill
 from keeper.transforms.kernel import fit_kernel
 from keeper.transforms.width import take_inputs, take_units, take_units_and_inputs, unit_map
-from keeper.warm import warm_from_parent
+from keeper.warm import inherit
 
 # ------------------------------------------------------------------------------------------ pure functions
 
@@ -159,7 +159,7 @@ def _deviation(parent_spec: dict, child_spec: dict, dynamo: bool, seed: int = 0)
     nets.trained_like(parent, x, seed)
     child = families.build(child_spec).eval()
     pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
-    result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
+    result = inherit(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
     load_result(child, result, ce.keys)
     assert not result.missing, result.missing
     child.eval()
@@ -252,7 +252,7 @@ def test_widening_attention_keeps_q_k_v_and_heads_apart(heads, parent_d, child_d
     pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
     packed = [a["packed"] for a in load_graph(ce.onnx).attrs if "packed" in a]
     assert packed == [{"parts": 3, "heads": [heads] * 3, "dots": [[0, 1]]}]
-    result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
+    result = inherit(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
     load_result(child, result, ce.keys)
     with torch.no_grad():
         a, b = parent(x), child(x)
@@ -271,7 +271,7 @@ def test_a_shallower_transformer_computes_the_parents_first_blocks(dynamo):
     nets.trained_like(parent, x, 0)
     child = families.build(child_spec).eval()
     pe, ce = export(parent, x, dynamo=dynamo), export(child, x, dynamo=dynamo)
-    result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
+    result = inherit(pe.onnx, ce.onnx, parent_name="parent", noise=0.0)
     load_result(child, result, ce.keys)
     truncated = families.build(child_spec).eval()
     state = parent.state_dict()

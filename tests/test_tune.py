@@ -14,11 +14,11 @@ import torch
 from ray import tune
 
 from keeper.errors import ConfigError, KeeperError
-from keeper_bench.families import build, default_spec, example_input
 from keeper.tune_integration import ARCHITECTURE_FILE, KeeperCallback, warm_start
 from keeper.tune_integration.checkpoint import checkpoint_onnx
-from keeper_bench.workload import evaluate, mnist1d_dataset, train
 from keeper.zoo import Zoo
+from keeper_bench.families import build, default_spec, example_input
+from keeper_bench.workload import evaluate, mnist1d_dataset, train
 
 # starts Ray on loopback once (conftest's local_ray); `-m "not ray"` leaves these out
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
@@ -91,7 +91,7 @@ def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registe
     zoo = Zoo(service["zoo"])
     assert len(zoo) == 4 and len(cb.registered) == 4
     # trials' state_dicts are registered as a graph plus safetensors weights: no weight goes through ONNX
-    from keeper.stored import WEIGHTS_EXTRA
+    from keeper.store.stored import WEIGHTS_EXTRA
 
     assert all(WEIGHTS_EXTRA in r.extra_checksums for r in zoo.store.records())
     # every trial directory holds the architecture template the callback read
@@ -255,7 +255,7 @@ def test_a_checkpoint_older_than_its_trials_architecture_is_read_with_its_own(tm
     """Population-based training may change a trial's width after a checkpoint: the template beside it is then the
     trial's latest architecture's, and both the callback and a trial restoring the checkpoint use the checkpoint's
     own, found in the zoo's store by its signature."""
-    from keeper.selection import ParentChoice
+    from keeper.choice.selection import ParentChoice
     from keeper.torch_support import start, trial
     from keeper.torch_support.export import export_graph
     from keeper.torch_support.templates import (

@@ -90,7 +90,7 @@ def test_same_architecture_warm_is_exact(tmp_path, name, dynamo):
     assert cold > 0.1, "the two inits must differ, or exactness proves nothing"
     assert graph.unread == {}
     assert graph.total_params == sum(p.numel() for p in BUILDERS[name]()[0].parameters())
-    assert result.missing == [] and partial == [] and result.score == 1.0
+    assert result.load.missing == [] and partial == [] and result.score == 1.0
     assert dev < EXACT, f"{name}: deviation {dev:.3g} after a same-architecture warm"
 
 
@@ -103,10 +103,10 @@ def _warm(tmp_path, name: str, dynamo: bool):
         want, cold = parent(*args), child(*args)
     graph = load_graph(export_graph(child, args, dynamo=dynamo).onnx)
     zoo = Zoo(str(tmp_path / "zoo"))
-    register(parent, args, zoo, 0.9, name="parent", dynamo=dynamo)
+    register(parent, args, zoo, 0.9, name="parent", config={"dynamo": dynamo})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PartialWarmWarning)
-        result = warm_start(child, args, zoo, noise=0.0, dynamo=dynamo)
+        result = warm_start(child, args, zoo, noise=0.0, config={"dynamo": dynamo})
     partial = [str(w.message) for w in caught if issubclass(w.category, PartialWarmWarning)]
     with torch.no_grad():
         got = child(*args)
@@ -118,9 +118,9 @@ def _warm(tmp_path, name: str, dynamo: bool):
 def test_tensors_no_layer_reads_are_reported_not_dropped(tmp_path, name):
     _need(name)
     graph, result, partial, dev, cold = _warm(tmp_path, name, dynamo=False)
-    assert set(PARTIAL[name]) <= set(result.missing)
-    assert len(partial) == 1 and f" {len(result.missing)} tensor(s) " in partial[0]
-    assert result.missing[0] in partial[0], "the warning names the tensors (the first few, then a count)"
+    assert set(PARTIAL[name]) <= set(result.load.missing)
+    assert len(partial) == 1 and f" {len(result.load.missing)} tensor(s) " in partial[0]
+    assert result.load.missing[0] in partial[0], "the warning names the tensors (the first few, then a count)"
     assert result.score < 1.0
     assert dev > EXACT, "what is left behind shows in the output"
 

@@ -357,7 +357,7 @@ def test_a_graph_stored_by_an_older_version_is_extracted_again_and_stored_back(t
 
     from keeper.graph import load_graph
     from keeper.graph import LayerGraph
-    from keeper.stored import GRAPH_EXTRA, graph_blob, graph_format, graph_from_blob
+    from keeper.store.stored import GRAPH_EXTRA, graph_blob, graph_format, graph_from_blob
 
     blob = nets.extra_onnx("tokens")
     current = load_graph(blob)
@@ -461,7 +461,7 @@ def test_weights_given_as_arrays_are_stored_with_the_checksum_of_their_bytes_and
     """Arrays are written once, beside the blobs, hashed as they are written, then renamed into their
     content-addressed key: the key is the sha256 of the stored bytes, and neither a stored nor a refused
     registration leaves a temp file or a blob behind."""
-    from keeper.store_files import sha256
+    from keeper.store.files import sha256
 
     root = tmp_path / "zoo"
     zoo = Zoo(str(root))
@@ -491,7 +491,7 @@ def test_old_and_new_records_live_in_one_zoo(tmp_path):
     assert sorted(zoo.names()) == ["new", "old"]
     x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
     for name, blob in (("old", mlp_onnx(PARENT, 1)), ("new", None)):
-        result = zoo.transfer(None, name, mlp_onnx(WIDER, 3), noise=0.0)
+        result = zoo.inherit(None, name, mlp_onnx(WIDER, 3), noise=0.0)
         parent = blob if blob is not None else zoo.store.get(name)
         pweights = inits(parent) if blob is not None else weights
         assert result.parent == name
@@ -620,12 +620,12 @@ def test_a_model_past_two_gib_registers_and_warms_memory_mapped(tmp_path):
 
 
 def test_a_parent_graph_without_its_weights_is_refused(tmp_path):
-    from keeper.warm import warm_from_parent
+    from keeper.warm import inherit
 
     graph, weights = split(mlp_onnx(PARENT, 1))
     with pytest.raises(InvalidWeightsError, match="parent model: initializer 'fc0.weight'.*has no data"):
-        warm_from_parent(graph, mlp_onnx(WIDER, 3), noise=0.0)
-    r = warm_from_parent(graph, mlp_onnx(WIDER, 3), parent_weights=weights, noise=0.0)
+        inherit(graph, mlp_onnx(WIDER, 3), noise=0.0)
+    r = inherit(graph, mlp_onnx(WIDER, 3), parent_weights=weights, noise=0.0)
     assert r.score > 0.5
 
 
@@ -664,7 +664,7 @@ def test_a_pair_is_assessed_once_per_architecture_and_again_when_the_model_under
                                                                                                   monkeypatch):
     # a search's trials share a few architectures: each (child architecture, stored model) pair is assessed once,
     # not once per query; a model registered again under a removed model's name is assessed afresh
-    import keeper.candidates as candidates
+    import keeper.choice.candidates as candidates
 
     calls = []
     real = candidates.assess_candidate
@@ -682,3 +682,28 @@ def test_a_pair_is_assessed_once_per_architecture_and_again_when_the_model_under
     fresh = {c.name: c for c in zoo.candidates(mlp_onnx(WIDER, seed=5))}
     assert "a" in calls[n:], "the new 'a' was assessed, not served from the old one's entry"
     assert fresh["a"].accuracy == 0.9 and fresh["a"].score != {c.name: c for c in first}["a"].score
+
+
+def test_a_warm_aligns_its_pair_once_and_warms_as_the_explicit_transfer_does(tmp_path, monkeypatch):
+    # the choice aligns and assesses each candidate; the transfer from the chosen one reads that alignment (through
+    # the choice's candidate) instead of aligning the pair again, and warms exactly as inherit() does from scratch
+    import keeper.choice.candidates as candidates
+    import keeper.warm as warm_module
+    from keeper.warm import inherit
+
+    zoo = Zoo(str(tmp_path / "zoo"))
+    parent = mlp_onnx(PARENT, seed=0)
+    zoo.register(parent, accuracy=0.8, name="a")
+    child = mlp_onnx(WIDER, seed=5)
+    want = inherit(parent, child, parent_name="a", noise=0.0)
+    aligned = []
+    for module in (candidates, warm_module):
+        real = module.align
+        monkeypatch.setattr(module, "align", lambda p, c, *a, real=real, **k: aligned.append(1) or real(p, c, *a, **k))
+    result = zoo.warm(child, noise=0.0)
+    assert result.parent == "a" and len(aligned) == 1, f"{len(aligned)} alignments for one warm"
+    assert result.score == want.score and result.preserved == want.preserved and result.mapping == want.mapping
+    assert all(np.array_equal(result.weights[k], want.weights[k]) for k in want.weights)
+    # the result is frozen: its report is written once, by the warm path
+    with pytest.raises(AttributeError):
+        result.reason = "patched"

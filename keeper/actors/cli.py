@@ -150,7 +150,7 @@ def _common(p: argparse.ArgumentParser, address: str | None) -> None:
 def add_commands(subparsers: Any) -> None:
     """Add ``serve``, ``scale``, ``stats``, ``reload`` and ``stop`` to the ``keeper`` command's subparsers."""
     s = subparsers.add_parser("serve", help="start the keeper Ray service (or find the running one)",
-                              description="Start the ZooManager, the Matcher pool and the Keeper front door as "
+                              description="Start the ZooManager, the Matcher pool and the front door as "
                                           "named detached Ray actors. Without --address a local Ray is started "
                                           "and the command stays until Ctrl-C; with --address it returns once "
                                           "the service answers.")

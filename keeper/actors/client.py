@@ -9,31 +9,29 @@ Invariant: warming through a ServiceClient gives what ``Zoo(uri).warm`` gives on
 transfer), with the hit counted by the service's ZooManager.
 
 Example:
-    >>> client = ServiceClient(keeper.actors.start())                      # doctest: +SKIP
-    >>> result = keeper.chooser.warm(client, onnx_bytes, load_graph(onnx_bytes))  # doctest: +SKIP
+    >>> client = ServiceClient(keeper.actors.start())                           # doctest: +SKIP
+    >>> result = keeper.warm.warm(client, onnx_bytes, load_graph(onnx_bytes))  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from ray.actor import ActorHandle
 
 from keeper.actors.remote import Demand, get
+from keeper.choice.selection import ParentChoice
 from keeper.errors import KeeperError
 from keeper.graph import LayerGraph
 from keeper.onnx_safety import ModelInput
-from keeper.selection import ParentChoice
-from keeper.stored import warm_from_store
-from keeper.warm import WarmResult
+from keeper.warm import WarmResult, inherit_stored
 from keeper.weights import WeightsInput
 
 __all__ = ["ServiceClient"]
 
 
 class ServiceClient:
-    """A :class:`~keeper.chooser.ParentSource` over the service's front door.
+    """A :class:`~keeper.warm.ParentSource` over the service's front door.
 
     Args:
         handle: the front door's handle (:func:`keeper.actors.start` or :func:`keeper.actors.connect`).
@@ -55,13 +53,14 @@ class ServiceClient:
         ref = self.handle.choose.remote(graph.to_arrays(), False, fresh, search)
         return get(ref, self.timeout_s, Demand(f"{self.what}: the keeper service's parent choice", actor=self.handle))
 
-    def transfer(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
-                 weights: WeightsInput | None = None, noise: float | None = None,
-                 out: str | os.PathLike | None = None, report: dict[str, Any] | None = None) -> WarmResult:
-        """``child`` warmed here from ``parent`` as stored in the choice's zoo."""
-        return warm_from_store(choice.uri, parent, child, choice.noise if noise is None else noise, choice.seed,
-                               graph, child_weights=weights, out=out, report=report,
-                               restart_shrink=choice.restart_shrink)
+    def inherit(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
+                weights: WeightsInput | None = None, noise: float | None = None,
+                out: str | os.PathLike | None = None) -> WarmResult:
+        """``child`` warmed here from ``parent`` as stored in the choice's zoo, along the service's alignment of it
+        (it came with the choice)."""
+        return inherit_stored(choice.uri, parent, child, child_graph=graph, child_weights=weights,
+                              noise=choice.noise if noise is None else noise, seed=choice.seed, out=out,
+                              restart_shrink=choice.restart_shrink, assessment=choice.assessment_of(parent))
 
     def hit(self, parent: str) -> None:
         """Count one use of ``parent`` in the service's zoo (fire and forget)."""

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Union
 
+from keeper.choice.selection import SelectionPolicy
 from keeper.errors import ConfigError, KeeperError
-from keeper.selection import SelectionPolicy
 from keeper.zoo import ZooConfig
 
 __all__ = ["ServiceConfig", "ClusteringConfig", "Timeouts", "ConfigError", "load_config", "ACTOR_KINDS",
@@ -47,8 +47,6 @@ _DEFAULT_ACTORS: dict[str, dict[str, Any]] = {
     # take from Tune trials a CPU they need (on a 2-CPU Ray, two 1-CPU matchers starve every trial).
     "matcher": {"num_cpus": 0.0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1,
                 "scheduling_strategy": "SPREAD"},
-    # Turns finished Tune trials' checkpoints into zoo models: one long-lived process whose imports (torch, onnx)
-    # are paid once, where a task per trial paid them in a fresh worker every time (2-3 s on 2 busy cores).
     # No CPU reserved either: a warm must never wait for a CPU that trials hold.
     "transfer": {"num_cpus": 0.0, "max_retries": 2},
 }
@@ -80,6 +78,7 @@ class Timeouts:
     control_s: float = 30.0     # small control calls (view, stats, ping)
     start_s: float = 120.0      # start(): the front door answering its first ping
     arrival_s: float = 10.0     # a parent choice waits at most this long for registrations announced before it
+    choice_s: float = 300.0     # warm_start in a trial or worker: the service's parent choice, arrivals included
 
 
 @dataclass
@@ -100,7 +99,11 @@ class ServiceConfig:
     hit_half_life_s: float = 7 * 24 * 3600.0
     noise: float = 0.01
     seed: int = 0
-    # parent choice (keeper.selection.SelectionPolicy)
+    # how warm_start and register read a torch module's architecture (keeper.torch_support.export_graph): None the
+    # torch front end, the dynamo exporter where it cannot read a module ($KEEPER_EXPORTER chooses when set);
+    # True torch's dynamo exporter; False its TorchScript exporter
+    dynamo: bool | None = None
+    # parent choice (keeper.choice.selection.SelectionPolicy)
     selection: dict[str, Any] = field(default_factory=lambda: {"floor": 0.3, "buckets": 10, "accuracy_aware": True,
                                                                "min_coverage": 0.3, "preserve": True,
                                                                "structure": True, "probe_top": 3,
@@ -242,6 +245,8 @@ def _check(cfg: ServiceConfig) -> None:
         raise bad("noise", "a finite relative std >= 0", cfg.noise)
     if cfg.latency_window < 1:
         raise bad("latency_window", "an integer >= 1", cfg.latency_window)
+    if cfg.dynamo is not None and not isinstance(cfg.dynamo, bool):
+        raise bad("dynamo", "null, true or false", cfg.dynamo)
     try:
         SelectionPolicy(**cfg.selection)
     except TypeError as exc:

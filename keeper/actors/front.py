@@ -1,4 +1,4 @@
-"""Keeper: the front door of the service. Every job talks to it: ``ray.get(keeper.warm.remote(onnx_bytes))``.
+"""The front door of the service (:class:`FrontDoor`). Every job talks to it: ``ray.get(service.warm.remote(onnx))``.
 
 A query parses the child once, reads the current search state (:mod:`keeper.actors.viewfeed`: a refresher thread
 long-polls the ZooManager, takes in each new View as it is published and builds the state off the query path, so no
@@ -8,14 +8,14 @@ then any model whose signature bound beats the best found; :mod:`keeper.actors.v
 parallel on the Matcher pool (one batch per matcher; ``search`` reports where the time went), assesses the
 candidates as the embedded zoo does (preserved function, structure, lineage; the parents' graphs come from the
 store, kept across views while a model stays in its shard), picks the parent with the selection policy, and hands
-the weight transfer to a Ray task that reads the parent straight from the store. The child's LayerGraph travels to
-that task as flat arrays, so a warm parses and extracts the child once.
+the weight transfer to a Ray task that reads the parent straight from the store. ``warm`` runs the one warm path
+(:func:`keeper.warm.warm`) with this door as its parent source. The child's LayerGraph and the choice's alignment
+of the parent travel to that task as flat arrays, so a warm parses the child and aligns the pair once.
 
 Data path and sizes: parents' weights never pass through this actor. ``warm`` waits for the transfer task and
 returns its WarmResult, so the *child's* warmed weights pass through this actor once (the size of the child's
-initializers); ``warm_ref`` returns the task's ObjectRef instead, so the result goes from the task to the caller
-only; ``choose`` returns the parent choice alone, for callers that run :func:`keeper.actors.transfer.warm_from_store`
-themselves.
+initializers); ``choose`` returns the parent choice alone, for callers that warm in their own process
+(:class:`keeper.actors.ServiceClient`, the path of ``keeper.warm_start``), so no weights pass through an actor.
 
 Plain class: the launcher makes it a detached, named Ray actor and injects what it starts (matchers, the
 transfer task), so this module never imports the launcher.
@@ -35,7 +35,6 @@ import numpy as np
 import ray
 from ray.exceptions import RayError
 
-from keeper import chooser
 from keeper.actors.config import ServiceConfig
 from keeper.actors.inflight import InFlight
 from keeper.actors.matcher import Matcher
@@ -44,18 +43,18 @@ from keeper.actors.pool import MatcherPool
 from keeper.actors.remote import Demand, demand_of, get, shortfall
 from keeper.actors.viewfeed import ViewFeed
 from keeper.actors.viewsearch import SearchState, batches, plan
+from keeper.choice.candidates import (AssessedPairs, Assessable, ParentFacts, architecture_digest, assess_found,
+                                     may_qualify_all)
+from keeper.choice.inheritance import Inheritances, Training
+from keeper.choice.selection import Candidate, ParentChoice, SelectionPolicy, make_choice
 from keeper.errors import ServiceError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
-from keeper.candidates import AssessedPairs, ParentFacts, architecture_digest, assess_found, may_qualify_all
-from keeper.preservation import layer_roles
-from keeper.selection import Candidate, ParentChoice, SelectionPolicy, make_choice
-from keeper.choice.inheritance import Inheritances, Training
-from keeper.stored import read_parent_graph, read_training
-from keeper.warm import WarmResult
+from keeper.store.stored import read_parent_graph, read_training
+from keeper.warm import WarmResult, warm
 
-__all__ = ["Keeper"]
+__all__ = ["FrontDoor"]
 
 #: Cached parent choices (per zoo view and child architecture); a new view makes old entries unreachable.
 _CHOICE_CACHE = 1024
@@ -63,12 +62,13 @@ _CHOICE_CACHE = 1024
 _PARENT_CACHE = 256
 
 
-class Keeper:
-    """The service's front door. Construct through :func:`keeper.actors.start`.
+class FrontDoor:
+    """The service's front door. Construct through :func:`keeper.actors.start` (its actor name is the config's
+    ``name``).
 
     Example:
-        >>> keeper = keeper.actors.start(zoo="s3://bucket/zoo?endpoint_override=...")  # doctest: +SKIP
-        >>> result = ray.get(keeper.warm.remote(onnx_bytes), timeout=120)              # doctest: +SKIP
+        >>> service = keeper.actors.start(zoo="s3://bucket/zoo?endpoint_override=...")  # doctest: +SKIP
+        >>> result = ray.get(service.warm.remote(onnx_bytes), timeout=120)             # doctest: +SKIP
         >>> result.parent, result.score                                                # doctest: +SKIP
     """
 
@@ -89,7 +89,7 @@ class Keeper:
         self._matcher_need = demand_of("a matcher", "matcher", config.actor_options("matcher"))
         self._local = Matcher(fetch_timeout_s=config.timeouts.batch_s)
         # matchers start when the zoo is large enough for a stage to reach them (more than clustering.local_below
-        # models): below that every stage is scored here, and each idle matcher process costs ~1% of a core
+        # models): below that every stage is scored here, and an idle matcher process still takes CPU from trials
         self._matchers_wanted = config.matchers
         self.pool = MatcherPool(spawn_matcher, config.matchers if self._pool_needed(0) else 0,
                                 config.timeouts.batch_s, self._local.score_timed)
@@ -103,7 +103,7 @@ class Keeper:
         self.registers = 0
         self.errors = 0
         self._choices: collections.OrderedDict[tuple, dict] = collections.OrderedDict()
-        self._parents: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
+        self._parents: collections.OrderedDict[tuple, Assessable] = collections.OrderedDict()
         self._assessed = AssessedPairs()
         self._inflight = InFlight(config.timeouts.register_s)
         self._inheritances = Inheritances()
@@ -122,29 +122,12 @@ class Keeper:
         t0 = time.perf_counter()
         try:
             blob, graph = self._child(model)
-            result = chooser.warm(_TaskSource(self), blob, graph, noise=noise, seed=seed)
+            result = warm(_TaskSource(self), blob, graph, noise=noise, seed=seed)
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise
         self._count(time.perf_counter() - t0, ok=True)
         return result
-
-    def warm_ref(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> Any:
-        """Like :meth:`warm`, but returns the transfer task's ObjectRef at once: the WarmResult then goes from
-        the task to the caller without passing through this actor (``ray.get(ray.get(h.warm_ref.remote(b)))``).
-        """
-        t0 = time.perf_counter()
-        try:
-            blob, graph = self._child(model)
-            choice = self._choose(graph)
-            ref = self._launch(choice, choice.parent, blob, graph, noise, seed, chooser.report_of(choice))
-        except Exception:
-            self._count(time.perf_counter() - t0, ok=False)
-            raise
-        if choice.parent is not None:
-            self.hit(choice.parent)
-        self._count(time.perf_counter() - t0, ok=True, timed=False)  # p50 / p99 are of whole warms only
-        return ref
 
     def choose(self, model: ModelInput | dict[str, np.ndarray], hit: bool = False,
                fresh: bool = False, search: str = "") -> ParentChoice:
@@ -162,7 +145,7 @@ class Keeper:
                 (:mod:`keeper.choice.inheritance`) decides what it inherits.
 
         Returns:
-            The :class:`~keeper.selection.ParentChoice`; :class:`keeper.actors.ServiceClient` warms from it in
+            The :class:`~keeper.choice.selection.ParentChoice`; :class:`keeper.actors.ServiceClient` warms from it in
             the caller's process.
         """
         t0 = time.perf_counter()
@@ -253,7 +236,7 @@ class Keeper:
         """Service figures: models, matchers, clusters, queries, latency percentiles, and more.
 
         ``p50`` / ``p99``: seconds per ``warm``, end to end (over the last ``latency_window`` warms);
-        ``search_p50`` / ``search_p99``: the parent search alone (``warm``, ``warm_ref``, ``choose``).
+        ``search_p50`` / ``search_p99``: the parent search alone (``warm``, ``choose``).
         """
         view = self._refresh().view
         try:
@@ -315,12 +298,13 @@ class Keeper:
         return blob, graph_from_proto(proto)
 
     def _launch(self, choice: ParentChoice, parent: str | None, blob: bytes, graph: LayerGraph,
-                noise: float | None, seed: int | None, report: dict | None) -> Any:
-        """The transfer task's ObjectRef; the graph goes as flat arrays, so the task neither extracts it again nor
-        unpickles an object."""
-        return self._transfer.remote(choice.uri, parent, blob, choice.noise if noise is None else float(noise),
-                                     choice.seed if seed is None else int(seed), graph.to_arrays(), report=report,
-                                     restart_shrink=choice.restart_shrink)
+                noise: float | None) -> Any:
+        """The transfer task's ObjectRef (:func:`keeper.warm.inherit_stored`); the graph goes as flat arrays, so the
+        task neither extracts it again nor unpickles an object, and the choice's assessment of the parent goes with
+        it (its alignment's pairs are an array), so the task does not align the pair again."""
+        return self._transfer.remote(choice.uri, parent, blob, child_graph=graph.to_arrays(),
+                                     noise=choice.noise if noise is None else float(noise), seed=choice.seed,
+                                     restart_shrink=choice.restart_shrink, assessment=choice.assessment_of(parent))
 
     def _choose(self, graph: LayerGraph) -> ParentChoice:
         t0 = time.perf_counter()
@@ -347,7 +331,7 @@ class Keeper:
     def _candidates(self, graph: LayerGraph, child: MatchArrays, state: SearchState, names: list[str],
                     scores: np.ndarray, digest: bytes) -> list[Candidate]:
         """The candidates the search returned, plus every weighted model that may qualify by preserved function,
-        assembled as the embedded zoo assembles them (:func:`keeper.candidates.assess_found`); ``digest``: the
+        assembled as the embedded zoo assembles them (:func:`keeper.choice.candidates.assess_found`); ``digest``: the
         child's architecture, under which its assessed pairs are kept across views."""
         view = state.view
         if view.n == 0:
@@ -394,8 +378,8 @@ class Keeper:
                 self._trainings.popitem(last=False)
         return found
 
-    def _parent(self, version: tuple) -> tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]:
-        """(graph, match arrays, layer roles) of the zoo model ``version`` = (name, shard id, row), read from the
+    def _parent(self, version: tuple) -> Assessable:
+        """The graph, match arrays and layer roles of the zoo model ``version`` = (name, shard id, row), read from the
         store once (a bounded LRU kept across views: a model that stays in its shard keeps its entry)."""
         with self._stats_lock:
             hit = self._parents.get(version)
@@ -403,7 +387,7 @@ class Keeper:
                 self._parents.move_to_end(version)
                 return hit
         g, _ = read_parent_graph(self.config.zoo_uri, version[0])
-        entry = (g, match_arrays(g), layer_roles(g))
+        entry = Assessable.of(g)
         with self._stats_lock:
             self._parents[version] = entry
             while len(self._parents) > _PARENT_CACHE:
@@ -496,24 +480,24 @@ def _as_bytes(model: ModelInput, weights_apart: bool = False) -> bytes:
 
 
 class _TaskSource:
-    """The front door as a :class:`~keeper.chooser.ParentSource`: it has chosen already; the transfer runs in the
+    """The front door as a :class:`~keeper.warm.ParentSource`: it chooses here; the child inherits in the
     service's transfer task, awaited within ``timeouts.transfer_s``."""
 
-    def __init__(self, keeper: Keeper):
-        self.keeper = keeper
+    def __init__(self, door: FrontDoor):
+        self.door = door
 
     def choose(self, graph: LayerGraph, fresh: bool = False, search: str = "") -> ParentChoice:
         if fresh:
-            self.keeper._refresh(force=True)
-        return self.keeper._inheritances.apply(self.keeper._choose(graph), search, self.keeper._training)
+            self.door._refresh(force=True)
+        return self.door._inheritances.apply(self.door._choose(graph), search, self.door._training)
 
-    def transfer(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
-                 weights: Any, noise: float, out: Any, report: dict | None) -> WarmResult:
-        need = self.keeper._transfer_need
-        ref = self.keeper._launch(choice, parent, child, graph, noise, None, report)
-        return get(ref, self.keeper.config.timeouts.transfer_s,
+    def inherit(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
+                weights: Any, noise: float, out: Any) -> WarmResult:
+        need = self.door._transfer_need
+        ref = self.door._launch(choice, parent, child, graph, noise)
+        return get(ref, self.door.config.timeouts.transfer_s,
                    Demand(f"the weight-transfer task from {parent!r} (timeouts.transfer_s)", need.setting,
                           need.resources))
 
     def hit(self, parent: str) -> None:
-        self.keeper.hit(parent)
+        self.door.hit(parent)

@@ -1,6 +1,6 @@
 """Registrations in flight: models announced to the front door whose registration has not settled yet.
 
-A Tune trial that ends is announced (``Keeper.expect``) the moment the driver hands its checkpoint to the
+A Tune trial that ends is announced (``FrontDoor.expect``) the moment the driver hands its checkpoint to the
 registrar, without waiting for it; a trial that starts after that asks for its parent and may wait for the
 announced registrations to settle, so it can inherit from the trial that just ended, while Tune's driver goes on
 scheduling. The wait is the trial's, never the driver's, and it is bounded.

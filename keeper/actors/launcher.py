@@ -2,10 +2,10 @@
 with the options the config gives per kind: num_cpus, max_restarts, max_task_retries, max_concurrency,
 resources, scheduling strategy.
 
-The ZooManager and the Keeper front door are named, detached actors in the config's namespace, created with
-``get_if_exists`` so two concurrent ``start()`` calls get the same actors. Matchers are unnamed actors owned by
-the front door (they end with it, and its restart makes a new pool); the front door gets the functions that
-start them and the transfer task from here, so it never imports this module.
+The ZooManager and the front door (:class:`~keeper.actors.front.FrontDoor`) are named, detached actors in the
+config's namespace, created with ``get_if_exists`` so two concurrent ``start()`` calls get the same actors.
+Matchers are unnamed actors owned by the front door (they end with it, and its restart makes a new pool); the front
+door gets the functions that start them and the transfer task from here, so it never imports this module.
 
 Resources: the shipped defaults reserve no CPU for any actor or for the transfer task (they wait far more than
 they compute), so keeper never holds a CPU a Tune trial needs and nothing it waits on can be left unscheduled.
@@ -35,7 +35,7 @@ from keeper.errors import ConfigError, ServiceError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["start", "shutdown", "connect", "find", "check_resources", "launch_manager", "launch_keeper",
+__all__ = ["start", "shutdown", "connect", "find", "check_resources", "launch_manager", "launch_front_door",
            "launch_matcher", "transfer_task"]
 
 _remote_classes: dict[type, Any] = {}
@@ -55,11 +55,11 @@ def launch_manager(config: ServiceConfig) -> Any:
                   lifetime="detached", get_if_exists=True).remote(config)
 
 
-def launch_keeper(config: ServiceConfig) -> Any:
+def launch_front_door(config: ServiceConfig) -> Any:
     """The named, detached front door (the running one when it exists)."""
-    from keeper.actors.front import Keeper
+    from keeper.actors.front import FrontDoor
 
-    return _actor(Keeper, config, "keeper", name=config.name, namespace=config.namespace, lifetime="detached",
+    return _actor(FrontDoor, config, "keeper", name=config.name, namespace=config.namespace, lifetime="detached",
                   get_if_exists=True).remote(config, spawn_matcher=functools.partial(launch_matcher, config),
                                              transfer_task=functools.partial(transfer_task, config))
 
@@ -72,10 +72,11 @@ def launch_matcher(config: ServiceConfig) -> Any:
 
 
 def transfer_task(config: ServiceConfig) -> Any:
-    """The weight transfer as a Ray remote function with the config's ``transfer`` options."""
-    from keeper.stored import warm_from_store
+    """The weight transfer (:func:`keeper.warm.inherit_stored`) as a Ray remote function with the config's
+    ``transfer`` options."""
+    from keeper.warm import inherit_stored
 
-    return ray.remote(warm_from_store).options(**config.actor_options("transfer"))
+    return ray.remote(inherit_stored).options(**config.actor_options("transfer"))
 
 
 def _ensure_ray(config: ServiceConfig) -> None:
@@ -161,7 +162,7 @@ def start(config: ConfigInput = None, *, wait: bool = True, **overrides: Any) ->
     if handle is None:
         check_resources(cfg)
         launch_manager(cfg)
-        handle = launch_keeper(cfg)
+        handle = launch_front_door(cfg)
     if not wait:
         return handle
     need = demand_of(f"the front door {cfg.name!r} answering its first ping (timeouts.start_s; zoo "

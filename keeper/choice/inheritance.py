@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 if TYPE_CHECKING:
-    from keeper.selection import ParentChoice
+    from keeper.choice.selection import ParentChoice
 
 __all__ = ["Training", "Inheritance", "Inheritances", "decide", "training_of", "LATE_GAIN", "MIN_REPORTS"]
 

@@ -127,8 +127,8 @@ class LayerGraph:
     # the 3 (timm's and torchvision's Swin attention: parts, groups and their numbering, attrs["packed"] with heads)
     # and attrs["unit_axes"] of a projection whose units a reshape spreads over 3+ axes in a layout not found packed
     # (no growth claimed exact across it). A stored graph of an older version is re-extracted from its model (see
-    # keeper.stored.graph_from_blob). Bump it with any change to what extraction records (kinds, shapes, groups and
-    # their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md
+    # keeper.store.stored.graph_from_blob). Bump it with any change to what extraction records (kinds, shapes, groups
+    # and their numbering, order, refs, attrs), so that stored graphs are re-extracted; docs/architecture.md
     # ("Foundation") says when.
     FORMAT = 11
 

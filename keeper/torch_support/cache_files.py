@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from keeper.stored import graph_blob, graph_from_blob
+from keeper.store.stored import graph_blob, graph_from_blob
 
 __all__ = ["directory", "load", "save", "ENV"]
 

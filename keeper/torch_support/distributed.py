@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from keeper.choice.selection import ParentChoice
 from keeper.errors import ServiceError
-from keeper.selection import ParentChoice
 
 __all__ = ["train_context", "rank_and_size", "share_choice", "sync_module"]
 

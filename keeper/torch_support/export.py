@@ -104,7 +104,7 @@ def _traced_graph(module: torch.nn.Module, args: tuple, seed: int) -> Exported:
     """The architecture from one forward pass; the dynamo exporter's, with a warning, when the trace cannot read
     the module (the fallback is always right, so an unexpected failure of the trace falls back too)."""
     try:
-        data, keys, apart, graph = trace_graph(module, args)
+        traced = trace_graph(module, args)
     except Exception as exc:  # noqa: BLE001 (see the docstring)
         drop_eval_caches(module)  # what the eval-mode forward cached: the exporter must read the parameters
         reason = str(exc) if isinstance(exc, TraceUnsupported) else f"{type(exc).__name__}: {exc}"
@@ -113,7 +113,7 @@ def _traced_graph(module: torch.nn.Module, args: tuple, seed: int) -> Exported:
                       stacklevel=5)
         return _export_graph(module, args, True, seed)
     drop_eval_caches(module)  # what the eval-mode forward cached
-    return Exported(data, keys, apart, graph)
+    return traced
 
 
 def _apart_state_keys(module: torch.nn.Module, exported: Exported) -> set[str]:

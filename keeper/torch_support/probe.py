@@ -2,7 +2,7 @@
 
 A :class:`DataProbe` scores the start of the learning curve (the mean training loss over a few SGD steps on a
 copy of the module plus the loss after the last one; see ``docs/architecture.md``); :func:`module_probe` turns a
-probe over modules into the probe over WarmResults that :mod:`keeper.probe` runs.
+probe over modules into the probe over WarmResults that :mod:`keeper.choice.probe` runs.
 
 Invariant: the module itself is never touched; every candidate is loaded into and trained on a fresh copy.
 """
@@ -99,7 +99,6 @@ def module_probe(module: torch.nn.Module, keys: dict[str, tuple[str, str]],
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PartialWarmWarning)  # reported once, for the winner
             load_result(twin, result, keys)
-        result.missing, result.unexpected = [], []
         return probe(twin)
 
     return score

@@ -31,7 +31,7 @@ import torch
 from keeper.errors import KeeperError
 from keeper.onnx_safety import load_model
 from keeper.onnx_weights import apart_specs, clear_data, write_weights
-from keeper.stored import store_for
+from keeper.store.stored import store_for
 from keeper.torch_support.export import Exported
 from keeper.torch_support.state_keys import map_state, prefix_parts
 from keeper.torch_support.tensors import key_shapes, state_arrays, tied_keys

@@ -21,7 +21,7 @@ import os
 import posixpath
 import sys
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 from keeper.errors import KeeperError, StoreError
 from keeper.torch_support.distributed import train_context
@@ -29,8 +29,8 @@ from keeper.torch_support.layouts import read_state_dict
 from keeper.torch_support.templates import save_template
 from keeper.warm import WarmResult
 
-__all__ = ["ARCHITECTURE_FILE", "LINEAGE_FILE", "checkpoint_state", "in_trial", "own_checkpoint_state",
-           "save_architecture", "save_lineage", "search_name"]
+__all__ = ["ARCHITECTURE_FILE", "LINEAGE_FILE", "TrialCheckpoint", "checkpoint_state", "in_trial",
+           "own_checkpoint_state", "read_template", "save_architecture", "save_lineage", "search_name"]
 
 #: The architecture template's file name in the trial directory.
 ARCHITECTURE_FILE = "keeper-architecture.onnx"
@@ -38,6 +38,15 @@ ARCHITECTURE_FILE = "keeper-architecture.onnx"
 LINEAGE_FILE = "keeper-lineage.json"
 
 log = logging.getLogger(__name__)
+
+
+class TrialCheckpoint(NamedTuple):
+    """A checkpoint a trial starts from: its state_dict, the architecture template beside it (None when
+    ``warm_start`` left none in its trial directory) and a label naming it in messages and reasons."""
+
+    state: dict[str, Any]
+    template: bytes | None
+    label: str
 
 
 def _storage(trainable: Any) -> Any:
@@ -99,11 +108,10 @@ def save_architecture(template: bytes, state: dict[str, Any], uri: str, trainabl
                     "of Ray Train workers of this architecture will need a model_builder", uri, exc)
 
 
-def checkpoint_state(trainable: Any = None, given: Any = None) -> tuple[dict[str, Any], bytes | None, str] | None:
+def checkpoint_state(trainable: Any = None, given: Any = None) -> TrialCheckpoint | None:
     """The checkpoint this function trainable or Ray Train worker starts from (its own after a restore, or the
-    trial Tune's PBT cloned): ``(state_dict, the architecture template beside it or None, a label naming it)``;
-    None outside a trial, with no checkpoint, or for a checkpoint holding no state_dict (``model.onnx``: the
-    trainable restores it itself). A ``tune.Trainable`` class restores in its own ``load_checkpoint``.
+    trial Tune's PBT cloned); None outside a trial, with no checkpoint, or for a checkpoint holding no state_dict
+    (``model.onnx``: the trainable restores it itself). A ``tune.Trainable`` class restores in its own ``load_checkpoint``.
 
     ``given`` (a ``ray.train.Checkpoint`` or a directory): the checkpoint to start from, for a Ray Train worker
     that Tune's checkpoint reaches only through ``train_loop_config`` (Ray Train V2 hands a worker only its own
@@ -129,7 +137,7 @@ def checkpoint_state(trainable: Any = None, given: Any = None) -> tuple[dict[str
     return _read_checkpoint(checkpoint) if checkpoint is not None else None
 
 
-def own_checkpoint_state(exclude: str) -> tuple[dict[str, Any], bytes | None, str] | None:
+def own_checkpoint_state(exclude: str) -> TrialCheckpoint | None:
     """The latest checkpoint in this function trainable's own trial directory (Tune's ``checkpoint_NNNNNN``
     layout), as :func:`checkpoint_state` gives it, unless it is the one labelled ``exclude`` (one that could not be
     restored); None outside a Tune trial or without one. What a trial continues from when the checkpoint Tune's PBT
@@ -150,25 +158,31 @@ def own_checkpoint_state(exclude: str) -> tuple[dict[str, Any], bytes | None, st
     for path in reversed(found):  # the latest first; one holding no state_dict is passed over
         got = _read_checkpoint(Checkpoint(path, filesystem=fs))
         if got is not None:
-            return None if got[2] == exclude else got
+            return None if got.label == exclude else got
     return None
 
 
-def _read_checkpoint(checkpoint: Any) -> tuple[dict[str, Any], bytes | None, str] | None:
-    """(state_dict, the template beside it or None, a label naming it) of ``checkpoint``; None without a
-    state_dict."""
+def _read_checkpoint(checkpoint: Any) -> TrialCheckpoint | None:
+    """``checkpoint`` with the template beside it; None without a state_dict."""
     trial_dir = posixpath.dirname(checkpoint.path.rstrip("/"))
     what = f"checkpoint {posixpath.basename(checkpoint.path.rstrip('/'))} of {posixpath.basename(trial_dir)}"
     with checkpoint.as_directory() as directory:
         state = read_state_dict(directory, what)
     if state is None:
         return None
-    try:  # the template warm_start left in the checkpoint's trial directory
-        with checkpoint.filesystem.open_input_file(f"{trial_dir}/{ARCHITECTURE_FILE}") as f:
-            template = f.read()
+    return TrialCheckpoint(state, read_template(checkpoint.filesystem, trial_dir), what)
+
+
+def read_template(fs: Any, trial_dir: str) -> bytes | None:
+    """The architecture template ``warm_start`` left in the trial directory ``trial_dir`` on the ``pyarrow.fs``
+    filesystem ``fs``, or None where it left none (it ran elsewhere, e.g. in a Ray Train worker, whose template
+    the zoo's store keeps by signature). The one reader of that file: the restore and the callback's
+    registration both read it here."""
+    try:
+        with fs.open_input_file(f"{trial_dir}/{ARCHITECTURE_FILE}") as f:
+            return f.read()
     except (FileNotFoundError, OSError):
-        template = None
-    return state, template, what
+        return None
 
 
 def _as_checkpoint(given: Any) -> Any:

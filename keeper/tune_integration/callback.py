@@ -39,8 +39,7 @@ import logging
 import math
 import re
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import ray
 from ray.tune import Callback
@@ -320,13 +319,13 @@ class KeeperCallback(Callback):
             self.registration_cpu_s[tid] = cpu_s
 
 
-@dataclass
-class _Pending:
-    """A registration handed over and not yet taken in."""
+class _Pending(NamedTuple):
+    """A registration handed to the driver's registration thread and not yet taken in: its future, the zoo name,
+    when it was handed over."""
 
     future: concurrent.futures.Future
     name: str
-    submitted: float = field(default_factory=time.perf_counter)
+    submitted: float
 
 
 def _register(handle: Any, name: str, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float,

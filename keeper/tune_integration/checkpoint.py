@@ -26,7 +26,7 @@ from keeper.torch_support.export import export_graph
 from keeper.torch_support.inputs import example_for
 from keeper.torch_support.layouts import WEIGHT_FILES, find_weights, nothing_found
 from keeper.torch_support.templates import architecture_template, find_template, template_apart
-from keeper.torch_support.trial import ARCHITECTURE_FILE, LINEAGE_FILE
+from keeper.torch_support.trial import LINEAGE_FILE, read_template
 from keeper.weights import weights_bytes
 
 __all__ = ["CHECKPOINT_FILES", "checkpoint_onnx", "checkpoint_model", "register_trial"]
@@ -124,11 +124,7 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
     Returns the zoo's record of the model as a dict (the stored model's when the weights were there already).
     """
     what = f"trial {name}"
-    try:
-        with storage_fs.open_input_file(f"{trial_fs_path}/{ARCHITECTURE_FILE}") as f:
-            template = f.read()
-    except (FileNotFoundError, OSError):
-        template = None  # warm_start ran elsewhere (a Ray Train worker): the zoo's store has it by signature
+    template = read_template(storage_fs, trial_fs_path)  # None: the zoo's store has it by signature
     lineage = _read_lineage(storage_fs, f"{trial_fs_path}/{LINEAGE_FILE}", what)
     with checkpoint.as_directory() as directory:
         model, weights, own = _checkpoint_model(directory, template, what,

@@ -33,8 +33,9 @@ from onnx import numpy_helper
 from torch.utils._pytree import tree_flatten
 
 from keeper.errors import TraceUnsupported
-from keeper.graph import LayerGraph, graph_from_proto
+from keeper.graph import graph_from_proto
 from keeper.onnx_safety import load_model
+from keeper.torch_support.exported import Exported
 from keeper.torch_support.tensors import as_numpy
 from keeper.torch_support.trace import lowering, reductions, shapes  # noqa: F401 - importing registers the rules
 from keeper.torch_support.trace.table import RULES
@@ -43,10 +44,10 @@ from keeper.torch_support.trace.recorder import DATA, Recorder
 __all__ = ["trace_graph", "TraceUnsupported"]
 
 
-def trace_graph(module: torch.nn.Module, args: tuple) -> tuple[bytes, dict[str, tuple[str, str]], dict[str, str],
-                                                                 LayerGraph]:
-    """``module``'s architecture for ``args``: ONNX bytes whose layers' initializers hold no data, the map ONNX
-    key -> (state_dict key, "same"), ``apart`` (data-less initializer -> ONNX key) and the LayerGraph.
+def trace_graph(module: torch.nn.Module, args: tuple) -> Exported:
+    """``module``'s architecture for ``args``, as the :class:`~keeper.torch_support.exported.Exported` record the
+    exporters give: ONNX bytes whose layers' initializers hold no data, the map ONNX key -> (state_dict key,
+    "same"), ``apart`` (data-less initializer -> ONNX key) and the LayerGraph.
 
     Raises:
         TraceUnsupported: naming the op or the reason when the forward cannot be followed.
@@ -83,7 +84,7 @@ def trace_graph(module: torch.nn.Module, args: tuple) -> tuple[bytes, dict[str, 
     for init in proto.graph.initializer:
         if init.name not in apart:  # a tensor no layer reads, a buffer outside the state_dict: its value stays
             init.CopyFrom(_with_data(init, by_name[init.name]))
-    return proto.SerializeToString(), keys, apart, graph
+    return Exported(proto.SerializeToString(), keys, apart, graph)
 
 
 @contextlib.contextmanager

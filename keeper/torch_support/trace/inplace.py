@@ -56,7 +56,5 @@ def write_back(rec: "Recorder", view: torch.Tensor) -> None:
         moved = [b.node("Transpose", [x], perm=perm) for x in (new, old)]
         scattered = b.node("ScatterND", [moved[1], rows, moved[0]], reduction="none")
         out = b.node("Transpose", [scattered], "slice_scatter", perm=perm)
-    from keeper.torch_support.trace.recorder import DATA, LEARNED  # the recorder imports this module
-
-    rec.bind(base, out, DATA if DATA in (old_kind, rec.kind) else LEARNED)
+    rec.bind(base, out, rec.joined((old_kind, rec.kind)))
     rec.stale.add(id(view))

@@ -183,6 +183,11 @@ class Recorder(TorchFunctionMode):
             raise _stale(t, op)
         return self.kind_of_unchecked(t, op)
 
+    @staticmethod
+    def joined(kinds: Any) -> str:
+        """The kind of what is computed from tensors of ``kinds`` (None for plain ones): data once any one is."""
+        return DATA if DATA in kinds else LEARNED
+
     def kind_of_unchecked(self, t: torch.Tensor, op: str = "a write back") -> str | None:
         """:meth:`kind_of`, stale or not."""
         v = self.values.get(id(t))
@@ -270,7 +275,7 @@ class Recorder(TorchFunctionMode):
             if not any(isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
                 raise TraceUnsupported(f"{op} reads a tensor computed from the input or the weights")
             raise TraceUnsupported(f"{op} has no rule in the trace's table")
-        self.kind = DATA if DATA in kinds else LEARNED
+        self.kind = self.joined(kinds)
         rule(self, args, kwargs, out)
         if getattr(rule, "in_place", False):
             write_back(self, tensors[0])

@@ -2,7 +2,7 @@
 
 A candidate is a zoo model with its similarity ``score`` to the child (in [0, 1], see :func:`keeper.similarity`),
 its ``coverage`` (the fraction of the parent's own parameter elements that the child inherits), its recorded
-``accuracy``, and what its alignment preserves (:mod:`keeper.preservation`): ``preserved`` (the child is a
+``accuracy``, and what its alignment preserves (:mod:`keeper.choice.preservation`): ``preserved`` (the child is a
 function-preserving growth of it) and ``structure`` (the share of inherited elements whose layers sit alike in their
 blocks). Similarity counts elements, not function, so the choice optimises, in this order:
 
@@ -18,11 +18,10 @@ blocks). Similarity counts elements, not function, so the choice optimises, in t
    structures (``structure < 1``: another family, a chain onto residual branches, GPT-2 onto Llama) and that does
    not preserve function stays ranked, so a data probe scores it against the cold init, but it is never the
    parent on its own (``policy.cross_structure`` False, the default): without a probe the best candidate that
-   preserves function or maps block onto block is the parent, else the child starts cold. Measured, such parents
-   did not earn their place: in ``reports/bench_choice.md`` (seed 0) the four VGGs warmed from ResNets needed
-   680 steps against cold's 720 (1.06x), one of them slower than cold, and their warm starts kept later VGGs from
-   their preserved parents (a model warmed across structures is not clean); on a GPU language stream a Llama
-   warmed from a GPT-2 (similarity 0.74) started at a lower loss yet saved no steps to target (850 against 800).
+   preserves function or maps block onto block is the parent, else the child starts cold. Why: elements inherited
+   across block structures sit where they compute something else, so what they carry of the parent's function is
+   unknown until data says so, and a model trained from such a start is not clean, so it would also keep later
+   children from their preserved parents (``docs/architecture.md`` names the measurements).
 
 A candidate that is not ``clean`` (its own lineage holds a warm start across block structures, see
 :meth:`keeper.zoo.Zoo.register`) ranks below every clean one: a model trained from a bad warm start must not
@@ -51,15 +50,16 @@ import dataclasses
 import json
 import math
 import numbers
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import numpy as np
 
+from keeper.choice.preservation import Assessment
 from keeper.errors import KeeperError
 
 __all__ = ["Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "rank_parents", "coverage", "make_choice",
-           "SHOWN"]
+           "reason_of", "SHOWN"]
 
 
 def _is_real(x: object) -> bool:
@@ -71,9 +71,12 @@ def _is_real(x: object) -> bool:
 class Candidate:
     """A possible parent: its zoo ``name``, its similarity ``score`` to the child, its ``accuracy``, its
     ``coverage``: the fraction of the parent's parameter elements the child inherits (see :func:`coverage`), and
-    what its alignment keeps (:func:`keeper.preservation.assess`): ``preserved`` (the child is a
+    what its alignment keeps (:func:`keeper.choice.preservation.assess`): ``preserved`` (the child is a
     function-preserving growth of it) and ``structure`` (share of inherited elements mapped block onto block;
-    1.0 when not assessed). ``clean``: its lineage holds no warm start across block structures."""
+    1.0 when not assessed). ``clean``: its lineage holds no warm start across block structures. ``assessment``:
+    the assessment behind ``preserved`` and ``structure``, with its alignment (None when not assessed); the
+    transfer from this candidate reads it instead of aligning again. It is no part of the candidate's value
+    (equality, hash, reports)."""
 
     name: str
     score: float
@@ -82,6 +85,7 @@ class Candidate:
     preserved: bool = False
     structure: float = 1.0
     clean: bool = True
+    assessment: Assessment | None = field(default=None, compare=False, repr=False)
 
     @property
     def fit(self) -> float:
@@ -106,10 +110,10 @@ class Candidate:
                               "the model's recorded metric")
         if not _is_real(self.coverage) or self.coverage < 0.0:
             raise KeeperError(f"candidate {self.name!r}: coverage {self.coverage!r} is not a fraction >= 0; "
-                              "compute it with keeper.selection.coverage(score, child_params, parent_params)")
+                              "compute it with keeper.choice.selection.coverage(score, child_params, parent_params)")
         if not _is_real(self.structure) or not 0.0 <= self.structure <= 1.0:
             raise KeeperError(f"candidate {self.name!r}: structure {self.structure!r} is not a fraction in [0, 1]; "
-                              "compute it with keeper.preservation.assess")
+                              "compute it with keeper.choice.preservation.assess")
         if not isinstance(self.preserved, (bool, np.bool_)) or not isinstance(self.clean, (bool, np.bool_)):
             raise KeeperError(f"candidate {self.name!r}: preserved and clean must be True or False")
 
@@ -164,15 +168,31 @@ keeps when the child is the parent's own architecture (1.0: all of it; see :mod:
         """The qualifying candidates, best first."""
         return self.candidates[:self.qualified]
 
+    def assessment_of(self, name: str | None) -> Assessment | None:
+        """The assessment (and alignment) the choice made of candidate ``name``, None when it made none."""
+        return next((c.assessment for c in self.candidates if c.name == name), None)
+
     def to_json(self) -> str:
-        d = dataclasses.asdict(self)
+        """JSON text of the choice, assessments and alignments included (pairs as lists): what Ray Train's ranks
+        receive, so every rank transfers along rank 0's alignment."""
+        d: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["candidates"] = [_plain(c) for c in self.candidates]
         return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "ParentChoice":
         d = json.loads(text)
-        d["candidates"] = tuple(Candidate(**c) for c in d["candidates"])
+        d["candidates"] = tuple(Candidate(**{**c, "assessment": None if c.get("assessment") is None
+                                              else Assessment.from_plain(c["assessment"])}) for c in d["candidates"])
         return cls(**d)
+
+
+def _plain(c: Candidate) -> dict[str, Any]:
+    d: dict[str, Any] = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    d.update(score=float(c.score), accuracy=float(c.accuracy), coverage=float(c.coverage),
+             preserved=bool(c.preserved), structure=float(c.structure), clean=bool(c.clean),
+             assessment=None if c.assessment is None else c.assessment.to_plain())
+    return d
 
 
 #: How many candidates a choice lists at least (the report's table).
@@ -336,3 +356,40 @@ def choose_parent(candidates: Iterable[Candidate], policy: SelectionPolicy = Sel
         (True, 'vgg')
     """
     return next((c for c in rank_parents(candidates, policy) if policy.stands_alone(c)), None)
+
+
+def reason_of(choice: ParentChoice) -> str:
+    """One sentence: why this parent, or why none (and the search rule's verdict and the choice's note, when it has
+    them)."""
+    if choice.withheld is not None:
+        why = f"{choice.rule}; the child keeps its own weights"
+    else:
+        why = _why(choice) + (f"; {choice.rule}" if choice.rule else "")
+    return f"{why}; {choice.note}" if choice.note else why
+
+
+def _why(choice: ParentChoice) -> str:
+    if choice.parent is None:
+        if choice.models == 0 and not choice.candidates:
+            return "the zoo holds no model yet; the child keeps its own weights"
+        if choice.qualified:  # every qualifying candidate maps across block structures (SelectionPolicy)
+            top = choice.candidates[0]
+            return (f"{top.name!r} (similarity {top.score:.3f}, structure {top.structure:.3f}) maps layers across "
+                    "block structures without preserving function, and no data probe vouched for it: what it "
+                    "inherits sits elsewhere in the child's blocks and computes something else there, so the child "
+                    "keeps its own weights (a probe, or selection cross_structure: true, lets it be used)")
+        return (f"no candidate preserves function or has a fit (similarity x structure) of at least the floor "
+                f"{choice.floor}; the child keeps its own weights")
+    best = next(c for c in choice.candidates if c.name == choice.parent)
+    if best.preserved and best.score >= 1.0 - 1e-9 and choice.restart_shrink < 1.0:
+        return (f"the child is {best.name!r}'s architecture: it starts from {choice.restart_shrink:g} x its weights + "
+                f"{1 - choice.restart_shrink:g} x its own initialisation (shrink and perturb), so its own "
+                "hyperparameters, not only the parent's, decide where it ends")
+    if best.preserved and best.score >= 1.0 - 1e-9:
+        return (f"the child is {best.name!r}'s architecture: it restarts from that model's whole function (whether "
+                "that model over-fit its training data keeper cannot tell: if warmed trials end below cold ones, "
+                "warm_start(..., shrink=0.5) starts from half of it)")
+    if best.preserved:
+        return f"the child grows from {best.name!r} without losing its function"
+    return (f"{best.name!r} has the best fit ({best.fit:.3f} = similarity {best.score:.3f} x structure "
+            f"{best.structure:.3f}) among the most accurate")

@@ -1,6 +1,6 @@
 """The data probe: score the best-ranked parents and the child's own init on the caller's data, keep the best.
 
-The structural choice (:mod:`keeper.selection`) predicts which parent helps from the graphs alone. Where the
+The structural choice (:mod:`keeper.choice.selection`) predicts which parent helps from the graphs alone. Where the
 caller has data at hand, a probe measures it: the first ``top`` ranked candidates are transformed, each warmed
 child and the cold one are scored by the caller's ``score`` (lower is better), and the lowest wins, the cold init
 included. If no warmed child beats the cold one, the child stays cold and the report says why. The report also
@@ -21,16 +21,18 @@ import math
 import numbers
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from keeper.choice.selection import Candidate
 from keeper.errors import ProbeError
-from keeper.selection import Candidate
-from keeper.warm import WarmResult
+
+if TYPE_CHECKING:  # the warm path imports this module: its result type is named here only
+    from keeper.warm import WarmResult
 
 __all__ = ["ProbeReport", "probe_choice", "ResultScore"]
 
 #: A probe over warm results: lower is better; ``inf`` marks a result unusable (diverged).
-ResultScore = Callable[[WarmResult], float]
+ResultScore = Callable[["WarmResult"], float]
 
 
 @dataclass
@@ -73,7 +75,7 @@ def probe_choice(ranked: Sequence[Candidate], warm: Callable[[str], WarmResult],
     """The best of the cold init and the first ``top`` of ``ranked``, by ``score`` (see the module docstring).
 
     Args:
-        ranked: qualifying candidates, best first (:func:`keeper.selection.rank_parents`).
+        ranked: qualifying candidates, best first (:func:`keeper.choice.selection.rank_parents`).
         warm: warms the child from the named candidate.
         cold: the child's own weights as a WarmResult.
         score: the probe; lower is better, NaN counts as infinite.

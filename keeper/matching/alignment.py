@@ -14,7 +14,7 @@ Invariants:
     * it is exactly 1.0 when ``p`` and ``c`` have the same architecture (integer arithmetic, no rounding);
     * a child that is a sub-network of its parent (fewer blocks, same widths) inherits every element it has.
 
-The DP runs in compiled loops over flat arrays (:mod:`keeper.alignment_core`: keeper's C extension, or the
+The DP runs in compiled loops over flat arrays (:mod:`keeper.matching.core`: keeper's C extension, or the
 same kernels under numba); a cheap per-class signature bound filters parents before the exact alignment.
 """
 
@@ -29,13 +29,14 @@ from keeper.graph import LayerGraph, as_graph
 from keeper.graph.stream import Stream, residual_stream
 from keeper.graph.walk import walk
 from keeper.kinds import Merge, kind_mask, kinds_where, traits
-from keeper.alignment_core import dp_batch, dp_pairs, dp_value
+from keeper.matching.core import dp_batch, dp_pairs, dp_value
 from keeper.onnx_safety import ModelInput
 
 __all__ = [
     "MatchRules",
     "DEFAULT_RULES",
     "MatchArrays",
+    "PackedParents",
     "Alignment",
     "match_arrays",
     "similarity",
@@ -44,6 +45,7 @@ __all__ = [
     "signature",
     "upper_bounds",
     "SIGNATURE_SIZE",
+    "level_classes",
 ]
 
 GraphLike = Union[LayerGraph, ModelInput]
@@ -257,7 +259,7 @@ _RESIDUAL_KINDS = kinds_where(lambda t: t.merge is Merge.SUM)
 _NONLINEAR_MASK = kind_mask(lambda t: t.nonlinear)
 _AFFINE = kind_mask(lambda t: t.affine)
 
-# Tie-break costs the DP reads per layer (keeper.matching_kernels: second to inherited elements, and bounded there)
+# Tie-break costs the DP reads per layer (keeper.matching.kernels: second to inherited elements, and bounded there)
 _EDGE_INSIDE = 8
 _EDGE_NONLINEAR = 4
 _SKIP_NOT_IDENTITY = 16  # skipping a layer that cannot be an identity outweighs gaps and dims

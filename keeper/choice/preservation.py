@@ -36,19 +36,19 @@ warmed child does not compute the parent's function).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
 from keeper.graph import INPUT_ROLE, LayerGraph
 from keeper.graph.walk import walk
 from keeper.kinds import Identity, Kind, kinds_where, traits
-from keeper.matching import Alignment, MatchArrays, align
-from keeper.selection import Candidate, coverage
+from keeper.matching import Alignment
 from keeper.transforms.depth import fresh_branches
 from keeper.transforms.exact_width import inexact_width
 
-__all__ = ["Assessment", "assess", "layer_roles", "assess_candidate"]
+__all__ = ["Assessment", "Roles", "assess", "layer_roles"]
 
 _NORMS = frozenset(int(k) for k in (Kind.BATCHNORM, Kind.LAYERNORM, Kind.PARAM))
 _MERGES = kinds_where(lambda t: t.merge is not None)
@@ -65,15 +65,54 @@ class Assessment:
         structure: share of inherited elements whose layers sit alike in their blocks, in [0, 1] (0 when nothing
             is inherited).
         why: the first reason it is not preserved ("" when it is), for reports and logs.
+        alignment: the alignment assessed. A parent choice keeps it with its candidate, so the transfer from the
+            chosen parent reads it instead of aligning the two graphs again.
     """
 
     preserved: bool
     structure: float
     why: str = ""
+    alignment: Alignment | None = field(default=None, compare=False, repr=False)
+
+    def to_plain(self) -> dict[str, Any]:
+        """Plain data (JSON-able: the pairs as a list), for :meth:`from_plain`."""
+        al = self.alignment
+        return {"preserved": bool(self.preserved), "structure": float(self.structure), "why": self.why,
+                "alignment": None if al is None else {"score": float(al.score), "inherited": int(al.inherited),
+                                                      "child_total": int(al.child_total),
+                                                      "pairs": np.asarray(al.pairs).tolist()}}
+
+    @classmethod
+    def from_plain(cls, d: Mapping[str, Any]) -> "Assessment":
+        al = d.get("alignment")
+        alignment = None if al is None else Alignment(float(al["score"]), int(al["inherited"]),
+                                                      int(al["child_total"]), np.asarray(al["pairs"], np.int64))
+        return cls(bool(d["preserved"]), float(d["structure"]), str(d.get("why", "")), alignment)
+
+    def fits(self, parent: LayerGraph, child: LayerGraph) -> bool:
+        """Whether the kept alignment can be one of ``parent`` and ``child`` (a layer index per child layer, matched
+        layers of one kind): False for one made on other graphs (a model registered again under the name between
+        its choice and its transfer), which the transfer then aligns afresh."""
+        al = self.alignment
+        if al is None:
+            return False
+        pairs = np.asarray(al.pairs)
+        if pairs.shape != (child.num_layers,) or (pairs.size and int(pairs.max(initial=-1)) >= parent.num_layers):
+            return False
+        matched = pairs >= 0
+        kinds = parent.kind[parent.layer_node[pairs[matched]]], child.kind[child.layer_node[matched]]
+        return bool(np.array_equal(*kinds))
+
+
+class Roles(NamedTuple):
+    """Per layer of one graph, what feeds it and what it feeds (:func:`layer_roles`)."""
+
+    feeds: np.ndarray
+    fed: np.ndarray
 
 
 def layer_roles(g: LayerGraph, fresh: tuple[set[int], set[int]] = (set(), set()),
-                inserted: frozenset[int] = frozenset()) -> tuple[np.ndarray, np.ndarray]:
+                inserted: frozenset[int] = frozenset()) -> Roles:
     """Per layer: (what feeds it, what it feeds) as codes equal across graphs when the layers sit alike.
 
     Feeds: the kind of the nearest non-norm layer upstream (through norms, activations, pools, reshapes), or a
@@ -116,7 +155,7 @@ def layer_roles(g: LayerGraph, fresh: tuple[set[int], set[int]] = (set(), set())
         feed[li] = stop(end) if stopped else (_MANY if inputs else _INPUT)
         end, stopped, _ = walk(node, succ, down_through)
         into[li] = stop(end) if stopped else (_FORK if succ[end] else _OUTPUT)
-    return feed, into
+    return Roles(feed, into)
 
 
 def _elements(g: LayerGraph, i: int) -> int:
@@ -161,7 +200,7 @@ def _fresh_branches(g: LayerGraph, new: np.ndarray) -> tuple[set[int], set[int],
 
 
 def assess(parent: LayerGraph, child: LayerGraph, alignment: Alignment,
-           roles: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None) -> Assessment:
+           roles: tuple[Roles, Roles] | None = None) -> Assessment:
     """Whether warming ``child`` from ``parent`` along ``alignment`` preserves the parent's function, and the
     alignment's structure score (see the module docstring).
 
@@ -209,11 +248,11 @@ def assess(parent: LayerGraph, child: LayerGraph, alignment: Alignment,
         why = f"the {side}'s learned tensor {sorted(unread)[0]!r} is read by no layer (an op keeper has no rule for)"
     if not why and inserted:
         structure = looked[0]
-    return Assessment(not why, float(structure), why)
+    return Assessment(not why, float(structure), why, alignment)
 
 
-def _pairs_fit(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, proles: tuple[np.ndarray, np.ndarray],
-               croles: tuple[np.ndarray, np.ndarray]) -> tuple[float, str]:
+def _pairs_fit(parent: LayerGraph, child: LayerGraph, pairs: np.ndarray, proles: Roles,
+               croles: Roles) -> tuple[float, str]:
     """(structure, the first reason a matched pair breaks the function or "") of the alignment ``pairs`` under
     the two graphs' layer roles."""
     (pf, pi), (cf, ci) = proles, croles
@@ -338,23 +377,3 @@ class _Chain:
 
 def _name(g: LayerGraph, i: int) -> str:
     return repr(g.layer_names[i]) if i < len(g.layer_names) else f"#{i}"
-
-
-def assess_candidate(name: str, score: float, accuracy: float, clean: bool, floor: float,
-                     child: tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]],
-                     parent: tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]) -> Candidate:
-    """One parent's :class:`~keeper.selection.Candidate` for a child: its exact ``score`` and coverage, and, when
-    it may qualify (score at or above ``floor``, or every parent element inherited), what its alignment keeps.
-
-    ``child`` / ``parent``: (graph, match arrays, :func:`layer_roles`) of each. Invariant: ``preserved`` is True
-    only when the whole parent is inherited and :func:`assess` finds the alignment function-preserving.
-    """
-    cg, ca, croles = child
-    pg, pa, proles = parent
-    whole = int(round(float(score) * ca.total)) >= pa.total  # every parent element inherited
-    preserved, structure = False, 1.0
-    if score >= floor or whole:
-        fit = assess(pg, cg, align(pa, ca), (proles, croles))
-        preserved, structure = fit.preserved and whole, fit.structure
-    return Candidate(name, float(score), float(accuracy), coverage(score, ca.total, pa.total),
-                     preserved=bool(preserved), structure=float(structure), clean=bool(clean))

@@ -1,12 +1,12 @@
-"""Where the alignment's dynamic programs run: keeper's C extension (``keeper._dpcore``, built from
-``keeper/_dpcore.c`` at install) when it was built, else the same kernels under numba
-(:mod:`keeper.matching_kernels`).
+"""Where the alignment's dynamic programs run: keeper's C extension (``keeper.matching._dpcore``, built from
+``keeper/matching/_dpcore.c`` at install) when it was built, else the same kernels under numba
+(:mod:`keeper.matching.kernels`).
 
 Why both: numba's first call in a process loads its compiled code and its registries (about half a second, more
 on a busy machine), which every fresh process pays: a Tune trial, a shell command; and the first process on a
-machine compiles them (1-4 s; kept in the machine's kernel cache, :mod:`keeper.kernel_cache`). The C extension loads
-in a millisecond, releases the GIL while it runs (matcher threads score in parallel) and computes the same
-integers. ``KEEPER_DP=numba`` forces the numba kernels (the tests hold the two against each other).
+machine compiles them (1-4 s; kept in the machine's kernel cache, :mod:`keeper.matching.kernel_cache`). The C
+extension loads in a millisecond, releases the GIL while it runs (matcher threads score in parallel) and computes the
+same integers. ``KEEPER_DP=numba`` forces the numba kernels (the tests hold the two against each other).
 
 Where the extension was not built (no C compiler at install), the first use of the kernels in a process warns once
 (:class:`~keeper.errors.KernelCompileWarning`), naming the cost, the cache and how to get the compiled kernels; a
@@ -34,14 +34,14 @@ MISSING_REASON = "KEEPER_DP=numba" if FORCED else ""
 try:
     if FORCED:
         raise ImportError("KEEPER_DP=numba")
-    from keeper import _dpcore
+    from keeper.matching import _dpcore
 except ImportError as exc:
     _dpcore = None
     MISSING_REASON = MISSING_REASON or str(exc)
 
 if _dpcore is None:
     # numba is imported only when the extension is missing: importing it costs a fresh process a fraction of a second
-    from keeper.matching_kernels import cached as _nb_cached, dp_batch as _nb_batch, dp_pairs as _nb_pairs, \
+    from keeper.matching.kernels import cached as _nb_cached, dp_batch as _nb_batch, dp_pairs as _nb_pairs, \
         dp_value as _nb_value
 
 #: "c" or "numba": which implementation this process uses.
@@ -55,7 +55,7 @@ def _say_numba() -> None:
     if _said or FORCED:
         return
     _said.append(True)
-    from keeper import kernel_cache
+    from keeper.matching import kernel_cache
 
     where = kernel_cache.directory()
     if where is None:
@@ -66,7 +66,7 @@ def _say_numba() -> None:
     else:
         cost = (f"this process compiles them now (1-4 s, once per machine: later processes load them from {where} "
                 "in about 0.5 s)")
-    warnings.warn(f"keeper: the compiled alignment kernels (keeper._dpcore) are not built in this install "
+    warnings.warn(f"keeper: the compiled alignment kernels (keeper.matching._dpcore) are not built in this install "
                   f"({MISSING_REASON}), so keeper runs them under numba: {cost}. To get the compiled kernels, install "
                   "keeper again where a C compiler is present (e.g. `apt-get install gcc` or `conda install "
                   "c-compiler`, then `pip install -e .` in the checkout); `keeper doctor` shows which kernels are in "

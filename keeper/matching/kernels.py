@@ -1,5 +1,5 @@
 """The alignment's dynamic programs, compiled by numba where keeper's C extension is not built (``cache=True``: the
-machine code is kept in this machine's kernel cache, :mod:`keeper.kernel_cache`, so only the first process on a
+machine code is kept in this machine's kernel cache, :mod:`keeper.matching.kernel_cache`, so only the first process on a
 machine compiles and later ones load it).
 
 :func:`dp_value` and :func:`dp_batch` compute the most child elements an order-preserving one-to-one matching of
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from keeper import kernel_cache
+from keeper.matching import kernel_cache
 
 # before the decorators below: each looks its cache up as it is made. Where no directory is writable at all, numba
 # would refuse cache=True at import: the kernels then compile in every process (and the first use says so).

@@ -1,8 +1,8 @@
 """Where the numba alignment kernels keep their machine code, so that the compile (1-4 s) is paid once per machine,
 not in every fresh process (each Tune trial, each Ray Train worker, each shell command).
 
-Used only where keeper's C extension (``keeper._dpcore``) is not built: :mod:`keeper.alignment_core` then runs
-:mod:`keeper.matching_kernels` under numba. numba's own cache (``cache=True``) goes to ``__pycache__`` beside the
+Used only where keeper's C extension (``keeper.matching._dpcore``) is not built: :mod:`keeper.matching.core` then runs
+:mod:`keeper.matching.kernels` under numba. numba's own cache (``cache=True``) goes to ``__pycache__`` beside the
 source file when that is writable (an editable install: the checkout; a site-packages install:
 ``site-packages/keeper/__pycache__``), else to ``~/.cache/numba``, and is keyed by the source file's path and mtime:
 a copy of the package (Ray's ``runtime_env`` unpacks ``working_dir`` / ``py_modules`` per job), a reinstall or a
@@ -16,7 +16,7 @@ under a subdirectory named by the kernels' source *content* (not its path or mti
 places when none is writable.
 
 Invariants:
-    * only the functions of :mod:`keeper.matching_kernels` are located here; any other numba code in the process
+    * only the functions of :mod:`keeper.matching.kernels` are located here; any other numba code in the process
       keeps numba's defaults;
     * an entry is used only for byte-identical kernel source (the directory's name) and numba's own checks (its
       version, the function's bytecode, this CPU); anything else compiles and is written beside it;
@@ -35,9 +35,9 @@ __all__ = ["ENV", "directory", "install"]
 
 #: Environment variable naming the directory of the numba kernels' cache.
 ENV = "KEEPER_KERNEL_CACHE"
-#: The module whose numba functions are cached here (:func:`keeper.matching_kernels.cached` says whether they are).
-MODULE = "keeper.matching_kernels"
-_SOURCE = Path(__file__).with_name("matching_kernels.py")
+#: The module whose numba functions are cached here (:func:`keeper.matching.kernels.cached` says whether they are).
+MODULE = "keeper.matching.kernels"
+_SOURCE = Path(__file__).with_name("kernels.py")
 _chosen: list[Path | None] = []
 
 
@@ -75,7 +75,7 @@ def directory() -> Path | None:
 
 
 def install() -> bool:
-    """Make numba cache :mod:`keeper.matching_kernels` in :func:`directory`; False (numba's defaults kept) when no
+    """Make numba cache :mod:`keeper.matching.kernels` in :func:`directory`; False (numba's defaults kept) when no
     place is writable or this numba lacks the locator API. Call before the kernels are decorated; idempotent."""
     try:
         from numba.core import caching

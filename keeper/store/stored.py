@@ -1,23 +1,21 @@
-"""A zoo model as the store holds it, and the warm that reads its parent straight from the store.
+"""A zoo model as the store holds it, read back wherever the caller runs.
 
 Layout of one model in a :class:`~keeper.store.ModelStore`: the model blob (ONNX: with its weights inside, or the
 graph whose initializers hold no data), the ``graph.npz`` extra (its LayerGraph as plain arrays, never pickled),
 and for a graph without data the ``weights.safetensors`` extra holding exactly its data-less initializers.
+:func:`read_parent` memory-maps a parent's weights where it is called (a local file for a local store, a verified
+copy streamed from an object store), so a parent's weights never pass through an actor
+(:func:`keeper.warm.inherit_stored` warms from them there).
 
-:func:`warm_from_store` runs a weight transfer wherever the caller wants it (a Ray task of the service, a Tune
-trial, a shell) and memory-maps the parent's weights there (a local file for a local store, a verified copy
-streamed from an object store), so a parent's weights never pass through an actor.
-
-Invariant: ``warm_from_store(uri, p, child)`` equals ``Zoo(uri).transfer(p, child)``: both read the same stored
-graph and weights; neither counts a parent hit (the chooser does, through its parent source).
+Invariant: a graph is read as it was stored (``LayerGraph.from_arrays``), or extracted again from its model when it
+predates ``LayerGraph.FORMAT``; nothing is unpickled.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -25,12 +23,11 @@ from keeper.choice.inheritance import Training
 from keeper.errors import ModelNotFoundError
 from keeper.graph import LayerGraph, load_graph
 from keeper.onnx_safety import ModelInput
-from keeper.store import ModelStore
-from keeper.warm import DEFAULT_NOISE, WarmResult, cold_result, warm_from_parent
-from keeper.weights import SafeTensors, WeightsInput
+from keeper.store.model_store import ModelStore
+from keeper.weights import SafeTensors
 
 __all__ = ["GRAPH_EXTRA", "WEIGHTS_EXTRA", "graph_blob", "graph_format", "graph_from_blob", "stored_weights",
-           "store_for", "read_parent", "read_parent_graph", "read_training", "warm_from_store"]
+           "store_for", "StoredParent", "read_parent", "read_parent_graph", "read_training"]
 
 #: The extra holding a model's LayerGraph (``LayerGraph.to_arrays()`` as ``.npz``).
 GRAPH_EXTRA = "graph.npz"
@@ -96,15 +93,23 @@ def _read_stored(uri: str, read: Callable[[ModelStore], Any]) -> tuple[ModelStor
         return store, read(store)
 
 
-def read_parent(uri: str, parent: str) -> tuple[bytes, LayerGraph, SafeTensors | None]:
-    """The zoo model ``parent`` stored at ``uri``: its ONNX bytes, its stored graph, and its weights memory-mapped
-    from the store (None when they are inside the ONNX bytes).
+class StoredParent(NamedTuple):
+    """A zoo model read back to warm from: its ONNX bytes, its stored graph, and its weights memory-mapped from
+    the store (None when they are inside the ONNX bytes)."""
+
+    blob: bytes
+    graph: LayerGraph
+    weights: SafeTensors | None
+
+
+def read_parent(uri: str, parent: str) -> StoredParent:
+    """The zoo model ``parent`` stored at ``uri`` (see :class:`StoredParent`).
 
     Raises:
         ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
     """
     store, (blob, gblob) = _read_stored(uri, lambda s: (s.get(parent), s.get_extra(parent, GRAPH_EXTRA)))
-    return blob, graph_from_blob(gblob, lambda: blob), stored_weights(store, parent)
+    return StoredParent(blob, graph_from_blob(gblob, lambda: blob), stored_weights(store, parent))
 
 
 def read_training(uri: str, name: str) -> Training | None:
@@ -126,33 +131,3 @@ def read_parent_graph(uri: str, parent: str) -> tuple[LayerGraph, Any]:
     """
     store, (rec, gblob) = _read_stored(uri, lambda s: (s.record(parent), s.get_extra(parent, GRAPH_EXTRA)))
     return graph_from_blob(gblob, lambda: store.get(parent)), rec
-
-
-def warm_from_store(uri: str, parent: str | None, child: ModelInput, noise: float = DEFAULT_NOISE,
-                    seed: int = 0, child_graph: LayerGraph | dict[str, np.ndarray] | None = None, *,
-                    child_weights: WeightsInput | None = None, out: Any = None,
-                    report: Mapping[str, Any] | None = None, restart_shrink: float = 1.0) -> WarmResult:
-    """Warm ``child`` from the zoo model ``parent`` stored at ``uri`` (the child's own weights when None).
-
-    Args:
-        child_graph: the child's LayerGraph (or its ``to_arrays()``, as a Ray task receives it) when the caller
-            has extracted it, so it is not extracted twice.
-        child_weights: the child's initial weights when ``child`` is its graph alone (see
-            :func:`keeper.warm.warm_from_parent`).
-        out: stream the warmed weights into this safetensors file.
-        report: the choice's report (``candidates``, ``reason``, ``probe``) the result carries.
-        restart_shrink: see :func:`keeper.warm.warm_from_parent`.
-
-    Raises:
-        ModelNotFoundError: ``parent`` is not in the store (removed or evicted since it was chosen).
-    """
-    if isinstance(child_graph, dict):
-        child_graph = LayerGraph.from_arrays(child_graph)
-    if parent is None:
-        result = cold_result(child, child_weights, out=out, graph=child_graph)
-    else:
-        blob, graph, weights = read_parent(uri, parent)
-        result = warm_from_parent(blob, child, parent_weights=weights, child_weights=child_weights,
-                                  parent_name=parent, parent_graph=graph, child_graph=child_graph, out=out,
-                                  noise=noise, seed=seed, restart_shrink=restart_shrink)
-    return dataclasses.replace(result, **report) if report else result

@@ -1,7 +1,7 @@
 """The durable zoo store: model blobs plus a catalog, behind ``pyarrow.fs``.
 
 One code path serves a laptop directory, HDFS and object stores (S3, GCS, Azure); the file layer (retried calls,
-atomic writes, verified local copies) is :mod:`keeper.store_files`, and this module is the catalog on top of it.
+atomic writes, verified local copies) is :mod:`keeper.store.files`, and this module is the catalog on top of it.
 Layout under the base path::
 
     blobs/<sha256>.onnx           a model blob, content-addressed
@@ -17,7 +17,7 @@ Invariants:
       at worst, which are never listed; :meth:`ModelStore.gc` removes both, and opening the store for writing
       removes the temp files of writers that are gone);
     * opening for reading (``mode="read"``) creates nothing and writes nothing;
-    * every key is written atomically (:meth:`~keeper.store_files.StoreFiles.write`; on HDFS an update of a
+    * every key is written atomically (:meth:`~keeper.store.files.StoreFiles.write`; on HDFS an update of a
       catalog entry deletes the old entry just before the rename); extras given as local files (weights of any
       size) are streamed in and out in chunks, never held whole;
     * blobs are verified against their sha256 on every read (a local file handed out by :meth:`ModelStore.extra_path`
@@ -42,8 +42,8 @@ from typing import Any, Iterator, Mapping
 import pyarrow.fs as pafs
 
 from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError, ZooNotFoundError
-from keeper.records import MUTABLE_FIELDS, NAME_RE, ModelRecord, admitted, check_name, finite, json_dict
-from keeper.store_files import Staged, StoreFiles, open_uri, sha256, size
+from keeper.store.files import Staged, StoreFiles, open_uri, sha256, size
+from keeper.store.records import MUTABLE_FIELDS, NAME_RE, ModelRecord, admitted, check_name, finite, json_dict
 
 __all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR", "check_name", "sha256", "zoo_is_empty"]
 
@@ -378,7 +378,7 @@ class ModelStore:
 
         Args:
             min_age_s: spare blobs younger than this, so a put in flight in another process keeps its blobs. Temp
-                files go by their writer (:meth:`~keeper.store_files.StoreFiles.sweep_temp`): never a live one's.
+                files go by their writer (:meth:`~keeper.store.files.StoreFiles.sweep_temp`): never a live one's.
         """
         with self._write_lock:
             self.reload()

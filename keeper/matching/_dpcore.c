@@ -1,6 +1,6 @@
-/* The alignment's dynamic programs, compiled: keeper.matching_kernels calls these when the extension is built and
+/* The alignment's dynamic programs, compiled: keeper.matching.kernels calls these when the extension is built and
  * falls back to the same kernels under numba otherwise. Every function computes exactly what its numba twin in
- * keeper/matching_kernels.py computes (integer recurrences; pass 1 of the score in float64, exact for element
+ * keeper/matching/kernels.py computes (integer recurrences; pass 1 of the score in float64, exact for element
  * counts below 2**53), and tests/test_matching_kernels.py holds the two against each other.
  *
  * Arrays arrive through the buffer protocol (numpy arrays, C-contiguous, dtypes checked), so the extension needs no
@@ -38,7 +38,7 @@ static int get_arr(PyObject *obj, Arr *a, Py_ssize_t itemsize, int ndim, Py_ssiz
     if (PyObject_GetBuffer(obj, &a->view, flags) < 0) return -1;
     a->held = 1;
     if (!is_int_format(&a->view, itemsize) || a->view.ndim != ndim || (ndim == 2 && a->view.shape[1] != cols)) {
-        PyErr_Format(PyExc_TypeError, "keeper._dpcore: array %s must be a C-contiguous int%d array of %d "
+        PyErr_Format(PyExc_TypeError, "keeper.matching._dpcore: array %s must be a C-contiguous int%d array of %d "
                      "dimension(s)", name, (int)(itemsize * 8), ndim);
         return -1;
     }
@@ -108,14 +108,14 @@ static PyObject *py_dp_batch(PyObject *self, PyObject *args) {
     if (len0(&a[1]) != m || len0(&a[2]) != m || len0(&a[4]) != len0(&a[3]) || len0(&a[5]) != len0(&a[3])
         || parents < 0 || len0(&a[7]) < parents) {
         release(a, 8);
-        PyErr_SetString(PyExc_ValueError, "keeper._dpcore.dp_batch: array lengths disagree");
+        PyErr_SetString(PyExc_ValueError, "keeper.matching._dpcore.dp_batch: array lengths disagree");
         return NULL;
     }
     Py_ssize_t maxn = 0;
     for (Py_ssize_t k = 0; k < parents; k++) {
         if (off[k] < 0 || off[k + 1] < off[k] || off[k + 1] > len0(&a[3])) {
             release(a, 8);
-            PyErr_SetString(PyExc_ValueError, "keeper._dpcore.dp_batch: offsets out of range");
+            PyErr_SetString(PyExc_ValueError, "keeper.matching._dpcore.dp_batch: offsets out of range");
             return NULL;
         }
         if (off[k + 1] - off[k] > maxn) maxn = off[k + 1] - off[k];
@@ -266,7 +266,7 @@ static PyObject *py_dp_pairs(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong((long long)inherited);
 bad:
     release(a, 15);
-    PyErr_SetString(PyExc_ValueError, "keeper._dpcore.dp_pairs: array lengths disagree");
+    PyErr_SetString(PyExc_ValueError, "keeper.matching._dpcore.dp_pairs: array lengths disagree");
     return NULL;
 }
 
@@ -278,6 +278,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_dpcore",
-                                    "keeper's alignment DPs in C (see keeper/matching_kernels.py)", -1, methods};
+                                    "keeper's alignment DPs in C (see keeper/matching/kernels.py)", -1, methods};
 
 PyMODINIT_FUNC PyInit__dpcore(void) { return PyModule_Create(&module); }

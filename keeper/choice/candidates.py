@@ -18,12 +18,13 @@ from typing import Callable, Hashable, Mapping, NamedTuple
 
 import numpy as np
 
+from keeper.choice.preservation import Assessment, Roles, assess, layer_roles
+from keeper.choice.selection import Candidate, coverage
 from keeper.graph import LayerGraph
-from keeper.matching import MatchArrays, match_arrays
-from keeper.preservation import assess_candidate, layer_roles
-from keeper.selection import Candidate, coverage
+from keeper.matching import MatchArrays, align, match_arrays
 
-__all__ = ["ParentFacts", "AssessedPairs", "architecture_digest", "may_qualify_all", "assess_found"]
+__all__ = ["ParentFacts", "Assessable", "AssessedPairs", "architecture_digest", "may_qualify_all", "assess_found",
+           "assess_candidate"]
 
 
 class ParentFacts(NamedTuple):
@@ -32,6 +33,28 @@ class ParentFacts(NamedTuple):
     accuracy: float
     clean: bool
     total: int
+
+
+class Assessable(NamedTuple):
+    """What assessing an alignment reads of one model: its graph, its match arrays and its layer roles (a zoo keeps
+    them per model, so each is computed once)."""
+
+    graph: LayerGraph
+    arrays: MatchArrays
+    roles: Roles
+
+    @classmethod
+    def of(cls, graph: LayerGraph, arrays: MatchArrays | None = None) -> "Assessable":
+        return cls(graph, arrays if arrays is not None else match_arrays(graph), layer_roles(graph))
+
+
+class _Kept(NamedTuple):
+    """One assessed pair: the candidate's coverage, preserved and structure, and the assessment behind them."""
+
+    coverage: float
+    preserved: bool
+    structure: float
+    assessment: Assessment
 
 
 def architecture_digest(arrays: MatchArrays) -> bytes:
@@ -43,23 +66,24 @@ def architecture_digest(arrays: MatchArrays) -> bytes:
 
 class AssessedPairs:
     """What assessing alignments found, per (child architecture, parent version, score, floor): coverage, preserved,
-    structure. A pure function of the two graphs, so a search whose trials share a few architectures assesses each
-    parent once per architecture instead of once per query (without it a search of n trials assessed ~n^2 / 2
-    pairs). Bounded LRU, thread-safe; a key must change whenever either graph may (the caller's versions)."""
+    structure, and the assessment with its alignment (which the transfer from a chosen parent reads). A pure
+    function of the two graphs, so a search whose trials share a few architectures assesses each parent once per
+    architecture instead of once per query (without it a search of n trials assesses ~n^2 / 2 pairs). Bounded LRU,
+    thread-safe; a key must change whenever either graph may (the caller's versions)."""
 
     def __init__(self, size: int = 4096):
         self._size = size
-        self._pairs: collections.OrderedDict[Hashable, tuple[float, bool, float]] = collections.OrderedDict()
+        self._pairs: collections.OrderedDict[Hashable, _Kept] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable) -> tuple[float, bool, float] | None:
+    def get(self, key: Hashable) -> _Kept | None:
         with self._lock:
             hit = self._pairs.get(key)
             if hit is not None:
                 self._pairs.move_to_end(key)
             return hit
 
-    def put(self, key: Hashable, value: tuple[float, bool, float]) -> None:
+    def put(self, key: Hashable, value: _Kept) -> None:
         with self._lock:
             self._pairs[key] = value
             while len(self._pairs) > self._size:
@@ -82,12 +106,12 @@ def may_qualify_all(bounds: np.ndarray, totals: np.ndarray, child_total: int, fl
 
 def assess_found(found: Mapping[str, float], child: LayerGraph, floor: float,
                  facts: Callable[[str], ParentFacts],
-                 parent: Callable[[str], tuple[LayerGraph, MatchArrays, tuple[np.ndarray, np.ndarray]]],
+                 parent: Callable[[str], Assessable],
                  child_arrays: MatchArrays | None = None, assessed: AssessedPairs | None = None,
                  version: Callable[[str], Hashable] | None = None) -> list[Candidate]:
-    """One :class:`~keeper.selection.Candidate` per model in ``found`` (name -> exact score).
+    """One :class:`~keeper.choice.selection.Candidate` per model in ``found`` (name -> exact score).
 
-    ``facts(name)`` is cheap (the catalog); ``parent(name)`` gives (graph, match arrays, layer roles) and is called
+    ``facts(name)`` is cheap (the catalog); ``parent(name)`` gives the model's :class:`Assessable` and is called
     only for models that may qualify (score at or above ``floor``, or every parent element inherited), whose
     alignment is then assessed; the others are listed with their score and coverage alone. With ``assessed`` and
     ``version(name)`` (a key that identifies the child's architecture and that model's stored content), a pair
@@ -102,14 +126,32 @@ def assess_found(found: Mapping[str, float], child: LayerGraph, floor: float,
             key = (version(name), float(score), float(floor)) if assessed is not None and version else None
             kept = assessed.get(key) if key is not None else None
             if kept is not None:
-                out.append(Candidate(name, float(score), f.accuracy, kept[0], preserved=kept[1], structure=kept[2],
-                                     clean=f.clean))
+                out.append(Candidate(name, float(score), f.accuracy, kept.coverage, preserved=kept.preserved,
+                                     structure=kept.structure, clean=f.clean, assessment=kept.assessment))
                 continue
-            me = me or (child, ca, layer_roles(child))
+            me = me or Assessable.of(child, ca)
             cand = assess_candidate(name, float(score), f.accuracy, f.clean, floor, me, parent(name))
-            if key is not None:
-                assessed.put(key, (cand.coverage, cand.preserved, cand.structure))
+            if key is not None and cand.assessment is not None:
+                assessed.put(key, _Kept(cand.coverage, cand.preserved, cand.structure, cand.assessment))
             out.append(cand)
         else:
             out.append(Candidate(name, float(score), f.accuracy, coverage(score, ca.total, f.total), clean=f.clean))
     return out
+
+
+def assess_candidate(name: str, score: float, accuracy: float, clean: bool, floor: float, child: Assessable,
+                     parent: Assessable) -> Candidate:
+    """One parent's :class:`~keeper.choice.selection.Candidate` for a child: its exact ``score`` and coverage, and,
+    when it may qualify (score at or above ``floor``, or every parent element inherited), what its alignment keeps,
+    with the assessment (and its alignment) attached for the transfer.
+
+    Invariant: ``preserved`` is True only when the whole parent is inherited and
+    :func:`~keeper.choice.preservation.assess` finds the alignment function-preserving.
+    """
+    whole = int(round(float(score) * child.arrays.total)) >= parent.arrays.total  # every parent element inherited
+    fit = None
+    if score >= floor or whole:
+        fit = assess(parent.graph, child.graph, align(parent.arrays, child.arrays), (parent.roles, child.roles))
+    return Candidate(name, float(score), float(accuracy), coverage(score, child.arrays.total, parent.arrays.total),
+                     preserved=bool(fit is not None and fit.preserved and whole),
+                     structure=float(fit.structure) if fit is not None else 1.0, clean=bool(clean), assessment=fit)
