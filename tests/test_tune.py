@@ -278,7 +278,7 @@ def test_a_checkpoint_older_than_its_trials_architecture_is_read_with_its_own(tm
     uri = str(tmp_path / "zoo")
     save_template(uri, own, state)
     monkeypatch.setattr(trial, "checkpoint_state",
-                        lambda trainable=None, given=None: (state, latest, "checkpoint c of t"))
+                        lambda trainable=None, given=None: trial.TrialCheckpoint(state, latest, "checkpoint c of t"))
     module = build(_spec([32]))
     exported = export_graph(module, example_input(_spec([32])))
     result, failed = start._restore_checkpoint(module, exported, ParentChoice(None, 0.0, uri, 0.0, 0), 0.0, None)

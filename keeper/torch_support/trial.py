@@ -111,7 +111,8 @@ def save_architecture(template: bytes, state: dict[str, Any], uri: str, trainabl
 def checkpoint_state(trainable: Any = None, given: Any = None) -> TrialCheckpoint | None:
     """The checkpoint this function trainable or Ray Train worker starts from (its own after a restore, or the
     trial Tune's PBT cloned); None outside a trial, with no checkpoint, or for a checkpoint holding no state_dict
-    (``model.onnx``: the trainable restores it itself). A ``tune.Trainable`` class restores in its own ``load_checkpoint``.
+    (``model.onnx``: the trainable restores it itself). A ``tune.Trainable`` class restores in its own
+    ``load_checkpoint``.
 
     ``given`` (a ``ray.train.Checkpoint`` or a directory): the checkpoint to start from, for a Ray Train worker
     that Tune's checkpoint reaches only through ``train_loop_config`` (Ray Train V2 hands a worker only its own
