@@ -114,6 +114,7 @@ class KeeperCallback(Callback):
         self._pending: dict[str, _Pending] = {}
         self._handle: Any = None
         self._deferred = False
+        self._launching: concurrent.futures.Future | None = None
         self._starting: tuple[Any, float] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.hook_s = 0.0
@@ -137,8 +138,10 @@ class KeeperCallback(Callback):
             if _finite(value):
                 self._curves.setdefault(trial.trial_id, []).append(self._accuracy(float(value)))
             if self._deferred:
+                # started in the registration thread: making the named actors takes a few Ray calls, which
+                # Tune's loop does not wait for; a trial starting meanwhile still finds the zoo empty
                 self._deferred = False
-                self._launch()
+                self._launching = self._thread().submit(start, self.config, wait=False)
             if trial.trial_id not in self._checked_start:
                 self._checked_start.add(trial.trial_id)
                 self._check_first_report(trial, result)
@@ -152,6 +155,9 @@ class KeeperCallback(Callback):
             self._submit(trial)
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
+        if self._launching is not None and self._launching.done():
+            with self._clock():
+                self._service()
         if self._starting is not None:
             with self._clock():
                 self._check_started()
@@ -209,10 +215,21 @@ class KeeperCallback(Callback):
         self._starting = (self._handle.ping.remote(), time.monotonic())
 
     def _service(self) -> Any:
+        if self._handle is None and self._launching is not None:  # started in the background: take it in
+            launching, self._launching = self._launching, None
+            self._handle = launching.result(timeout=self.config.timeouts.start_s)
+            self._starting = (self._handle.ping.remote(), time.monotonic())
         if self._handle is None:
             self._deferred = False
             self._launch()
         return self._handle
+
+    def _thread(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The driver's one thread for keeper's work that Tune's loop must not wait for (registrations, a deferred
+        start); one thread, so the start comes before the registrations that need it."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="keeper-register")
+        return self._pool
 
     def _accuracy(self, value: float) -> float:
         return float(self.score_fn(value)) if self.score_fn is not None else value
@@ -265,9 +282,7 @@ class KeeperCallback(Callback):
         handle = self._service()
         if self.wait_for_registration:
             handle.expect.remote(name)  # before the next trial asks: actor calls arrive in milliseconds
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="keeper-register")
-        future = self._pool.submit(_register, handle, name, checkpoint, trial.storage.storage_filesystem,
+        future = self._thread().submit(_register, handle, name, checkpoint, trial.storage.storage_filesystem,
                                    trial.storage.trial_fs_path, accuracy, self.model_builder, dict(trial.config),
                                    self.config.timeouts.register_s, self.config.zoo_uri, training)
         self._pending[tid] = _Pending(future, name, time.perf_counter())
