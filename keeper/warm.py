@@ -109,6 +109,9 @@ class WarmResult:
         shrink: the share of the parent's weights a restart kept (shrink and perturb: ``restart_shrink`` of
             :func:`inherit`); 1.0 when the whole of them was kept, and for every warm that is not a restart.
         load: what loading the result into a torch module found (:class:`LoadReport`), None until it is loaded.
+        seconds: where ``warm_start``'s time went, by phase (``trace``, ``choose``: the parent choice, its wait for
+            registrations in flight included, ``inherit``: restoring a checkpoint or the transfer and any probe,
+            ``load``, ``save``: the files a trial leaves); empty for a result not made by ``warm_start``.
     """
 
     parent: str | None
@@ -125,6 +128,7 @@ class WarmResult:
     reason: str = ""
     shrink: float = 1.0
     load: LoadReport | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def lineage(self) -> dict[str, Any]:
         """How this child was obtained, for :meth:`keeper.Zoo.register` (``lineage=``): its parent, whether

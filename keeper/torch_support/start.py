@@ -24,9 +24,11 @@ from the service's config, never passed per call.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from keeper.actors.config import ServiceConfig, load_config
@@ -150,22 +152,42 @@ def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, confi
             return WarmResult(None, 0.0, {}, {}, reason="built by the Hugging Face Trainer outside a search "
                               "(model_init(None)) with no keeper service running: it keeps its own init; the "
                               "search's trials are warmed", load=LoadReport(reason="nothing loaded"))
+    clock = _Clock()
     source = _empty_zoo(cfg) if zoo is None and trial.in_trial() else None
     source = source or parent_source(zoo, cfg)
-    exported, choice = _choose_once(module, example_input, source, cfg, rank, size)
+    exported, choice = _choose_once(module, example_input, source, cfg, rank, size, clock)
     choice = dataclasses.replace(choice, restart_shrink=float(shrink))
-    result, failed = _restore_checkpoint(module, exported, choice, noise, checkpoint, probe)
+    with clock("inherit"):
+        result, failed = _restore_checkpoint(module, exported, choice, noise, checkpoint, probe)
     if result is None:
-        score = module_probe(module, exported.keys, probe) if probe is not None else None
-        result = warm(source, exported.onnx, exported.graph, noise=noise, probe=score, choice=choice,
-                      weights=module_weights(module, exported) if exported.apart else None, count=rank == 0,
-                      note=failed, search=trial.search_name())
-        result = load_result(module, result, exported.keys)
-    if rank == 0:
-        trial.save_lineage(result)
-    if size > 1:
-        distributed.sync_module(module)
-    return result
+        with clock("inherit"):
+            score = module_probe(module, exported.keys, probe) if probe is not None else None
+            result = warm(source, exported.onnx, exported.graph, noise=noise, probe=score, choice=choice,
+                          weights=module_weights(module, exported) if exported.apart else None, count=rank == 0,
+                          note=failed, search=trial.search_name())
+        with clock("load"):
+            result = load_result(module, result, exported.keys)
+    with clock("save"):
+        if rank == 0:
+            trial.save_lineage(result)
+        if size > 1:
+            distributed.sync_module(module)
+    return dataclasses.replace(result, seconds=dict(clock.seconds))
+
+
+class _Clock:
+    """Seconds per phase of one warm_start (``with clock("trace"): ...``), summed over a phase's parts."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
 
 class _EmptyZoo:
@@ -211,29 +233,34 @@ def _running_service(cfg: ServiceConfig) -> ParentSource | None:
 
 
 def _choose_once(module: Any, example_input: Any, source: ParentSource, cfg: ServiceConfig, rank: int,
-                 size: int) -> tuple[Exported, ParentChoice]:
+                 size: int, clock: _Clock) -> tuple[Exported, ParentChoice]:
     """The module's architecture, and the parent choice made by rank 0 and shared with every rank of a Ray Train
     trial (one choice, one hit and one template per trial); an error on rank 0 is raised on every rank."""
     if rank == 0:
         try:
-            exported, choice = _choose(module, example_input, source, cfg)
+            exported, choice = _choose(module, example_input, source, cfg, clock)
         except BaseException as exc:
             if size > 1:
                 distributed.share_choice(exc)  # raises it here too, once the other ranks know
             raise
     else:
-        exported, choice = export_graph(module, example_input, dynamo=cfg.dynamo), None
+        with clock("trace"):
+            exported, choice = export_graph(module, example_input, dynamo=cfg.dynamo), None
     if size > 1:
-        choice = distributed.share_choice(choice)
+        with clock("choose"):
+            choice = distributed.share_choice(choice)
     return exported, choice
 
 
-def _choose(module: Any, example_input: Any, source: ParentSource,
-            cfg: ServiceConfig) -> tuple[Exported, ParentChoice]:
-    exported = export_graph(module, example_input, dynamo=cfg.dynamo)
-    choice = source.choose(exported.graph, search=trial.search_name())
-    state = module.state_dict()
-    trial.save_architecture(architecture_template(exported, state), state, choice.uri)
+def _choose(module: Any, example_input: Any, source: ParentSource, cfg: ServiceConfig,
+            clock: _Clock) -> tuple[Exported, ParentChoice]:
+    with clock("trace"):
+        exported = export_graph(module, example_input, dynamo=cfg.dynamo)
+    with clock("choose"):
+        choice = source.choose(exported.graph, search=trial.search_name())
+    with clock("save"):
+        state = module.state_dict()
+        trial.save_architecture(architecture_template(exported, state), state, choice.uri)
     return exported, choice
 
 
