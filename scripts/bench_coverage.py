@@ -1,6 +1,6 @@
 """Coverage of real architectures: does keeper read every learned tensor, and is a same-architecture warm exact?
 
-For every model of :data:`keeper_bench.hf_catalogue.CATALOGUE` (Hugging Face transformers built from small configs,
+For every model of :data:`hf_catalogue.CATALOGUE` (Hugging Face transformers built from small configs,
 random init, nothing downloaded), plus torchvision / timm models when those import, and for both torch exporters
 (TorchScript and dynamo), it measures: whether the export parses; the layers keeper finds and the learned
 elements it sees against the module's own parameters (tied parameters counted once); the self-similarity; the
@@ -8,12 +8,12 @@ relative output deviation of a same-architecture warm (parent and child of one a
 noise 0: it must be ~1e-6); and the module tensors the warm leaves at the child's init. It writes
 ``reports/coverage.md`` and prints the totals.
 
-Where torchvision imports, the CNN growth pairs of :func:`keeper_bench.vision_catalogue.growth_pairs` (ResNet-18 ->
+Where torchvision imports, the CNN growth pairs of :func:`vision_catalogue.growth_pairs` (ResNet-18 ->
 34, VGG-11 -> 13 with and without BatchNorm, MobileNetV2 0.5 -> 1.0, MobileNetV3-Large 0.75 -> 1.0, EfficientNet
 B0 -> B1, ConvNeXt deepening) are warmed from a trained-like parent too: the child's deviation from the parent's
-function after the warm, beside the child's own init (:func:`keeper_bench.hf_growth.warm_deviation`).
+function after the warm, beside the child's own init (:func:`hf_growth.warm_deviation`).
 
-torchvision and timm are optional (:mod:`keeper_bench.vision_libs`): without them their rows are left out and the
+torchvision and timm are optional (:mod:`vision_libs`): without them their rows are left out and the
 report says why. To include them beside a CPU torch, in a separate environment (a torchvision that fails at import
 breaks ``import transformers``)::
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import tempfile
 import time
 import warnings
@@ -45,10 +46,13 @@ from keeper.graph import load_graph
 from keeper.matching import similarity
 from keeper.torch_support import export_graph, register, warm_start
 from keeper.zoo import Zoo
-from keeper_bench.hf_catalogue import CATALOGUE, Builder, build, optional_catalogue
-from keeper_bench.hf_growth import GrowthResult, warm_deviation
-from keeper_bench.trace_check import front_end_graph
-from keeper_bench.vision_catalogue import GAPS, SIZES, growth_pairs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' catalogue of real architectures
+
+from hf_catalogue import CATALOGUE, Builder, build, optional_catalogue  # noqa: E402
+from hf_growth import GrowthResult, warm_deviation  # noqa: E402
+from trace_check import front_end_graph  # noqa: E402
+from vision_catalogue import GAPS, SIZES, growth_pairs  # noqa: E402
 
 EXACT = 1e-5  # a same-architecture warm deviating less than this is exact (float32 round-off is ~1e-7)
 
@@ -88,7 +92,7 @@ def rel_dev(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def front_end(name: str, builders: dict[str, Builder]) -> str:
     """"yes (N ms)" when the torch front end reads the model, so ``export_graph``'s default path writes its graph
-    with no exporter; else "no: " and why it falls back (:func:`keeper_bench.trace_check.front_end_graph`)."""
+    with no exporter; else "no: " and why it falls back (:func:`trace_check.front_end_graph`)."""
     module, args = build(name, 1, builders)
     t0 = time.perf_counter()
     got = front_end_graph(module, args)
@@ -181,7 +185,7 @@ def _machine() -> tuple[str, list[tuple[str, str]]]:
 
     import transformers
 
-    from keeper_bench.vision_libs import import_timm, import_torchvision
+    from vision_libs import import_timm, import_torchvision
 
     libs = [(lib, mod.__version__) for lib, (mod, _) in (("torchvision", import_torchvision()),
                                                          ("timm", import_timm())) if mod is not None]
@@ -215,7 +219,7 @@ def _model_lines(rows: list[Row]) -> list[str]:
         if r.parses and r.error:
             lines.append(f"| | | error: {r.error} | | | | | | | | | |")
     return lines + ["", "The front-end column: the model's architecture read by keeper's torch front end alone (one "
-                    "eager forward, `keeper_bench.trace_check.front_end_graph`; no cache, no exporter), which is "
+                    "eager forward, `trace_check.front_end_graph`; no cache, no exporter), which is "
                     "what `export_graph` and `warm_start` use by default; \"no\" gives the reason it would fall back "
                     "to the dynamo exporter (seconds instead of milliseconds). The time is that one trace's, on the "
                     "loaded machine. It is the model's, the same on both of its rows; `scripts/check_trace.py` shows "
@@ -257,7 +261,7 @@ def report(rows: list[Row], growth: list[GrowthRow], skipped: dict[str, str], pa
                   "--system-site-packages /tmp/tvenv && /tmp/tvenv/bin/pip install --no-deps torchvision==0.28.0 "
                   "timm` (`--no-deps`: torchvision has no CPU-only wheel on the package index, and without it pip "
                   "pulls a CUDA torch); torchvision 0.28's compiled ops do not load into this torch, so "
-                  "`keeper_bench.vision_libs` defines the `torchvision::nms` / `qnms` schemas its import needs.", ""]
+                  "`vision_libs` defines the `torchvision::nms` / `qnms` schemas its import needs.", ""]
     if growth:
         lines += _growth_lines(growth)
     if skipped:

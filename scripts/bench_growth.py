@@ -2,12 +2,12 @@
 same child at its own initialisation, with both torch exporters.
 
 Models are Hugging Face transformers classes built from small configs (random initialisation, nothing from the
-hub; ``keeper_bench.hf_growth``): GPT-2, BERT, DistilBERT, Llama (GQA, RoPE, SwiGLU, RMSNorm), the T5 encoder,
+hub; ``hf_growth``): GPT-2, BERT, DistilBERT, Llama (GQA, RoPE, SwiGLU, RMSNorm), the T5 encoder,
 ViT, DeiT (with its distillation token), Swin, and the CNNs ResNet, MobileNetV2, EfficientNet and ConvNeXt. For
-each family the pairs of ``keeper_bench.hf_growth.PAIRS``: ``depth`` (more blocks), ``ffn`` (a wider
+each family the pairs of ``hf_growth.PAIRS``: ``depth`` (more blocks), ``ffn`` (a wider
 feed-forward or expansion), ``d_model x2`` / ``channels x2`` (the residual stream doubled; transformers double
 their heads too, head size kept) and ``x1.5`` (a factor that does not divide). Then keeper_bench's own families
-(``keeper_bench.family_growth``: ResNet, VGG, MobileNetV2, the transformer encoder, MLPs with and without norms),
+(``family_growth``: ResNet, VGG, MobileNetV2, the transformer encoder, MLPs with and without norms),
 by integer factors and by factors that do not divide.
 
 Per pair and exporter: the parent is made trained-like (``hf_growth.trained_like``), both are exported with
@@ -41,10 +41,12 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the growth pairs the tests walk
 
 import torch  # noqa: E402
 
-from keeper_bench import family_growth, hf_growth  # noqa: E402
+import family_growth  # noqa: E402
+import hf_growth  # noqa: E402
 
 EXACT = 1e-4
 # runs beside the families' defaults: position (and token-type) ids as inputs, the tables read as embeddings

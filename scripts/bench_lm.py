@@ -2,7 +2,7 @@
 
 GPT-2- and Llama-style byte-level language models (Hugging Face configs, random initialisation, no hub) of
 varying depth, width, heads, key-value heads and FFN size arrive in a fixed order and train through Ray Tune,
-2 at a time, on the Python standard library's own source (keeper_bench/lm.py); see keeper_bench/lm_nas.py for the
+2 at a time, on the Python standard library's own source (keeper_bench.lm); see keeper_bench.lm_nas for the
 arms, the plateau budgets and how steps to target are counted. Writes reports/bench_lm.md, reports/bench_lm.json
 and two PNG plots under reports/figures/.
 

@@ -1,7 +1,7 @@
 """Population-based training across architectures against three other ways to spend one budget (MNIST-1D and a
 byte-level language model, through Tune).
 
-Arms (keeper_bench/pbt.py): random search, cold; ASHA with KeeperCallback and warm_start; Tune's
+Arms (keeper_bench.pbt): random search, cold; ASHA with KeeperCallback and warm_start; Tune's
 PopulationBasedTraining over the learning rate of one architecture (the middle of the space); KeeperPBT over the
 learning rate, the width and the depth of a 1-D ResNet. Every arm spends the same budget, population x steps
 per member, in rounds that end with one evaluation in eval mode (validation split: what schedulers rank by; test

@@ -22,7 +22,7 @@ What it measures, per zoo size (2 Matcher actors, Ray on 127.0.0.1):
 The zoo (keeper_bench.synth_zoo): model specs of keeper_bench.families' five families (ResNet, VGG, MobileNetV2,
 transformer, MLP; 1-D inputs as in the MNIST-1D workload) in groups of architectural neighbours, as a NAS or AutoML
 workload leaves them. Scoring needs graphs, not weights, so all but a few of them are *graph-only entries* (the
-service runs with ``keeper_bench.graph_only.GraphOnlyManager`` as its zoo manager): their match arrays are
+service runs with ``graph_only.GraphOnlyManager`` as its zoo manager): their match arrays are
 synthesised from the spec's layer sequence (checked below against real exports), held in memory, scored and
 clustered like any model, never chosen as parents. A few real models (exported with torch, registered with weights
 in a local store) are the parents the end-to-end queries warm from. Queries are new neighbours of zoo members (80%)
@@ -48,6 +48,7 @@ import numpy as np
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # graph_only, the service tests' loader too
 
 from keeper.actors.clustering import ClusterIndex, two_stage_search  # noqa: E402
 from keeper.graph import load_graph  # noqa: E402
@@ -288,8 +289,7 @@ def start_service(args: argparse.Namespace, parents: dict[str, bytes], kids: lis
     real parents registered and its workers started; returns (cluster or None, front door, manager)."""
     import ray
 
-    from keeper_bench import graph_only
-
+    import graph_only
     cluster, on_head = None, {}
     if args.scale_out:
         cluster, on_head = start_cluster()
@@ -405,7 +405,7 @@ actors; **load**: the 1-minute load average during the row's queries; compare ro
   the whole zoo, parent choice, weight transfer in a Ray task reading the parent from the (local) store, result
   back to the caller.
 - Zoo: specs of keeper_bench.families' five families in groups of ~8 neighbours; graph-only entries
-  (`keeper_bench.graph_only`, synthesised match arrays; {ok} of {checked} checked sequences equal their real
+  (`graph_only`, synthesised match arrays; {ok} of {checked} checked sequences equal their real
   export) plus {n_real} real registered models. k = round(sqrt(N)); k-medoids (FasterPAM) on a sample of at most
   {args.fit_sample} models, the rest assigned to their nearest medoid.
 - Reference: ModelKeeper reports 8 s per request for 2,500 models on a cluster.

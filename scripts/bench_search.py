@@ -1,7 +1,7 @@
 """A whole search with and without keeper, under FIFO, ASHA and PBT, on MNIST-1D and byte-level language models:
 how much sooner the search holds a model as good as the cold search's best, and whether it ends as well.
 
-Arms (keeper_bench/search.py), on each workload and seed, at the same budget of trials x steps training steps, two
+Arms (keeper_bench.search), on each workload and seed, at the same budget of trials x steps training steps, two
 trials at a time on a 2-CPU Ray with keeper's shipped defaults: fifo / fifo+keeper (every draw trained for its
 steps), asha / asha+keeper (ASHA, grace one round, reduction 3, up to 3x the draws, stopped at the budget), pbt
 (Tune's PBT over the learning rate; an exploit takes the clone's whole config) / pbt+keeper (KeeperPBT over the

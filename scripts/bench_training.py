@@ -1,7 +1,7 @@
 """Training saved by warm starts on a NAS workload (MNIST-1D, Ray Tune), against cold start and baselines.
 
 Architectures (1-D VGG-style CNNs, ResNets, MLPs, small transformers) arrive in a fixed order and are trained
-through Ray Tune, once per arm; see keeper_bench/nas.py for the arms and for how steps-to-target is defined.
+through Ray Tune, once per arm; see keeper_bench.nas for the arms and for how steps-to-target is defined.
 
 Budgets are per family (``--budgets``), chosen so that the cold runs are at their plateau (test accuracy improves
 by less than 1% relative over their last 20% of steps); the report checks every cold run. The headline is the

@@ -4,11 +4,11 @@ safetensors load / save costs, and the README's Tune example runs with GPU share
 
 Steps (``--steps``, all by default), each a group of rows of one table:
 
-* ``trace``: every catalogue model (keeper_bench.hf_catalogue, keeper_bench.families, torchvision / timm where
+* ``trace``: every catalogue model (hf_catalogue, keeper_bench.families, torchvision / timm where
   they import, and GPT-2 / Llama built as users build them, ``*LMHeadModel`` / ``*ForCausalLM`` with their default
   attention) traced by the torch front end (``keeper.torch_support.trace``) on the CPU, then on the device in
   float32 and with bfloat16 weights: the device's LayerGraphs must equal the CPU's array by array
-  (``keeper_bench.trace_check.compare_graphs``), and a model the front end cannot read on either is a failure (it
+  (``trace_check.compare_graphs``), and a model the front end cannot read on either is a failure (it
   would fall back to the exporter, seconds in every trial);
 * ``kernels``: which alignment kernels this install runs; where they are numba's (no ``keeper._dpcore``), two
   fresh processes load them (``keeper doctor --load-kernels``): the first on this machine compiles, the second
@@ -51,6 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' catalogue of real architectures
 
 import bench_overhead  # noqa: E402  (the fresh-process measurement, one code path for both scripts)
 
@@ -97,7 +98,8 @@ def _user_lms() -> dict:
 def catalogue() -> tuple[dict, dict[str, str]]:
     """``(name -> builder of (module, args), {library: why it is left out})``: the Hugging Face catalogue, the
     benchmark families, torchvision / timm where they import, and the user-built language models."""
-    from keeper_bench import families, hf_catalogue
+    import hf_catalogue
+    from keeper_bench import families
 
     builders = {f"hf/{n}": (lambda n=n: hf_catalogue.build(n, seed=1)) for n in hf_catalogue.CATALOGUE}
     for fam in families.FAMILIES:
@@ -155,7 +157,7 @@ def _differing(diff: list[str], a, b) -> str:
 def trace_rows(device: str, only: list[str] | None) -> list[dict]:
     import torch
 
-    from keeper_bench.trace_check import compare_graphs
+    from trace_check import compare_graphs
 
     builders, skipped = catalogue()
     rows = [_row("trace", f"{lib} models", "-", "-", f"skipped: {why}", None) for lib, why in skipped.items()]

@@ -9,7 +9,7 @@ is 1.
 rotation slices the heads (EVA-02's RoPE: refused).
 
 Usage: python scripts/check_packed_heads.py [--models vit,deit,beit,eva02,cait] [--child 64,4] [--fused]
-(timm must import: keeper_bench.vision_libs.import_timm; ``--fused`` keeps timm's scaled_dot_product_attention,
+(timm must import: vision_libs.import_timm; ``--fused`` keeps timm's scaled_dot_product_attention,
 which some exporters cannot write for some of these models.)
 """
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import nets  # noqa: E402
 import keeper  # noqa: E402
 from keeper.torch_support import register, warm_start  # noqa: E402
-from keeper_bench.vision_libs import import_timm  # noqa: E402
+from vision_libs import import_timm  # noqa: E402
 
 ARCH = {"vit": ("vit_tiny_patch16_224", {}), "deit": ("deit_tiny_distilled_patch16_224", {}),
         "beit": ("beit_base_patch16_224", {}), "eva02": ("eva02_tiny_patch14_224", {}),

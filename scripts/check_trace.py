@@ -1,14 +1,14 @@
 """Same answers from the torch front end and the dynamo exporter, over keeper's catalogue.
 
 For every model: the LayerGraph from one forward pass (keeper.torch_support.trace) against the dynamo exporter's
-(keeper_bench.trace_check.graph_differences); for every pair: a parent registered and a child warmed through
+(trace_check.graph_differences); for every pair: a parent registered and a child warmed through
 each path (same parent, same similarity to 4 places, same warmed weights). Models the front end cannot read are
 listed with the reason (they fall back to the exporter at run time).
 
 Catalogue: tests/nets.py's family specs (MLP, ResNet, VGG, MobileNetV2, transformer), the Hugging Face catalogue
-(keeper_bench.hf_catalogue), the torchvision / timm models where those import (keeper_bench.vision_catalogue; run
+(hf_catalogue), the torchvision / timm models where those import (vision_catalogue; run
 with the environment of reports/coverage.md: ``PYTHONPATH=. /tmp/tvenv/bin/python scripts/check_trace.py``), and
-both directions of every growth pair of keeper_bench.hf_growth (reports/growth.md)
+both directions of every growth pair of hf_growth (reports/growth.md)
 and of each family (base spec -> wider).
 
 Usage: python scripts/check_trace.py [--only NAME ...] [--no-warm] [--fallbacks]
@@ -30,12 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import nets  # noqa: E402
-from keeper_bench.vision_libs import import_torchvision  # noqa: E402
+from vision_libs import import_torchvision  # noqa: E402
 
 import_torchvision()  # first: a torchvision that fails at import breaks transformers' vision models
-from keeper_bench import hf_catalogue, hf_growth  # noqa: E402
-from keeper_bench.trace_check import (compare_graphs, front_end_graph, graph_differences,  # noqa: E402
-                                      warm_differences)
+import hf_catalogue  # noqa: E402
+import hf_growth  # noqa: E402
+from trace_check import compare_graphs, front_end_graph, graph_differences, warm_differences  # noqa: E402
 
 WIDER = {"mlp": {"widths": [48, 24]}, "resnet": {"widths": [12, 24]}, "vgg": {"widths": [12, 24]},
          "mobilenetv2": {"widths": [12, 24]}, "transformer": {"ffn": 48}}

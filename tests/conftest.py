@@ -39,9 +39,28 @@ def local_ray(request):
     ray.shutdown()
 
 
+@pytest.fixture
+def service(request, tmp_path):
+    """The keeper service settings of one test: a zoo in its ``tmp_path`` and a Ray namespace of its own, as the Tune
+    tests pass to KeeperCallback and warm_start. The service the test started is shut down after it, so that its
+    actor processes do not idle beside the next tests' trials until the module's Ray stops."""
+    import uuid
+
+    settings = {"zoo": str(tmp_path / "zoo"), "namespace": f"{request.module.__name__}-{uuid.uuid4().hex[:8]}"}
+    yield settings
+    import keeper.actors as ka
+
+    ka.shutdown(settings)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device (torch is imported only when some
-    collected test is marked so)."""
+    """The modules that start Ray (marked ``ray``: Tune, PBT, the service, the examples) run first, in collection
+    order otherwise: under ``-n 2 --dist loadfile`` a module is one unit of work, handed to the next free worker
+    in this order, so the long ones start at once and the short ones fill in after them instead of one long
+    module starting last. Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device (torch is
+    imported only when some collected test is marked so)."""
+    with_ray = {item.path for item in items if item.get_closest_marker("ray") is not None}
+    items.sort(key=lambda item: item.path not in with_ray)  # stable: collection order within each part
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not marked:
         return

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from keeper_bench import families
-from keeper_bench.hf_growth import quiet  # noqa: F401 (the tests' nets.quiet)
+from hf_growth import quiet  # noqa: F401 (the tests' nets.quiet)
 
 EXPORTERS = ("torchscript", "dynamo")
 MODES = ("eval", "keep")

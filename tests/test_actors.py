@@ -207,8 +207,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def service(cluster, tmp_path_factory):
     import keeper.actors as ka
-    from keeper_bench import graph_only
-
+    import graph_only
     zoo = tmp_path_factory.mktemp("zoo")
     on_head = {"resources": {"head": 0.01}}  # the node-removal test takes a worker node away
     # the zoo manager also holds graph-only entries: the node-removal test loads the matchers with them

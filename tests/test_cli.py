@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -502,17 +501,6 @@ def test_register_checks_its_arguments_before_making_a_zoo(tmp_path, zoo_dir, ca
     assert not Path(zoo_dir).exists(), "a refused registration makes no zoo"
 
 
-@pytest.mark.parametrize("argv,message", [(["--archs", "0"], "--archs 0 is too small"),
-                                          (["--steps", "-5"], "--steps -5 is too small"),
-                                          (["--cpus", "0"], "--cpus 0 is too small")])
-def test_demo_checks_its_arguments_at_once(tmp_path, capsys, argv, message):
-    pytest.importorskip("keeper_bench")
-    t0 = time.monotonic()
-    code, _, err = keeper(capsys, "demo", *argv, "--out", str(tmp_path / "demo"))
-    assert code == 1 and message in err and time.monotonic() - t0 < 1.0
-    assert not (tmp_path / "demo").exists()
-
-
 def test_a_closed_pipe_ends_quietly(tmp_path):
     from keeper.store import ModelStore
 
@@ -553,14 +541,3 @@ def test_version_and_every_option_has_help(capsys):
             if a.option_strings and a.nargs != 0 and a.default not in (None, False):  # flags have no default
                 assert f"default: {a.default}" in " ".join(text.split()), f"{path} {a.option_strings}: no default"
     assert {"keeper warm", "keeper zoo ls", "keeper zoo gc", "keeper serve"} <= seen
-
-
-
-def test_the_demo_table_names_parents_as_trials_with_their_architecture():
-    from keeper_bench.demo import parent_label
-    from keeper_bench.nas import arch_label, arrivals
-
-    specs = arrivals(3, seed=0, families=("resnet", "vgg"))
-    assert parent_label("keeper-s0-968c8_00001", specs) == f"trial 2 ({arch_label(specs[1])})"[:44]
-    assert parent_label(None, specs) == "-"
-    assert parent_label("mlp-a", specs) == "mlp-a"  # a name that is no trial of this demo stays as it is

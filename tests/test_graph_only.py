@@ -1,4 +1,4 @@
-"""Tests of keeper_bench.graph_only: graph-only entries beside stored models, without Ray (the service tests in
+"""Tests of graph_only: graph-only entries beside stored models, without Ray (the service tests in
 test_actors.py run the service with this manager and load its matchers through it)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from keeper.actors.config import load_config
 from keeper.errors import AdmissionError
 from keeper.graph import load_graph
 from keeper.matching import match_arrays
-from keeper_bench.graph_only import GraphOnlyManager
+from graph_only import GraphOnlyManager
 from test_actors import random_model
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keeper_bench import hf_growth
-
+import hf_growth
 # transformers comes with the test extra: a missing install fails here rather than skipping
 hf_growth.import_transformers()
 

@@ -1,4 +1,4 @@
-"""Real architectures (keeper_bench.hf_catalogue: Hugging Face transformers built from small configs, random init):
+"""Real architectures (hf_catalogue: Hugging Face transformers built from small configs, random init):
 every learned tensor is read and a warm from a parent of the same architecture is exact, with both exporters;
 tied weights are transferred once, counted once and written back under every key; constant tables are no layers;
 a warm that leaves a tensor behind says so and scores below 1.
@@ -23,7 +23,7 @@ from keeper.graph import load_graph
 from keeper.torch_support import export_graph, module_weights, register, warm_start
 from keeper.torch_support.tensors import tied_keys
 from keeper.zoo import Zoo
-from keeper_bench.hf_catalogue import CATALOGUE, build
+from hf_catalogue import CATALOGUE, build
 
 TORCHSCRIPT = ["gpt2", "bert", "distilbert", "vit", "deit", "swin", "levit", "t5-encoder", "llama", "convnext",
                "resnet"]

@@ -20,10 +20,6 @@ from keeper.tune_integration.pbt import grows_from
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
 
-def _service(tmp_path) -> dict:
-    return {"zoo": str(tmp_path / "zoo"), "namespace": f"pbt-{uuid.uuid4().hex[:8]}"}
-
-
 def _mlp_task(config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.nn.Module]:
     """A population member's data (the same for all) and its MLP of the config's width and depth."""
     torch.set_num_threads(1)
@@ -101,14 +97,12 @@ def _crossing(restores: list[tuple[dict, object]]) -> list[tuple[dict, object]]:
 
 
 @pytest.mark.slow  # > 20 s on two idle cores
-def test_keeper_pbt_exploits_across_architectures(tmp_path):
+def test_keeper_pbt_exploits_across_architectures(service, tmp_path):
     """A population of 4 over width x depth x learning rate: weak trials clone strong ones of other architectures,
     keeper carries the clone's function onto their own architecture (exactly where it says preserved), and no
     trial errs."""
 
     from keeper.tune_integration import KeeperPBT
-
-    service = _service(tmp_path)
 
     def validate(config):
         if config["width"] < 4 or config["depth"] < 1:
@@ -124,8 +118,9 @@ def test_keeper_pbt_exploits_across_architectures(tmp_path):
                     validate=validate)
     space = {"width": tune.grid_search([8, 16]), "depth": tune.grid_search([1, 2]), "lr": 0.05, "rounds": 1000}
     cb = KeeperCallback(metric="neg_loss", mode="max", config=service)
+    # the members reuse their actors (Tune's setting for PBT): an exploit restarts a member in the process it ran in
     grid = tune.Tuner(_pbt_trainable(service), param_space=space,
-                      tune_config=tune.TuneConfig(scheduler=pbt, metric="neg_loss", mode="max"),
+                      tune_config=tune.TuneConfig(scheduler=pbt, metric="neg_loss", mode="max", reuse_actors=True),
                       run_config=tune.RunConfig(name="pbt", storage_path=str(tmp_path / "results"),
                                                 stop={"training_iteration": 3}, callbacks=[cb], verbose=0)).fit()
     assert not grid.errors
@@ -144,7 +139,7 @@ def test_keeper_pbt_exploits_across_architectures(tmp_path):
 
 
 @pytest.mark.slow  # > 20 s on two idle cores
-def test_keeper_pbt_resumes_after_tuner_restore(tmp_path):
+def test_keeper_pbt_resumes_after_tuner_restore(service, tmp_path):
     """A KeeperPBT run with a member that fails once is restored with Tuner.restore(resume_errored=True): it
     finishes with no errored trial, and the restored member starts from its checkpoint through warm_start (exactly
     on its own architecture, by keeper's transforms on another)."""
@@ -152,7 +147,6 @@ def test_keeper_pbt_resumes_after_tuner_restore(tmp_path):
 
     from keeper.tune_integration import KeeperPBT
 
-    service = _service(tmp_path)
     marker = str(tmp_path / "restored")
     trainable = _pbt_trainable(service, marker, fail_once=str(tmp_path / "failed"))
 
@@ -225,7 +219,7 @@ def _train_member(config: dict) -> None:
 
 
 @pytest.mark.slow  # > 20 s on two idle cores
-def test_keeper_pbt_with_ray_train_trials(tmp_path):
+def test_keeper_pbt_with_ray_train_trials(service, tmp_path):
     """Members that train in Ray Train workers (a TorchTrainer run per round inside each Tune trial, as Ray Train
     V2 runs under Tune): the trial hands Tune's checkpoint to its workers, whose warm_start carries an exploited
     checkpoint of another architecture onto their own; no trial errs."""
@@ -235,7 +229,6 @@ def test_keeper_pbt_with_ray_train_trials(tmp_path):
 
     from keeper.tune_integration import KeeperPBT
 
-    service = _service(tmp_path)
     storage = str(tmp_path / "train")
 
     def member(config):
@@ -351,40 +344,19 @@ def _own_checkpoint(config: dict, service: dict) -> tuple[torch.Tensor, torch.Te
     return x, y, saved
 
 
-def test_a_checkpoint_that_cannot_be_restored_leaves_the_trial_on_its_own(tmp_path):
-    """A checkpoint handed to a trial that keeper cannot restore (an unrelated architecture, no template anywhere)
-    never ends it: the trial continues, exactly, from its own latest checkpoint, and the result says why."""
-    service = _service(tmp_path)
-    bad = tmp_path / "checkpoint_000009"
-    bad.mkdir()
-    torch.save(torch.nn.Conv2d(3, 5, 3).state_dict(), bad / "model.pt")
-
-    def trainable(config: dict) -> None:
-        x, y, saved = _own_checkpoint(config, service)
-        _, _, again = _mlp_task(config)
-        result = warm_start(again, x[:2], config=service, checkpoint=str(bad))
-        same = all(torch.equal(a, b) for a, b in zip(saved, again.state_dict().values()))
-        tune.report({"step": 1, "same": same, "parent": result.parent or "", "reason": result.reason})
-
-    cb = KeeperCallback(metric="step", mode="max", config=service)
-    grid = tune.Tuner(trainable, param_space={"width": 8, "depth": 1},
-                      run_config=tune.RunConfig(name="own", storage_path=str(tmp_path / "results"), callbacks=[cb],
-                                                verbose=0)).fit()
-    assert not grid.errors
-    row = grid[0].metrics
-    assert row["same"] and row["parent"].startswith("checkpoint checkpoint_000000"), row
-    assert "checkpoint_000009" in row["reason"] and "continues from its own" in row["reason"], row["reason"]
-
-
-def test_a_clone_carried_without_its_function_never_replaces_the_member_s_own_weights(tmp_path):
-    """A checkpoint of a wider architecture handed to a narrower member is transformed without its function
-    (preserved False): without a probe the member keeps its own latest checkpoint, exactly; with one, the lower
-    loss of the two stays, and the result says which and why."""
+def test_a_checkpoint_keeper_cannot_carry_never_replaces_the_member_s_own_weights(service, tmp_path):
+    """Two checkpoints handed to one member, in one trial. One keeper cannot restore (an unrelated architecture, no
+    template anywhere) never ends the trial: it continues, exactly, from its own latest checkpoint, and the result
+    says why. One of a wider architecture, handed to the narrower member, is transformed without its function
+    (preserved False): without a probe the member keeps its own latest checkpoint, exactly; with one, the lower loss
+    of the two stays, and the result says which and why."""
     from keeper.torch_support.export import export_graph
     from keeper.torch_support.templates import architecture_template
     from keeper.torch_support.trial import ARCHITECTURE_FILE
 
-    service = _service(tmp_path)
+    bad = tmp_path / "checkpoint_000009"
+    bad.mkdir()
+    torch.save(torch.nn.Conv2d(3, 5, 3).state_dict(), bad / "model.pt")
     x, y, wide = _mlp_task({"width": 16, "depth": 1})
     clone = tmp_path / "other-trial" / "checkpoint_000005"
     clone.mkdir(parents=True)
@@ -393,21 +365,27 @@ def test_a_clone_carried_without_its_function_never_replaces_the_member_s_own_we
 
     def trainable(config: dict) -> None:
         x, y, saved = _own_checkpoint(config, service)
-        _, _, again = _mlp_task(config)
-        result = warm_start(again, x[:2], config=service, checkpoint=str(clone))
-        same = all(torch.equal(a, b) for a, b in zip(saved, again.state_dict().values()))
-        _, _, probed = _mlp_task(config)
-        judged = warm_start(probed, x[:2], config=service, checkpoint=str(clone),
-                            probe=((x, y), torch.nn.CrossEntropyLoss()))
-        tune.report({"step": 1, "same": same, "preserved": bool(result.preserved), "reason": result.reason,
-                     "probed_reason": judged.reason})
+
+        def handed(checkpoint, **probe):
+            _, _, again = _mlp_task(config)
+            result = warm_start(again, x[:2], config=service, checkpoint=str(checkpoint), **probe)
+            return result, all(torch.equal(a, b) for a, b in zip(saved, again.state_dict().values()))
+
+        unreadable, same_unreadable = handed(bad)
+        carried, same_carried = handed(clone)
+        judged, _ = handed(clone, probe=((x, y), torch.nn.CrossEntropyLoss()))
+        tune.report({"step": 1, "same_unreadable": same_unreadable, "parent": unreadable.parent or "",
+                     "unreadable_reason": unreadable.reason, "same": same_carried,
+                     "preserved": bool(carried.preserved), "reason": carried.reason, "probed_reason": judged.reason})
 
     grid = tune.Tuner(trainable, param_space={"width": 8, "depth": 1},
-                      run_config=tune.RunConfig(name="keep", storage_path=str(tmp_path / "results"),
+                      run_config=tune.RunConfig(name="own", storage_path=str(tmp_path / "results"),
                                                 callbacks=[KeeperCallback(metric="step", mode="max", config=service)],
                                                 verbose=0)).fit()
     assert not grid.errors
     row = grid[0].metrics
+    assert row["same_unreadable"] and row["parent"].startswith("checkpoint checkpoint_000000"), row
+    assert "checkpoint_000009" in row["unreadable_reason"] and "continues from its own" in row["unreadable_reason"]
     assert row["same"] and row["preserved"], row
     assert "checkpoint_000005" in row["reason"] and "keeps its own checkpoint checkpoint_000000" in row["reason"]
     assert "probe" in row["probed_reason"] and "checkpoint_000005" in row["probed_reason"], row["probed_reason"]

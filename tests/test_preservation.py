@@ -120,7 +120,7 @@ class _ConvChain(torch.nn.Module):
 def test_a_chain_insert_is_preserved_only_where_its_activation_changes_nothing(child, act, exact):
     """An identity conv brings its activation along: a ReLU on a ReLU's outputs changes nothing, a GELU on a
     GELU's does, and so does a ReLU on the raw input (the new conv before the first one)."""
-    from keeper_bench.hf_growth import warm_deviation
+    from hf_growth import warm_deviation
 
     torch.manual_seed(0)
     parent, grown = _ConvChain([8, 16], act).eval(), randomize(_ConvChain(child, act), 1).eval()
@@ -219,7 +219,7 @@ def test_lineage_across_structures_ranks_last(tmp_path):
         zoo.register(_onnx(VGG), 0.5, "bad", lineage={"parent": 3})
 
 
-# Growth pairs walked for the no-overclaim invariant: keeper_bench families, Hugging Face models, the test nets.
+# Growth pairs walked for the no-overclaim invariant: the model families, Hugging Face models, the test nets.
 # Integer and non-dividing factors, every kind of reader (LayerNorm, RMSNorm written out in ops, packed and plain
 # attention, depthwise blocks, a chunk along channels). ``expect``: the flag exactness by construction requires
 # (True: a claim the rules must make, so refusing everything fails; False: a growth the operators do not keep).
@@ -227,19 +227,21 @@ def test_lineage_across_structures_ranks_last(tmp_path):
 # whole heads cloned, packed or not, a relative-position bias table with them); post-LN streams are not claimed.
 # TorchScript, plus dynamo where it writes the readers differently; scripts/bench_growth.py walks them all.
 def _family(growth):
-    from keeper_bench import family_growth
+    import family_growth
+
     fam, name = growth.split(": ")
     p, c = next((p, c) for n, p, c in family_growth.PAIRS[fam] if n == name)
     return lambda dynamo: family_growth.growth_deviation(p, c, dynamo=dynamo)
 
 
 def _hf(family, parent, child):
-    from keeper_bench import hf_growth
+    import hf_growth
+
     return lambda dynamo: hf_growth.growth_deviation(family, parent, child, dynamo=dynamo)
 
 
 def _net(name, parent, child):
-    from keeper_bench.hf_growth import warm_deviation
+    from hf_growth import warm_deviation
     from tests import nets
 
     def run(dynamo):
@@ -318,7 +320,7 @@ def test_a_layout_not_found_packed_is_never_claimed(monkeypatch):
 def _growth_pair(family, rng, ops):
     """(parent spec, child spec, growth letters): a small member of ``family`` drawn from ``rng`` and its growth by
     ``ops`` (where the growth cannot be exact, the nearest spec where it is: see family_growth.growable)."""
-    from keeper_bench import family_growth
+    import family_growth
 
     dim = 1 if family == "transformer" else int(rng.choice([1, 2]))
     common = {"family": family, "dim": dim, "in_channels": 1, "num_classes": 5, "input_length": 16 if dim == 1 else 8}

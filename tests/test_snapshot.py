@@ -9,7 +9,7 @@ from keeper.actors.config import load_config
 from keeper.actors.manager import ZooManager
 from keeper.actors.snapshot import ViewTable
 from keeper.matching import MatchArrays, signature
-from keeper_bench.graph_only import GraphOnlyManager
+from graph_only import GraphOnlyManager
 
 
 def linear_arrays(rng: np.random.Generator) -> MatchArrays:

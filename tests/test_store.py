@@ -497,12 +497,15 @@ def test_templates_are_written_once_and_survive_gc(tmp_path):
 
 
 def test_the_suite_runs_in_a_home_of_its_own():
-    import conftest
+    import pwd
 
+    # tests/conftest.py set HOME for the session (read from the environment: "conftest" may name bench/tests' too)
     home = os.path.expanduser("~")
-    assert home == conftest.TEST_HOME != conftest.REAL_HOME and home.startswith(tempfile.gettempdir())
+    real = pwd.getpwuid(os.getuid()).pw_dir
+    assert home == os.environ["HOME"] != real and home.startswith(tempfile.gettempdir())
+    assert os.path.basename(home).startswith("keeper-test-home-")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     env.pop("KEEPER_ZOO", None)
     out = subprocess.run([sys.executable, "-c", "from keeper.store import ModelStore; print(ModelStore().uri)"],
                          capture_output=True, text=True, env=env, check=True).stdout.strip()
-    assert out == os.path.join(conftest.TEST_HOME, ".keeper", "zoo"), "the default zoo is the session's, not yours"
+    assert out == os.path.join(home, ".keeper", "zoo"), "the default zoo is the session's, not yours"

@@ -287,14 +287,14 @@ def test_the_fingerprint_is_the_same_in_every_process(tmp_path):
     (tmp_path / "setnet.py").write_text(source)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import torch, setnet; "
             "from keeper.torch_support.cache import fingerprint; "
-            "from keeper_bench.hf_catalogue import build; m, args = build('gpt2', 0); "
+            "from hf_catalogue import build; m, args = build('gpt2', 0); "
             "Inline = type('Inline', (torch.nn.Linear,), {}); "  # a class no file holds (python -c, a REPL)
             "print(fingerprint(setnet.Net(), (torch.zeros(1, 4),), 'x'), fingerprint(m, args, 'x'), "
             "fingerprint(Inline(4, 4), (torch.zeros(1, 4),), 'x'))")
     prints = set()
     for seed in ("1", "2", "3"):
         env = {**os.environ, "PYTHONHASHSEED": seed,
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+               "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
         out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True,
                              timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]

@@ -547,7 +547,7 @@ def test_a_cuda_module_reads_as_its_cpu_copy_in_float32_and_bfloat16(name):
     import copy
 
     from keeper.torch_support.trace import trace_graph
-    from keeper_bench.trace_check import compare_graphs
+    from trace_check import compare_graphs
 
     module, args = _user_lm(name)
     traced = trace_graph(module, args)
@@ -565,7 +565,7 @@ def test_warm_start_on_a_cuda_module_keeps_it_on_cuda_and_exact(tmp_path, name):
     """A deeper child on cuda warmed from a parent registered from cuda: every tensor stays on cuda and the child
     computes the parent's function (noise 0)."""
     import keeper.torch_support as ts
-    from keeper_bench import hf_growth
+    import hf_growth
 
     if name == "transformer":
         parent, x = build(TRANSFORMER, seed=7)
@@ -593,7 +593,7 @@ def test_bfloat16_weights_on_cuda_register_as_on_the_cpu_and_warm_in_bfloat16(tm
     import copy
 
     import keeper.torch_support as ts
-    from keeper_bench import hf_growth
+    import hf_growth
 
     parent, args = _user_lm("gpt2", layers=2, seed=9)
     hf_growth.trained_like(parent, 9)

@@ -16,8 +16,9 @@ import nets
 from keeper.errors import TraceFallbackWarning, TraceUnsupported
 from keeper.torch_support import cache, cache_files, export_graph
 from keeper.torch_support.trace import trace_graph
-from keeper_bench import hf_catalogue, hf_growth
-from keeper_bench.trace_check import compare_graphs, graph_differences, warm_differences
+import hf_catalogue
+import hf_growth
+from trace_check import compare_graphs, graph_differences, warm_differences
 
 
 @pytest.fixture(autouse=True)

@@ -1,11 +1,11 @@
-"""The torch front end over keeper's whole catalogue (keeper_bench's families, the Hugging Face catalogue, and the
-torchvision / timm models where those import): no model falls back to the exporter, the graph does not depend on
-torch's default device, and it does not depend on the precision the module runs in.
+"""The torch front end over keeper's whole catalogue (the benchmark's model families, the Hugging Face catalogue,
+and the torchvision / timm models where those import): no model falls back to the exporter, the graph does not
+depend on torch's default device, and it does not depend on the precision the module runs in.
 
 The default device is set to ``meta`` around the export of a CPU module: what a user's
 ``torch.set_default_device("cuda")`` does on a GPU machine, made visible without a GPU, since a tensor a rule makes
 without naming a device then has no values and cannot meet the module's tensors. The graphs are compared array by
-array (:func:`keeper_bench.trace_check.compare_graphs`). ``scripts/check_trace.py`` compares the same models with
+array (:func:`trace_check.compare_graphs`). ``scripts/check_trace.py`` compares the same models with
 the dynamo exporter; that takes minutes, so these tests only trace (each model is built once per module).
 
 torchvision and timm run where they import (``/tmp/tvenv`` of tests/test_vision_libs.py's docstring)::
@@ -27,13 +27,13 @@ from keeper.torch_support import cache, cache_files, export_graph
 from keeper.torch_support.exported import Exported
 from keeper.torch_support.tensors import drop_eval_caches
 from keeper.torch_support.trace import trace_graph
-from keeper_bench import hf_catalogue
-from keeper_bench.trace_check import compare_graphs
-from keeper_bench.vision_libs import import_torchvision
+import hf_catalogue
+from trace_check import compare_graphs
+from vision_libs import import_torchvision
 
 import_torchvision()  # first: a torchvision that fails at import breaks transformers' vision models
 
-# keeper_bench's families: the base specs and the variants whose code paths differ
+# the model families: the base specs and the variants whose code paths differ
 FAMILIES = {**nets.BASE_SPECS, **nets.VARIANT_SPECS}
 VISION, SKIPPED = hf_catalogue.optional_catalogue()
 NAMES = ([f"family/{n}" for n in FAMILIES] + [f"hf/{n}" for n in hf_catalogue.CATALOGUE]

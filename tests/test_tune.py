@@ -1,12 +1,15 @@
-"""The Ray Tune integration on a real local Ray with 2 CPUs: real trials train small MNIST-1D MLPs, call
+"""The Ray Tune integration on a real local Ray with 2 CPUs: real trials train small MLPs on a synthetic task, call
 warm_start, save model.pt checkpoints, and KeeperCallback registers them through the real keeper service, run
-with the shipped defaults (only the zoo's place and a namespace of its own per test are set). Ray starts once."""
+with the shipped defaults (only the zoo's place and a namespace of its own per test are set). Ray starts once, and
+the trials of an experiment reuse their actors (``reuse_actors=True``, Tune's setting for many short trials: a
+process imports torch and keeper once, not once per trial) unless a test is about a fresh process per trial, as
+the README's Tune example runs them. Trials under Ray Train and Lightning, and the frameworks' checkpoint layouts:
+tests/test_frameworks.py."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-import uuid
 
 import pytest
 import ray
@@ -24,12 +27,39 @@ from keeper_bench.workload import evaluate, mnist1d_dataset, train
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
 
-def _service(tmp_path) -> dict:
-    return {"zoo": str(tmp_path / "zoo"), "namespace": f"tune-{uuid.uuid4().hex[:8]}"}
-
-
 def _spec(widths: list[int]) -> dict:
-    return {**default_spec("mlp"), "widths": widths}
+    """A trial's architecture, as Tune's config holds it: an MLP's hidden widths."""
+    return {"widths": list(widths)}
+
+
+def build(spec: dict) -> torch.nn.Module:
+    """The MLP of ``spec`` over 40-sample signals, 10 classes; deterministic given ``torch.manual_seed``."""
+    layers, width = [torch.nn.Flatten()], 40
+    for w in spec["widths"]:
+        layers += [torch.nn.Linear(width, w), torch.nn.ReLU()]
+        width = w
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+
+
+def example_input(spec: dict) -> torch.Tensor:
+    return torch.randn(2, 1, 40)
+
+
+def _train(model: torch.nn.Module, steps: int, seed: int) -> float:
+    """``steps`` of Adam on a fixed synthetic 10-class task (a signal's label: its largest of 10 fixed random
+    projections), batches drawn by ``seed``; returns the accuracy on the task's held-out fifth."""
+    data = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, 1, 40, generator=data)
+    y = (x.flatten(1) @ torch.randn(40, 10, generator=data)).argmax(1)
+    draw = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        batch = torch.randint(0, 800, (128,), generator=draw)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+        opt.step()
+    with torch.no_grad():
+        return (model(x[800:]).argmax(1) == y[800:]).float().mean().item()
 
 
 def _trainable(service: dict):
@@ -40,12 +70,11 @@ def _trainable(service: dict):
         spec = _spec(config["widths"])
         model = build(spec)
         result = warm_start(model, example_input(spec), config=service, noise=0.0)
-        data = mnist1d_dataset(seed=0, num_samples=1000)
         for step in range(config.get("reports", 1)):
-            history = train(model, data, steps=30, eval_every=30, seed=step)
+            accuracy = _train(model, steps=30, seed=step)
             with tempfile.TemporaryDirectory() as d:
                 torch.save(model.state_dict(), os.path.join(d, "model.pt"))
-                tune.report({"accuracy": history.final_accuracy, "parent": result.parent or "",
+                tune.report({"accuracy": accuracy, "parent": result.parent or "",
                              "score": result.score}, checkpoint=tune.Checkpoint.from_directory(d))
     return trainable
 
@@ -59,12 +88,12 @@ class RecordingCallback(KeeperCallback):
 
 
 def _tuner(service, tmp_path, widths: list[list[int]], callback, concurrent: int = 1, name: str = "exp",
-           extra: dict | None = None, scheduler=None) -> tune.Tuner:
+           extra: dict | None = None, scheduler=None, reuse: bool = True) -> tune.Tuner:
     space = {"widths": tune.grid_search(widths), **(extra or {})}
     return tune.Tuner(_trainable(service), param_space=space,
                       tune_config=tune.TuneConfig(max_concurrent_trials=concurrent, scheduler=scheduler,
                                                   metric="accuracy" if scheduler else None,
-                                                  mode="max" if scheduler else None),
+                                                  mode="max" if scheduler else None, reuse_actors=reuse),
                       run_config=tune.RunConfig(name=name, storage_path=str(tmp_path / "results"),
                                                 callbacks=[callback], verbose=0))
 
@@ -76,8 +105,7 @@ def _registers(service) -> int:
 
 
 @pytest.mark.slow  # > 20 s on two idle cores
-def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registers_twice(tmp_path):
-    service = _service(tmp_path)
+def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registers_twice(service, tmp_path):
     cb = RecordingCallback(metric="accuracy", mode="max", config=service)
     widths = [[64, 32], [64, 48], [96, 32], [64, 32, 32]]
     grid = _tuner(service, tmp_path, widths, cb).fit()
@@ -120,8 +148,7 @@ def test_four_sequential_trials_warm_from_their_predecessors_and_nothing_registe
     assert len(Zoo(service["zoo"])) == 4, "and the zoo stores identical content once"
 
 
-def test_errored_trial_is_not_registered_and_restore_resumes_cleanly(tmp_path):
-    service = _service(tmp_path)
+def test_errored_trial_is_not_registered_and_restore_resumes_cleanly(service, tmp_path):
     marker = tmp_path / "fail-once"
     cb = KeeperCallback(metric="accuracy", mode="max", config=service)
 
@@ -132,7 +159,7 @@ def test_errored_trial_is_not_registered_and_restore_resumes_cleanly(tmp_path):
         return _trainable(service)(config)
 
     tuner = tune.Tuner(trainable, param_space={"widths": tune.grid_search([[64, 32], [32, 32]])},
-                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                       tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=True),
                        run_config=tune.RunConfig(name="restore", storage_path=str(tmp_path / "results"),
                                                  callbacks=[cb], verbose=0))
     grid = tuner.fit()
@@ -174,14 +201,13 @@ class WidenTheBest:
         return _Widen()
 
 
-def test_trials_suggested_by_a_search_algorithm_warm_and_register(tmp_path):
+def test_trials_suggested_by_a_search_algorithm_warm_and_register(service, tmp_path):
     from ray.tune.search import ConcurrencyLimiter
 
-    service = _service(tmp_path)
     cb = KeeperCallback(metric="accuracy", mode="max", config=service)
     grid = tune.Tuner(_trainable(service),
                       tune_config=tune.TuneConfig(search_alg=ConcurrencyLimiter(WidenTheBest(), max_concurrent=1),
-                                                  num_samples=3),
+                                                  num_samples=3, reuse_actors=True),
                       run_config=tune.RunConfig(name="searched", storage_path=str(tmp_path / "results"),
                                                 callbacks=[cb], verbose=0)).fit()
     assert not grid.errors
@@ -194,10 +220,12 @@ def test_trials_suggested_by_a_search_algorithm_warm_and_register(tmp_path):
     assert len(Zoo(service["zoo"])) == 3 and len(cb.registered) == 3
 
 
-def test_two_concurrent_trials_both_warm(tmp_path):
-    service = _service(tmp_path)
-    seed = KeeperCallback(metric="accuracy", mode="max", config=service)
-    _tuner(service, tmp_path, [[64, 32]], seed, name="seed").fit()
+def test_two_concurrent_trials_both_warm(service, tmp_path):
+    from keeper.torch_support import register
+
+    # a seed model in the zoo before the pair starts (how a finished trial reaches the zoo is checked above)
+    seed = _spec([64, 32])
+    register(build(seed), example_input(seed), Zoo(service["zoo"]), 0.5, "seed")
     assert len(Zoo(service["zoo"])) == 1
     cb = KeeperCallback(metric="accuracy", mode="max", config=service, wait_for_registration=False)
     grid = _tuner(service, tmp_path, [[64, 48], [80, 32]], cb, concurrent=2, name="pair").fit()
@@ -206,10 +234,9 @@ def test_two_concurrent_trials_both_warm(tmp_path):
     assert len(Zoo(service["zoo"])) == 3
 
 
-def test_asha_stopped_trials_are_registered_with_their_metric(tmp_path):
+def test_asha_stopped_trials_are_registered_with_their_metric(service, tmp_path):
     from ray.tune.schedulers import ASHAScheduler
 
-    service = _service(tmp_path)
     cb = KeeperCallback(metric="accuracy", mode="max", config=service)
     asha = ASHAScheduler(max_t=4, grace_period=1, reduction_factor=2)
     # sequential trials make ASHA's decisions independent of timing: the last, a 4-unit MLP, reaches rung 1
@@ -291,69 +318,6 @@ def test_warm_start_outside_a_service_says_how_to_start_one(tmp_path):
         warm_start(build(spec), example_input(spec), config={"namespace": "nobody-here"})
 
 
-def _train_loop(config: dict) -> None:
-    """One Ray Train worker: a model whose initial weights differ per rank, warm_start, then every rank's
-    weights compared on rank 0 (all-gathered), and rank 0's checkpoint reported."""
-    import ray.train
-    import torch.distributed as dist
-
-    rank = ray.train.get_context().get_world_rank()
-    torch.manual_seed(100 + rank)  # unequal inits: equal weights afterwards prove the broadcast
-    spec = _spec(config["widths"])
-    model = build(spec)
-    result = warm_start(model, example_input(spec), config=config["service"])
-    flat = torch.cat([t.detach().flatten() for t in model.state_dict().values()])
-    gathered = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, flat)
-    same = all(torch.equal(g, gathered[0]) for g in gathered)
-    metrics = {"accuracy": 0.5 + 0.01 * len(config["widths"]), "same": same, "parent": result.parent or ""}
-    if rank == 0:
-        with tempfile.TemporaryDirectory() as d:
-            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
-    else:
-        ray.train.report(metrics)
-
-
-@pytest.mark.slow  # > 20 s on two idle cores
-def test_a_ray_train_trial_warms_once_and_every_worker_gets_the_same_weights(tmp_path):
-    from ray.train import ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    service = _service(tmp_path)
-    storage = str(tmp_path / "train")
-
-    def trial(config):
-        trainer = TorchTrainer(_train_loop, train_loop_config={**config, "service": service},
-                               # two workers and this trial's own 0.01 CPU fit a 2-CPU Ray with keeper beside them
-                               scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-                               run_config=ray.train.RunConfig(name=f"train-{tune.get_context().get_trial_id()}",
-                                                              storage_path=storage))
-        result = trainer.fit()
-        tune.report(dict(result.metrics), checkpoint=result.checkpoint)
-
-    cb = KeeperCallback(metric="accuracy", mode="max", config=service)
-    tuner = tune.Tuner(tune.with_resources(trial, {"CPU": 0.01}),
-                       param_space={"widths": tune.grid_search([[64, 32], [64, 48]])},
-                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
-                       run_config=tune.RunConfig(name="train", storage_path=str(tmp_path / "results"),
-                                                 callbacks=[cb], verbose=0))
-    grid = tuner.fit()
-    assert not grid.errors
-    rows = grid.get_dataframe().sort_values("trial_id")
-    assert list(rows["same"]) == [True, True], "every worker ends with rank 0's weights"
-    assert list(rows["parent"])[0] == "" and list(rows["parent"])[1], "the second trial inherits from the first"
-    # one parent choice per trial that needs one, not one per worker (the choice is the front door's only query
-    # here): the first trial found the zoo empty before the service started and asked nothing
-    from keeper.actors.launcher import find
-
-    assert ray.get(find(service).stats.remote(), timeout=30)["queries"] == 1
-    # one template per architecture in the zoo's store (Tune copies the run's checkpoint into its own trial
-    # directory, so the callback finds the template from the checkpoint's state_dict), and both trials registered
-    assert len(list((tmp_path / "zoo" / "templates").glob("*.onnx"))) == 2
-    assert len(cb.registered) == 2 and len(Zoo(service["zoo"])) == 2, cb.outcomes
-
-
 class KillsTheManagerMidRun(KeeperCallback):
     """Kills the ZooManager (SIGKILL) when the second trial completes, before that trial is registered."""
 
@@ -367,11 +331,12 @@ class KillsTheManagerMidRun(KeeperCallback):
         super().on_trial_complete(iteration, trials, trial, **info)
 
 
-def test_a_manager_killed_mid_run_loses_nothing(tmp_path):
-    service = _service(tmp_path)
+def test_a_manager_killed_mid_run_loses_nothing(service, tmp_path):
     cb = KillsTheManagerMidRun(metric="accuracy", mode="max", config=service)
+    # trials in fresh processes (Tune's default): a reused actor starts the next trial at once, before the killed
+    # manager is back, and that trial starts cold
     grid = _tuner(service, tmp_path, [[64, 32], [64, 48], [96, 32], [64, 32, 32]], cb, concurrent=2,
-                  name="kill").fit()
+                  name="kill", reuse=False).fit()
     assert not grid.errors and cb.killed
     from keeper.actors.launcher import find
 
@@ -395,169 +360,3 @@ def test_a_trial_lineage_file_is_read_as_json_and_a_malformed_one_refused(tmp_pa
         (tmp_path / "keeper-lineage.json").write_text(bad)
         with pytest.raises(AdmissionError, match="trial t: .*keeper-lineage.json.*remove the file"):
             _read_lineage(fs, path, "trial t")
-
-
-def test_the_copy_bound_restarts_each_cold_trained_model_from_its_final_weights(tmp_path):
-    # keeper_bench's copy bound: the cold arm leaves each trial's final weights, the copy arm starts from them.
-    # With a learning rate of 0 the copy cannot move, so every one of its evaluations reads the cold final accuracy
-    # exactly; one that started from the shared initial weights would read the untrained accuracy instead.
-    from dataclasses import replace
-
-    from keeper_bench.nas import NasRun, run_arm
-
-    specs = [_spec([32]), _spec([24, 12])]
-    run = NasRun(steps=60, eval_every=20, num_samples=1200, concurrency=2, precise_bn=False)
-    cold = run_arm("cold", specs, run, str(tmp_path), seed=0)
-    copy = run_arm("copy", specs, replace(run, lr=0.0), str(tmp_path), seed=0)
-    # the same copies under keeper's recipe (a factor on a zero rate: the plumbing, not the recipe, is checked)
-    copy_recipe = run_arm("copy-recipe", specs, replace(run, lr=0.0), str(tmp_path), seed=0)
-    data = mnist1d_dataset(seed=run.data_seed, num_samples=run.num_samples)
-    for c, k in [*zip(cold, copy), *zip(cold, copy_recipe)]:
-        torch.manual_seed(c.index)  # every arm's initial weights for seed 0 (keeper_bench.nas)
-        untrained = evaluate(build(specs[c.index]), data)
-        assert untrained != c.final_accuracy  # the check below tells the two starts apart
-        assert k.parent == f"cold-s0-{c.index}" and k.score == 1.0
-        assert k.accuracies == [c.final_accuracy] * len(k.accuracies), (c.accuracies, k.accuracies)
-
-
-# ------------------------------------------------------------------------------- frameworks' checkpoint layouts
-
-def _lightning_loop(config: dict) -> None:
-    """One Ray Train worker training a LightningModule with ray.train.lightning; warm_start on its network."""
-    import json
-
-    import lightning.pytorch as pl
-    from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
-
-    torch.set_num_threads(1)
-    module = _lightning_module(config["width"])
-    warm = warm_start(module.net, torch.zeros(1, 8), config=config["service"], noise=0.0)
-    with open(config["report"], "w") as f:  # what the warm start chose, for the test to read
-        json.dump({"parent": warm.parent, "reason": warm.reason}, f)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(256, 8, generator=g)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long()), batch_size=64)
-    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", strategy=RayDDPStrategy(),
-                         plugins=[RayLightningEnvironment()], callbacks=[RayTrainReportCallback()], logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    prepare_trainer(trainer).fit(module, data, data)
-
-
-def _lightning_module(width: int):
-    import lightning.pytorch as pl
-
-    class Classifier(pl.LightningModule):
-        def __init__(self, width: int):
-            super().__init__()
-            self.save_hyperparameters()
-            self.net = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 2))
-
-        def forward(self, x):
-            return self.net(x)
-
-        def training_step(self, batch, _):
-            return torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
-
-        def validation_step(self, batch, _):
-            self.log("accuracy", (self(batch[0]).argmax(-1) == batch[1]).float().mean())
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    return Classifier(width)
-
-
-def test_a_lightning_module_under_ray_train_in_a_tune_trial_is_warmed_and_its_ckpt_registered(tmp_path):
-    """ray.train.lightning inside a Tune trial: warm_start on the LightningModule's network in the Train worker
-    inherits from a model already in the zoo, and the callback registers Lightning's checkpoint.ckpt (its state_dict
-    under the attribute prefix 'net.'), the architecture found in the zoo's store."""
-    pytest.importorskip("lightning")
-    import json
-
-    from ray.train import ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    from keeper.torch_support import register
-
-    service, report = _service(tmp_path), str(tmp_path / "warm.json")
-    register(_lightning_module(16).net, torch.zeros(1, 8), Zoo(service["zoo"]), 0.6, "lit-parent")
-
-    def trial(config):
-        trainer = TorchTrainer(_lightning_loop, train_loop_config={**config, "service": service, "report": report},
-                               scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
-                               run_config=ray.train.RunConfig(name=f"lit-{tune.get_context().get_trial_id()}",
-                                                              storage_path=str(tmp_path / "train")))
-        result = trainer.fit()
-        tune.report(dict(result.metrics), checkpoint=result.checkpoint)
-
-    cb = KeeperCallback(metric="accuracy", mode="max", config=service)
-    grid = tune.Tuner(tune.with_resources(trial, {"CPU": 0.01}), param_space={"width": 32},
-                      run_config=tune.RunConfig(name="lit", storage_path=str(tmp_path / "results"), callbacks=[cb],
-                                                verbose=0)).fit()
-    assert not grid.errors
-    with open(report) as f:
-        assert json.load(f)["parent"] == "lit-parent"
-    (tid,) = cb.models
-    zoo = Zoo(service["zoo"])
-    assert cb.outcomes[tid] == f"registered as {cb.models[tid]}" and len(zoo) == 2, cb.outcomes
-    (ckpt,) = (tmp_path / "results").rglob("checkpoint.ckpt")
-    trained = torch.load(ckpt, weights_only=True)["state_dict"]
-    stored = zoo.store.get_extra(cb.models[tid], "weights.safetensors")
-    from keeper.weights import open_weights
-
-    assert sorted(float(torch.as_tensor(v).sum()) for v in open_weights(stored).values()) == pytest.approx(
-        sorted(float(v.sum()) for v in trained.values()), rel=1e-6), "the registered weights are the .ckpt's"
-
-
-def test_checkpoints_keeper_cannot_read_whole_reach_the_zoo_never_and_repeated_weights_are_recorded(tmp_path):
-    """register_trial (the callback's task, called here directly against the real service): each bad input is one
-    line naming the file and leaves the zoo as it was; the same weights registered by a second trial are recorded
-    on the stored model instead of refused."""
-    import pyarrow.fs as pafs
-    from ray.train import Checkpoint
-
-    from keeper.actors import start
-    from keeper.torch_support.templates import architecture_template
-    from keeper.torch_support.export import export_graph
-    from keeper.tune_integration.checkpoint import register_trial
-
-    service = _service(tmp_path)
-    handle = start(service)
-    spec = _spec([16])
-    model = build(spec)
-    trial_dir = tmp_path / "trial"
-    trial_dir.mkdir()
-    (trial_dir / ARCHITECTURE_FILE).write_bytes(
-        architecture_template(export_graph(model, example_input(spec)), model.state_dict()))
-
-    def register(files: dict, name: str, accuracy: float = 0.5) -> dict:
-        d = tmp_path / f"ckpt-{name}"
-        d.mkdir()
-        for file, content in files.items():
-            (d / file).parent.mkdir(exist_ok=True)
-            torch.save(content, d / file) if not isinstance(content, bytes) else (d / file).write_bytes(content)
-        return register_trial(handle, Checkpoint.from_directory(str(d)), pafs.LocalFileSystem(), str(trial_dir),
-                              accuracy, name, None, {}, 60, service["zoo"])
-
-    other = build(_spec([16])).state_dict()
-    bad = {"two-files": ({"model.pt": model.state_dict(), "pytorch_model.bin": other},
-                         "pytorch_model.bin and model.pt hold different"),
-           "no-state-dict": ({"checkpoint.ckpt": {"epoch": 1}}, "checkpoint.ckpt"),
-           "refused-pickle": ({"model.pt": {"state_dict": model.state_dict(), "payload": _Payload()}}, "model.pt"),
-           "extra-key": ({"model.pt": {**model.state_dict(), "head2.weight": torch.zeros(2)}}, "'head2.weight'")}
-    for name, (files, named) in bad.items():
-        with pytest.raises(KeeperError) as info:
-            register(files, name)
-        assert named in str(info.value) and "\n" not in str(info.value), (name, info.value)
-        assert len(Zoo(service["zoo"])) == 0, name
-    first = register({"model.pt": model.state_dict()}, "exp1-t0", 0.6)
-    again = register({"model.pt": model.state_dict()}, "exp2-t0", 0.7)
-    assert first["name"] == again["name"] == "exp1-t0" and again["accuracy"] == 0.7 and len(Zoo(service["zoo"])) == 1
-    assert again["summary"]["trained"] == 2 and again["summary"]["again"][0]["name"] == "exp2-t0"
-
-
-class _Payload:
-    """What ``torch.load(weights_only=True)`` refuses to unpickle (it could run code)."""
-
-    def __reduce__(self):
-        return (os.getcwd, ())

@@ -11,7 +11,7 @@ from keeper.actors.config import load_config
 from keeper.actors.matcher import Matcher
 from keeper.actors.viewsearch import SearchState, batches, plan
 from keeper.matching import MatchArrays, score_many
-from keeper_bench.graph_only import GraphOnlyManager
+from graph_only import GraphOnlyManager
 from keeper_bench.synth_zoo import make_queries, make_zoo, random_spec, spec_key, synth_arrays
 
 

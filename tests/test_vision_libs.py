@@ -1,4 +1,4 @@
-"""torchvision and timm (keeper_bench.vision_libs, keeper_bench.vision_catalogue): optional, skipped with the
+"""torchvision and timm (vision_libs, vision_catalogue): optional, skipped with the
 reason when they do not import. Where they do, every learned tensor of their models is read and a warm from a
 parent of the same architecture is exact; CNN growth pairs (VGG-11 -> 13 with BatchNorm, ConvNeXt deepening,
 MobileNetV2 0.5 -> 1.0) compute the parent's function.
@@ -23,10 +23,10 @@ from keeper.errors import PartialWarmWarning
 from keeper.graph import load_graph
 from keeper.torch_support import export_graph, register, warm_start
 from keeper.zoo import Zoo
-from keeper_bench import vision_libs
-from keeper_bench.hf_catalogue import build
-from keeper_bench.hf_growth import warm_deviation
-from keeper_bench.vision_catalogue import catalogue, growth_pairs
+import vision_libs
+from hf_catalogue import build
+from hf_growth import warm_deviation
+from vision_catalogue import catalogue, growth_pairs
 
 BUILDERS, SKIPPED = catalogue()
 EXACT = 1e-5  # float32 round-off of an exact copy is ~1e-7; a tensor left at the child's init gives ~1

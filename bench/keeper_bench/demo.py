@@ -5,9 +5,9 @@ and are trained through Ray Tune two at a time. The keeper run adds ``KeeperCall
 line (see :mod:`keeper_bench.nas`), with a fresh zoo on local disk. Prints a table and the speedup, writes
 ``demo.png`` (accuracy against training steps, cold vs warm) and ``demo.json`` into the output directory.
 
-The command reaches ``keeper`` as a plugin (entry point group ``keeper.commands`` in pyproject.toml): keeper's
+The command reaches ``keeper`` as a plugin (entry point group ``keeper.commands`` in bench/pyproject.toml): keeper's
 CLI never imports keeper_bench; :func:`add_command` adds ``demo`` to its subcommands, and the workload and its
-dependencies (the ``bench`` extra) are imported only when the command runs.
+dependencies (keeper-bench's: mnist1d, matplotlib) are imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from keeper.errors import KeeperError
 
 __all__ = ["run_demo", "add_command"]
 
-#: What ``keeper demo`` needs beyond keeper itself: the ``bench`` extra.
+#: What ``keeper demo`` needs beyond keeper itself: keeper-bench's dependencies.
 _DEMO_MODULES = ("mnist1d", "matplotlib")
 #: The fewest training steps of a trial: the workload evaluates every 20 steps (NasRun.eval_every).
 _MIN_STEPS = 20
@@ -34,7 +34,7 @@ def add_command(sub: Any) -> None:
     d = sub.add_parser("demo", help="small NAS on MNIST-1D, cold vs warm-started (local Ray, a few minutes)",
                        description="Twelve 1-D CNN architectures arrive one after another and are trained through "
                                    "Ray Tune,\nonce cold and once warm-started by keeper; prints the speedup and "
-                                   "writes demo.png.\nNeeds the bench extra: pip install -e \".[bench]\"")
+                                   "writes demo.png.\nFrom keeper-bench: pip install -e ./bench")
     d.add_argument("--out", default="keeper-demo", help="output directory (zoo, Tune results, demo.png)")
     d.add_argument("--archs", type=int, default=12, help="architectures to train, one after another (at least 2)")
     d.add_argument("--steps", type=int, default=300,
@@ -58,7 +58,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     missing = [m for m in _DEMO_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         raise KeeperError(f"demo: the benchmark workload's dependencies are not installed (missing: "
-                          f"{', '.join(missing)}); install the bench extra: pip install -e \".[bench]\"")
+                          f"{', '.join(missing)}); install keeper-bench with its dependencies: pip install -e ./bench")
     run_demo(args.out, archs=args.archs, steps=args.steps, cpus=args.cpus)
     return 0
 

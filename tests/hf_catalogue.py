@@ -225,9 +225,9 @@ def jitter(module: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.
 
 
 def optional_catalogue() -> tuple[dict[str, Builder], dict[str, str]]:
-    """torchvision and timm models (:func:`keeper_bench.vision_catalogue.catalogue`), when those libraries
+    """torchvision and timm models (:func:`vision_catalogue.catalogue`), when those libraries
     import: (builders, {library: reason it is left out}). Neither has a CPU-only wheel set that installs beside
     every torch build, so both stay optional."""
-    from keeper_bench.vision_catalogue import catalogue
+    from vision_catalogue import catalogue
 
     return catalogue()

@@ -1,5 +1,5 @@
-"""The NAS workload's pieces without Ray: arrivals, steps-to-target, the summary, and the baselines the
-training benchmark compares keeper against."""
+"""The NAS workload's pieces: arrivals, steps-to-target, the summary, and the baselines the training benchmark
+compares keeper against, without Ray; and the copy bound's arms, through Tune on a local 2-CPU Ray."""
 
 from __future__ import annotations
 
@@ -167,3 +167,29 @@ def test_eval_at_start_records_where_a_run_begins():
     h = train(model, data, steps=10, eval_every=5, eval_at_start=True)
     assert h.steps == [0, 5, 10] and h.accuracies[0] == before
     assert train(build(default_spec("mlp")), data, steps=10, eval_every=5).steps == [5, 10]
+
+
+@pytest.mark.ray  # starts Ray on loopback once (conftest's local_ray)
+@pytest.mark.usefixtures("local_ray")
+def test_the_copy_bound_restarts_each_cold_trained_model_from_its_final_weights(tmp_path):
+    # the copy bound: the cold arm leaves each trial's final weights, the copy arm starts from them.
+    # With a learning rate of 0 the copy cannot move, so every one of its evaluations reads the cold final accuracy
+    # exactly; one that started from the shared initial weights would read the untrained accuracy instead.
+    from dataclasses import replace
+
+    from keeper_bench.nas import run_arm
+    from keeper_bench.workload import evaluate, mnist1d_dataset
+
+    specs = [{**default_spec("mlp"), "widths": [32]}, {**default_spec("mlp"), "widths": [24, 12]}]
+    run = NasRun(steps=60, eval_every=20, num_samples=1200, concurrency=2, precise_bn=False)
+    cold = run_arm("cold", specs, run, str(tmp_path), seed=0)
+    copy = run_arm("copy", specs, replace(run, lr=0.0), str(tmp_path), seed=0)
+    # the same copies under keeper's recipe (a factor on a zero rate: the plumbing, not the recipe, is checked)
+    copy_recipe = run_arm("copy-recipe", specs, replace(run, lr=0.0), str(tmp_path), seed=0)
+    data = mnist1d_dataset(seed=run.data_seed, num_samples=run.num_samples)
+    for c, k in [*zip(cold, copy), *zip(cold, copy_recipe)]:
+        torch.manual_seed(c.index)  # every arm's initial weights for seed 0 (keeper_bench.nas)
+        untrained = evaluate(build(specs[c.index]), data)
+        assert untrained != c.final_accuracy  # the check below tells the two starts apart
+        assert k.parent == f"cold-s0-{c.index}" and k.score == 1.0
+        assert k.accuracies == [c.final_accuracy] * len(k.accuracies), (c.accuracies, k.accuracies)

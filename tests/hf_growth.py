@@ -309,10 +309,10 @@ def warm_deviation(parent: nn.Module, child: nn.Module, x: tuple, *, dynamo: boo
         alignment = align(pg, cg)
         result = warm_from_parent(pe.onnx, ce.onnx, parent_name="parent", parent_graph=pg, child_graph=cg,
                                   alignment=alignment, noise=0.0, seed=seed)
-        load_result(child, result, ce.keys)
+        result = load_result(child, result, ce.keys)
     seconds = time.perf_counter() - t0
     with torch.no_grad():
         got = child(*x)
-    return GrowthResult(_deviation(want, got), _deviation(want, cold), float(result.score), list(result.missing),
+    return GrowthResult(_deviation(want, got), _deviation(want, cold), float(result.score), list(result.load.missing),
                         bool(result.preserved), seconds, np.asarray(alignment.pairs) < 0, residual_stream(cg).segment,
                         "" if result.preserved else assess(pg, cg, alignment).why)

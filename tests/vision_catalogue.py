@@ -1,8 +1,8 @@
 """torchvision and timm architectures at test size, for the coverage table and the tests that run where those
-libraries import (:mod:`keeper_bench.vision_libs`): randomly initialised (``weights=None`` /
+libraries import (:mod:`vision_libs`): randomly initialised (``weights=None`` /
 ``pretrained=False``, nothing downloaded), small inputs, and the growth pairs of the CNN families.
 
-:func:`catalogue` gives ``{name: builder}`` in the form of :data:`keeper_bench.hf_catalogue.CATALOGUE` (a builder
+:func:`catalogue` gives ``{name: builder}`` in the form of :data:`hf_catalogue.CATALOGUE` (a builder
 returns ``(module in eval mode, example args)`` and draws its weights from torch's global generator) and, per
 library that does not import, the reason it is left out. Names start with ``tv-`` or ``timm-``. Where a
 constructor takes sizes, the model is a small config of the named architecture (the transformers, ConvNeXt,
@@ -11,7 +11,7 @@ EfficientNet B0/B1, ...). :data:`SIZES` says which is which.
 
 :func:`growth_pairs` gives the CNN growth pairs (parent builder, child builder, the growth they exercise):
 ResNet-18 -> 34, VGG-11 -> 13 with and without BatchNorm, MobileNetV2 0.5 -> 1.0, MobileNetV3 0.75 -> 1.0,
-EfficientNet B0 -> B1, ConvNeXt deepening; :func:`keeper_bench.hf_growth.warm_deviation` measures them.
+EfficientNet B0 -> B1, ConvNeXt deepening; :func:`hf_growth.warm_deviation` measures them.
 
 Invariant: every builder's module runs a forward pass on its example in well under a second on one CPU core.
 """
@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from keeper_bench.vision_libs import import_timm, import_torchvision
+from vision_libs import import_timm, import_torchvision
 
 __all__ = ["GAPS", "SIZES", "catalogue", "growth_pairs", "torchvision_builders", "timm_builders"]
 
@@ -171,7 +171,7 @@ GAPS: dict[str, str] = {
 
 def catalogue() -> tuple[dict[str, Builder], dict[str, str]]:
     """``(builders, skipped)``: the models of every library that imports, and ``{library: reason}`` for those
-    that do not (:func:`keeper_bench.vision_libs.import_torchvision` / ``import_timm``)."""
+    that do not (:func:`vision_libs.import_torchvision` / ``import_timm``)."""
     builders: dict[str, Builder] = {}
     skipped: dict[str, str] = {}
     tv, why = import_torchvision()

@@ -1,6 +1,7 @@
-"""Growth pairs of keeper_bench's own families (:mod:`keeper_bench.families`), measured as the Hugging Face pairs
-are (:func:`keeper_bench.hf_growth.warm_deviation`): the parent made trained-like, the child warmed with
-``noise=0``, the max relative deviation of its outputs, and whether keeper flagged the warm ``preserved``.
+"""Growth pairs of the benchmark's model families (:mod:`keeper_bench.families`), measured as the Hugging Face pairs
+are (:func:`hf_growth.warm_deviation`): the parent made trained-like, the child warmed with ``noise=0``, the max
+relative deviation of its outputs, and whether keeper flagged the warm ``preserved``. The tests walk them
+(tests/test_preservation.py) and so does ``scripts/bench_growth.py`` (reports/growth.md).
 
 :data:`PAIRS` lists, per family, growth by integer factors and by factors that do not divide (x1.5, x4/3), in
 widths, heads, expansion and depth, so that a walk over them checks that ``preserved`` implies exactness.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from keeper_bench import families
-from keeper_bench.hf_growth import GrowthResult, warm_deviation
+from hf_growth import GrowthResult, warm_deviation
 
 __all__ = ["GROWTHS", "PAIRS", "grow", "growable", "growth_deviation"]
 
@@ -115,7 +116,7 @@ def grow(spec: dict, ops: str) -> dict:
 
 def growth_deviation(parent: dict, child: dict, *, dynamo: bool, seed: int = 0) -> GrowthResult:
     """Warm the ``child`` spec's model from a trained-like ``parent`` spec's one and measure (see
-    :func:`keeper_bench.hf_growth.warm_deviation`)."""
+    :func:`hf_growth.warm_deviation`)."""
     torch.manual_seed(seed)
     p = families.build(parent).eval()
     torch.manual_seed(seed + 1)
