@@ -50,6 +50,11 @@ from keeper_bench.search import ARMS, cost_line, scheduler_of, summarize, twins,
 
 WORKLOADS = ("mnist1d", "lm", "digits")
 SCHEDULERS = ("fifo", "asha", "pbt")
+#: (cold arm, keeper arm) read against each other
+PAIRS = (("fifo", "fifo+keeper"), ("fifo", "fifo+keeper-shrink"), ("asha", "asha+keeper"), ("pbt", "pbt+keeper"),
+         ("pbt", "keeperpbt"))
+#: warm_start's phases (WarmResult.seconds)
+PHASES = ("trace", "choose", "inherit", "load", "save")
 
 
 def settings(workload: str, args: argparse.Namespace) -> PbtRun:
@@ -150,19 +155,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # --------------------------------------------------------------------------------------------------- report
+def cold_arm(arm: str) -> str:
+    """The arm an arm is compared with: the same scheduler without keeper (fifo for the copy bound, pbt for
+    keeperpbt)."""
+    return scheduler_of(arm)
+
+
 def rows(state: dict) -> tuple[dict, dict]:
-    """Per (workload, arm, seed) the summary against the cold FIFO best of that workload and seed; and the targets."""
-    targets: dict[tuple[str, int], float] = {}
+    """Per (workload, arm, seed) the summary against the best of the same scheduler's cold search on that workload
+    and seed (its model's test accuracy minus 1% of it); and those targets, per (workload, cold arm, seed)."""
+    from keeper_bench.search import best_model
+
+    targets: dict[tuple[str, str, int], float] = {}
     for key, run in state["runs"].items():
         workload, arm, seed = key.split("/")
-        if arm == "fifo":
-            from keeper_bench.search import best_model
-
-            targets[(workload, int(seed))] = 0.99 * best_model(run["events"])["test_accuracy"]
+        if arm in SCHEDULERS:
+            targets[(workload, arm, int(seed))] = 0.99 * best_model(run["events"])["test_accuracy"]
     out: dict[tuple[str, str, int], dict] = {}
     for key, run in state["runs"].items():
         workload, arm, seed = key.split("/")
-        target = targets.get((workload, int(seed)))
+        target = targets.get((workload, cold_arm(arm), int(seed)))
         if target is not None:
             out[(workload, arm, int(seed))] = summarize(run, target)
     return out, targets
@@ -188,37 +200,42 @@ def _markdown(state: dict, done: bool) -> str:
                    f"steps = {s['population'] * s['steps']} "
                    f"training steps per arm, rounds of {s['round_steps']}; widths {s['widths']}, depths {s['blocks']}, "
                    f"learning rate log-uniform in {s['lr_range']}, batch {s['batch_size']}.")
-    out += ["", ("Target: the cold FIFO search's best model (best final validation accuracy), its test accuracy "
-            "minus 1% of it. **Sooner**: the cold arm's wall time to the target over the keeper arm's (same "
-            "scheduler); an arm that never reaches it counts as its whole wall time. Best model: the search's own "
-            "choice at its end, on the test split."), ""]
+    out += ["", ("Target: the best model of the same search without keeper (same scheduler, same draws; its best "
+            "final validation accuracy), its test accuracy minus 1% of it. **Sooner**: the cold search's wall time "
+            "to the target over the keeper search's; a search that never reaches it counts its whole wall time. "
+            "**Search wall**: the cold search's whole wall time over the keeper search's (below 1: keeper's took "
+            "longer). Best model: the search's own choice at its end, on the test split. First report: when the "
+            "search's first trial first reported (s from the search's start)."), ""]
     out += ["## Time to the cold search's best, per scheduler", "",
-            "| workload | scheduler | cold: wall to target (s) | keeper: wall to target (s) | sooner (x, per seed) | "
-            "cold: steps | keeper: steps | best model, cold | best model, keeper | keeper overhead | errors |",
+            "| workload | arm | cold: wall to target (s) | keeper: wall to target (s) | sooner (x, per seed) | "
+            "search wall, cold / keeper (x, per seed) | first report, cold / keeper (s) | best model, cold | "
+            "best model, keeper | keeper's share of the wall time | errors |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for workload in state["settings"]:
-        for sched in SCHEDULERS:
-            cold_arm, keep_arm = sched, f"{sched}+keeper"
-            seeds = sorted({s for (w, a, s) in table if w == workload and a in (cold_arm, keep_arm)})
-            pairs = [(table.get((workload, cold_arm, s)), table.get((workload, keep_arm, s))) for s in seeds]
+        for cold, keep in PAIRS:
+            seeds = sorted({s for (w, a, s) in table if w == workload and a in (cold, keep)})
+            pairs = [(table.get((workload, cold, s)), table.get((workload, keep, s))) for s in seeds]
             pairs = [(c, k) for c, k in pairs if c and k]
             if not pairs:
                 continue
             wall = lambda r: r["wall_to_target_s"] if r["reached"] else r["wall_s"]  # noqa: E731
             ratios = [wall(c) / wall(k) for c, k in pairs]
+            whole = [c["wall_s"] / k["wall_s"] for c, k in pairs]
             out.append(
-                f"| {workload} | {sched} | {_mean([wall(c) for c, _ in pairs], '.0f')} | "
+                f"| {workload} | {keep} | {_mean([wall(c) for c, _ in pairs], '.0f')} | "
                 f"{_mean([wall(k) for _, k in pairs], '.0f')} | **{np.mean(ratios):.2f}x** "
-                f"({' / '.join(f'{r:.2f}' for r in ratios)}) | "
-                f"{_mean([c['steps_to_target'] or c['steps'] for c, _ in pairs], '.0f')} | "
-                f"{_mean([k['steps_to_target'] or k['steps'] for _, k in pairs], '.0f')} | "
+                f"({' / '.join(f'{r:.2f}' for r in ratios)}) | **{np.mean(whole):.2f}x** "
+                f"({' / '.join(f'{r:.2f}' for r in whole)}) | "
+                f"{_mean([c['first_report_s'] for c, _ in pairs], '.1f')} / "
+                f"{_mean([k['first_report_s'] for _, k in pairs], '.1f')} | "
                 f"{_mean([c['best_test'] for c, _ in pairs], '.3f')} | "
                 f"{_mean([k['best_test'] for _, k in pairs], '.3f')} | "
                 f"{100 * np.mean([k['overhead_share'] for _, k in pairs]):.1f}% | "
                 f"{sum(c['errors'] for c, _ in pairs)} / {sum(k['errors'] for _, k in pairs)} |")
-    out += ["", ("Mean ± sample std over seeds. keeper overhead: the driver's time in KeeperCallback's hooks, plus "
-            "half the trials' time in warm_start and half the CPU time of keeper's actors (two trials share two "
-            "cores), over the search's wall time. Errors: cold / keeper."), ""]
+    out += ["", ("Mean ± sample std over seeds. keeper's share: its wall-equivalent seconds (below) over the keeper "
+            "search's wall time. Errors: cold / keeper. keeperpbt is another search than pbt (KeeperPBT mutates "
+            "width and depth as well as the learning rate), read against pbt."), ""]
+    out += _parts(table, state)
     out += ["## Per arm and seed", "",
             "| workload | seed | target | arm | reached | wall to target (s) | steps to target | best model (arch, lr, "
             "test acc) | trials (warmed / same arch) | wall (s) | slot idle after a trial ends, median (s) | driver "
@@ -227,7 +244,7 @@ def _markdown(state: dict, done: bool) -> str:
     for (workload, arm, seed), r in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][2], ARMS.index(kv[0][1]))):
         run = state["runs"][f"{workload}/{arm}/{seed}"]
         reached = (f"yes | {r['wall_to_target_s']:.0f} | {r['steps_to_target']}" if r["reached"] else "no | - | -")
-        out.append(f"| {workload} | {seed} | {targets[(workload, seed)]:.3f} | {arm} | {reached} | "
+        out.append(f"| {workload} | {seed} | {targets[(workload, cold_arm(arm), seed)]:.3f} | {arm} | {reached} | "
                    f"{r['best_arch']}, {r['best_lr']:.4f}, {r['best_test']:.3f} | {r['trials']} ({r['warmed']} / "
                    f"{r['same_arch']}) | {r['wall_s']:.0f} | {r['gap_median_s']:.2f} | {r['hook_s']:.1f} | "
                    f"{r['warm_s']:.1f} | {r['actor_cpu_s']:.1f} | {run.get('load', {}).get('mean', 0):.1f} |")
@@ -247,6 +264,37 @@ def _markdown(state: dict, done: bool) -> str:
         out.append(f"| {workload} | {seed} | {arm} | {t['warmed']} | {t['below']} | {t1['below']} | "
                    f"{t['mean_diff']:+.3f} | {t['worst_diff']:+.3f} |")
     return "\n".join(out) + "\n"
+
+
+def _parts(table: dict, state: dict, concurrency: int = 2) -> list[str]:
+    """keeper's share of a search's wall time, split into its parts, per workload and keeper arm (means over
+    seeds)."""
+    out = ["## Where keeper's time goes", "",
+           (f"Wall-equivalent seconds per search: the driver's time in KeeperCallback's hooks (Tune's loop waits for "
+            f"them), and, divided by the {concurrency} slots the trials share, the trials' time in warm_start (by "
+            "phase: trace, parent choice with its wait for registrations in flight, inherit, load, the files a "
+            "trial leaves), the driver's registration thread's CPU (reading checkpoints, filling templates) and "
+            "the CPU of keeper's actors (by class, boot and imports included). keeper boots no process for a "
+            "search on an empty zoo until its first trial reports, and its trials import no service code."), "",
+           "| workload | arm | seeds | hooks | warm_start (trace / choose / inherit / load / save) | registration "
+           "thread | actors' CPU | total | share of the wall time |", "|---|---|---|---|---|---|---|---|---|"]
+    for workload in state["settings"]:
+        for arm in ARMS:
+            rs = [r for (w, a, _), r in table.items() if w == workload and a == arm]
+            if not rs or not uses_keeper(arm):
+                continue
+            ph = {k: np.mean([r["warm_phases"].get(k, 0.0) for r in rs]) for k in PHASES}
+            actors: dict[str, list[float]] = {}
+            for r in rs:
+                for k, v in r["actor_cpu"].items():
+                    actors.setdefault(k, []).append(v)
+            shown = ", ".join(f"{k} {np.sum(v) / len(rs):.1f}" for k, v in sorted(actors.items())) or "0"
+            out.append(f"| {workload} | {arm} | {len(rs)} | {np.mean([r['hook_s'] for r in rs]):.2f} | "
+                       f"{np.mean([r['warm_s'] for r in rs]):.2f} ({' / '.join(f'{ph[k]:.2f}' for k in PHASES)}) | "
+                       f"{np.mean([r['register_cpu_s'] for r in rs]):.2f} | {shown} | "
+                       f"{np.mean([r['overhead_s'] for r in rs]):.1f} | "
+                       f"{100 * np.mean([r['overhead_share'] for r in rs]):.1f}% |")
+    return out
 
 
 def _cost(table: dict, state: dict, concurrency: int = 2) -> list[str]:
@@ -284,7 +332,7 @@ def _copy_bound(table: dict, targets: dict, state: dict) -> list[str]:
            "| workload | seed | asha (s) | asha+keeper (s) | asha+copy (s) | keeper's share of the copy's saving |",
            "|---|---|---|---|---|---|"]
     wall = lambda r: r["wall_to_target_s"] if r["reached"] else r["wall_s"]  # noqa: E731
-    for (workload, seed) in sorted(targets):
+    for (workload, seed) in sorted({(w, s) for (w, _, s) in targets}):
         c, k, b = (table.get((workload, a, seed)) for a in ("asha", "asha+keeper", "asha+copy"))
         if not (c and k and b):
             continue

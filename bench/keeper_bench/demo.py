@@ -74,10 +74,10 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
 
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
-    if os.path.exists(os.path.join(out, "zoo-keeper-s0")):
+    if os.path.exists(os.path.join(out, "zoo-keeper-probe-s0")):
         import shutil
 
-        shutil.rmtree(os.path.join(out, "zoo-keeper-s0"))  # every demo starts from an empty zoo
+        shutil.rmtree(os.path.join(out, "zoo-keeper-probe-s0"))  # every demo starts from an empty zoo
     run = NasRun(steps=steps, concurrency=cpus, eval_at_start=True)
     specs = arrivals(archs, seed=0, families=("resnet", "vgg"))
     print(f"keeper demo: {len(specs)} architectures, {steps} steps each, {cpus} at a time; output in {out}", flush=True)
@@ -85,9 +85,9 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
     if started_here:
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
                  logging_level="ERROR")
-    records = {}
+    records, timelines, walls = {}, {}, {}
     try:
-        for arm in ("cold", "keeper"):
+        for arm, runs in (("cold", "cold"), ("keeper", "keeper-probe")):
             t0 = time.perf_counter()
             print(f"\n[{arm}] training {len(specs)} trials" + (" with KeeperCallback + warm_start" if arm == "keeper"
                                                               else " from scratch"), flush=True)
@@ -97,8 +97,10 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
                 print(f"  [{a}] trial {r.index + 1:2d}/{n} {r.arch:36s} final accuracy {r.final_accuracy:.3f}"
                       f"{parent}", flush=True)
 
-            records[arm] = run_arm(arm, specs, run, out, seed=0, progress=show)
-            print(f"[{arm}] done in {time.perf_counter() - t0:.0f} s", flush=True)
+            timelines[arm] = []
+            records[arm] = run_arm(runs, specs, run, out, seed=0, progress=show, timeline=timelines[arm])
+            walls[arm] = time.perf_counter() - t0
+            print(f"[{arm}] done in {walls[arm]:.0f} s", flush=True)
     finally:
         if started_here:
             ray.shutdown()
@@ -122,6 +124,14 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
           f"{s['speedup']:.2f}x faster, {100 * s['saved']:.0f}% of training saved; "
           f"{s['warmed']} of {s['trials']} trials warmed; mean final accuracy {100 * s['accuracy_delta']:+.2f} "
           "points vs cold")
+    search = whole_search(timelines, walls, cold, warm, run.margin)
+    print(f"the whole search: cold {search['cold_wall_s']:.0f} s, keeper {search['keeper_wall_s']:.0f} s "
+          f"({search['wall_ratio']:.2f}x); the cold search's best ({search['cold_best']:.3f}, within "
+          f"{run.margin:.2f}) held after {search['cold_to_best_s']:.0f} s cold, "
+          + (f"{search['keeper_to_best_s']:.0f} s with keeper ({search['sooner']:.2f}x sooner)"
+             if search["keeper_to_best_s"] is not None else "never with keeper")
+          + f"; best model cold {search['cold_best']:.3f}, keeper {search['keeper_best']:.3f}")
+    s = {**s, "search": search}
     png = os.path.join(out, "demo.png")
     _plot(png, cold, warm, run.margin)
     with open(os.path.join(out, "demo.json"), "w") as f:
@@ -129,6 +139,23 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
                    "summary": {k: v for k, v in s.items()}}, f)
     print(f"wrote {png}")
     return s
+
+
+def whole_search(timelines: dict[str, list], walls: dict[str, float], cold: list, warm: list,
+                 margin: float) -> dict:
+    """The whole search cold and with keeper: each one's wall time, when it first held a model within ``margin``
+    of the cold search's best (its reports' timeline), and the best model each ends with."""
+    cold_best = max(r.final_accuracy for r in cold)
+
+    def first(arm: str) -> float | None:
+        return next((t for t, a in sorted(timelines[arm]) if a >= cold_best - margin), None)
+
+    to_cold, to_keeper = first("cold"), first("keeper")
+    return {"cold_wall_s": walls["cold"], "keeper_wall_s": walls["keeper"],
+            "wall_ratio": walls["cold"] / walls["keeper"], "cold_best": cold_best,
+            "keeper_best": max(r.final_accuracy for r in warm), "cold_to_best_s": to_cold,
+            "keeper_to_best_s": to_keeper,
+            "sooner": (to_cold / to_keeper) if to_cold and to_keeper else None}
 
 
 def parent_label(parent: str | None, specs: list[dict]) -> str:

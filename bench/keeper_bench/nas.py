@@ -13,6 +13,8 @@ Arms:
     keeper-recipe: the same, and the trial multiplies the warm start's learning-rate recipe
         (``WarmResult.recipe``, :mod:`keeper.recipe`) into its schedule, as the README's trainable does.
     keeper-no-accuracy: the same with the highest-similarity parent, accuracy ignored.
+    keeper-probe: keeper with a data probe (two training batches, the loss over two SGD steps): the best ranked
+        candidates and the cold init are scored and the best kept, cold included.
     published: keeper's parent choice, the published system's operators
         (:func:`keeper_bench.baselines.published_transfer`).
     name-shape: keeper's parent choice, then ``load_state_dict`` of the tensors whose name and shape match.
@@ -51,7 +53,7 @@ from keeper.torch_support.load import load_result
 __all__ = ["ARMS", "BOUNDS", "NasRun", "TrialRecord", "arrivals", "copy_bound_start", "run_arm", "steps_to_target",
            "summarize", "service_config", "warm_by_arm", "plateau_check"]
 
-ARMS = ("cold", "keeper", "keeper-recipe", "keeper-no-accuracy", "published", "name-shape")
+ARMS = ("cold", "keeper", "keeper-recipe", "keeper-no-accuracy", "keeper-probe", "published", "name-shape")
 BOUNDS = ("copy", "copy-recipe")
 
 
@@ -177,12 +179,22 @@ def _choose(model: Any, example: Any, service: dict, dynamo: bool) -> tuple[Any,
 
 
 def warm_by_arm(arm: str, model: Any, example: Any, service: dict, dynamo: bool, states: str, seed: int,
-                total_steps: int = 1) -> dict:
+                total_steps: int = 1, probe_data: Any = None) -> dict:
     """Warm ``model`` the arm's way (in a Tune trial; ``states``: where the name-shape arm finds its parents'
-    state_dicts); returns ``{"parent", "score"}``, and for keeper-recipe ``"recipe"``: the warm start's
-    learning-rate recipe over ``total_steps`` (:meth:`keeper.recipe.Recipe.as_dict`)."""
-    if arm in ("keeper", "keeper-recipe", "keeper-no-accuracy"):
-        r = warm_start(model, example, config={**service, "dynamo": dynamo})
+    state_dicts; ``probe_data``: the training data keeper-probe draws its probe's batches from); returns
+    ``{"parent", "score"}``, and for keeper-recipe ``"recipe"``: the warm start's learning-rate recipe over
+    ``total_steps`` (:meth:`keeper.recipe.Recipe.as_dict`)."""
+    if arm in ("keeper", "keeper-recipe", "keeper-no-accuracy", "keeper-probe"):
+        probe = None
+        if arm == "keeper-probe":
+            import torch
+
+            from keeper.torch_support import DataProbe
+
+            x, y = probe_data.x_train, probe_data.y_train  # two training batches: the start of a learning curve
+            probe = DataProbe([(x[k * 128:(k + 1) * 128], y[k * 128:(k + 1) * 128]) for k in range(2)],
+                              torch.nn.CrossEntropyLoss(), steps=2)
+        r = warm_start(model, example, config={**service, "dynamo": dynamo}, probe=probe)
         info = {"parent": r.parent or "", "score": float(r.score)}
         if arm == "keeper-recipe":
             info["recipe"] = r.recipe(total_steps).as_dict()
@@ -227,17 +239,23 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         model = build(spec)
         info: dict[str, Any] = {"parent": "", "score": 0.0}
         budget = run.budget(spec["family"])
+        data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
         t_warm, c_warm = time.perf_counter(), time.thread_time()
         if arm in BOUNDS:
             info = copy_bound_start(arm, model, states, seed, i, budget)
         elif arm != "cold":
-            info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed, budget)
+            info = warm_by_arm(arm, model, example_input(spec), service, run.dynamo, states, seed, budget,
+                               probe_data=data)
         info.update(warm_seconds=time.perf_counter() - t_warm, warm_cpu_seconds=time.thread_time() - c_warm)
         recipe = info.pop("recipe", None)
-        data = ray.get(data_ref)  # generated once by the driver; shared read-only through the object store
+
+        def report(r: dict) -> None:  # each evaluation but the last, which the final report below carries
+            if r["step"] < budget:
+                tune.report({"accuracy": r["accuracy"], "index": i, "step": r["step"]})
+
         h = train(model, data, steps=budget, eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
                   seed=seed * 7_919 + i, precise_bn=run.precise_bn, eval_at_start=run.eval_at_start,
-                  lr_factor=Recipe(**recipe).factor if recipe else None)
+                  lr_factor=Recipe(**recipe).factor if recipe else None, report=report)
         history = json.dumps([h.steps, h.accuracies, h.running_accuracies])
         metrics = {"accuracy": h.final_accuracy, "index": i, "history": history, "seconds": h.seconds,
                    "cpu_seconds": h.cpu_seconds, **info}
@@ -290,7 +308,8 @@ def _dataset(run: NasRun) -> Any:
 
 
 def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 0,
-            progress: Callable[[str, TrialRecord], None] | None = None) -> list[TrialRecord]:
+            progress: Callable[[str, TrialRecord], None] | None = None,
+            timeline: list | None = None) -> list[TrialRecord]:
     """Train ``specs`` in order through Ray Tune for one arm; returns one record per spec, in spec order.
 
     Ray must be initialized. An arm other than cold and copy starts its own keeper service on an empty zoo under
@@ -313,8 +332,8 @@ def run_arm(arm: str, specs: list[dict], run: NasRun, workdir: str, seed: int = 
     callbacks: list[Any] = []
     if keeper_arm:
         callbacks.append(KeeperCallback("accuracy", "max", config=service, name_prefix=prefix))
-    if progress is not None:
-        callbacks.append(_Progress(arm, specs, progress))
+    if progress is not None or timeline is not None:
+        callbacks.append(_Progress(arm, specs, progress, timeline))
     tuner = tune.Tuner(
         _trainable(arm, specs, run, service, states, prefix, seed, _dataset(run)),
         param_space={"index": tune.grid_search(list(range(len(specs))))},
@@ -348,20 +367,30 @@ def _progress_class():
     from ray.tune import Callback
 
     class Progress(Callback):
-        def __init__(self, arm: str, specs: list[dict], fn: Callable[[str, TrialRecord], None]):
-            self.arm, self.specs, self.fn = arm, specs, fn
+        """Each finished trial's record to ``fn``; every report's (seconds since the search started, accuracy) to
+        ``timeline``: when the search first held a model of a given quality."""
+
+        def __init__(self, arm: str, specs: list[dict], fn: Callable[[str, TrialRecord], None] | None,
+                     timeline: list | None):
+            self.arm, self.specs, self.fn, self.timeline = arm, specs, fn, timeline
+            self.t0 = time.perf_counter()
+
+        def setup(self, **info):
+            self.t0 = time.perf_counter()
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             from keeper_bench.families import num_params
 
-            if "history" in result:
+            if self.timeline is not None and "accuracy" in result:
+                self.timeline.append((time.perf_counter() - self.t0, float(result["accuracy"])))
+            if "history" in result and self.fn is not None:
                 self.fn(self.arm, _record(self.specs, result, num_params))
 
     return Progress
 
 
-def _Progress(arm, specs, fn):  # noqa: N802 - a factory that reads like the class it makes
-    return _progress_class()(arm, specs, fn)
+def _Progress(arm, specs, fn, timeline=None):  # noqa: N802 - a factory that reads like the class it makes
+    return _progress_class()(arm, specs, fn, timeline)
 
 
 def steps_to_target(record: TrialRecord, target: float, budget: int, every: int | None = None) -> tuple[int, bool]:

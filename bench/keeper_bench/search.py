@@ -19,8 +19,10 @@ Arms (:data:`ARMS`), each at the same budget of ``population x steps`` training 
         there (under keeper's restart recipe), the others cold; what an ideal warm start could give this search.
     pbt, pbt+keeper: a population of ``population`` draws, synchronous, a perturbation every
         ``pbt_interval`` rounds, quantile 0.25: Tune's ``PopulationBasedTraining`` over the learning rate (an
-        exploit takes the clone's whole config, architecture included, as Tune's PBT does), against
-        :class:`keeper.tune_integration.KeeperPBT` over the learning rate, the width and the depth.
+        exploit takes the clone's whole config, architecture included, as Tune's PBT does), without and with
+        keeper (``KeeperCallback`` and the ``warm_start`` line, which also restores the clone).
+    keeperpbt: :class:`keeper.tune_integration.KeeperPBT` over the learning rate, the width and the depth (members
+        keep their own, mutated architectures): another search than pbt's, reported beside it.
 
 Draw ``i`` (architecture, learning rate, initial weights, data order) is the same in every arm that runs it. The
 driver-side :class:`Lifecycle` callback records when each trial started, reported and ended, so the report can
@@ -44,18 +46,19 @@ from keeper_bench.pbt import (PbtRun, _accuracy, _build, _dataset, _read_checkpo
 __all__ = ["ARMS", "Lifecycle", "best_model", "cost_line", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
            "summarize", "twins", "uses_keeper"]
 
-ARMS = ("fifo", "fifo+keeper", "fifo+keeper-shrink", "asha", "asha+keeper", "asha+copy", "pbt", "pbt+keeper")
+ARMS = ("fifo", "fifo+keeper", "fifo+keeper-shrink", "asha", "asha+keeper", "asha+copy", "pbt", "pbt+keeper",
+        "keeperpbt")
 #: warm_start's shrink in the arms named ``...-shrink`` (the others take keeper's default)
 SHRINK_ARM = 0.5
 
 
 def scheduler_of(arm: str) -> str:
     """``"fifo"``, ``"asha"`` or ``"pbt"``."""
-    return arm.split("+")[0]
+    return "pbt" if arm == "keeperpbt" else arm.split("+")[0]
 
 
 def uses_keeper(arm: str) -> bool:
-    return "+keeper" in arm
+    return "+keeper" in arm or arm == "keeperpbt"
 
 
 def _copy_path(workdir: str, run: PbtRun, seed: int, index: int) -> str:
@@ -88,16 +91,15 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
         info = {"parent": "", "preserved": False, "same_arch": False, "reason": "", "shrink": 1.0,
                 "source_arch": json.dumps(meta["arch"]) if meta else "",
                 "exploit": bool(meta and meta["trial"] != trial_id)}
-        done = int(meta["steps"]) if meta and meta["arch"] == arch else 0
-        opt, sched = make_optimizer(run, model, float(config["lr"]), done)
+        opt, sched = make_optimizer(run, model, float(config["lr"]), int(meta["steps"]) if meta else 0)
         factor = None
-        warm_s = 0.0
+        warm_s, phases = 0.0, {}
         if keeper:
             from keeper.tune_integration import warm_lr, warm_start
 
             t = time.perf_counter()
             warm = warm_start(model, example, config=service, **({} if shrink is None else {"shrink": shrink}))
-            warm_s = time.perf_counter() - t
+            warm_s, phases = time.perf_counter() - t, dict(warm.seconds)
             if meta is None or meta["arch"] != arch:  # a resume keeps its optimizer state: no restart ramp
                 factor = warm_lr(opt, warm, total_steps=run.steps, scheduler=sched, ramp=ramp)
             info.update(parent=warm.parent or "", preserved=bool(warm.preserved), reason=warm.reason or "",
@@ -120,7 +122,7 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
         if factor is None and sched is not None:
             factor = sched
         data = {k: v.to(run.device) for k, v in ray.get(data_ref).items()}
-        start = {"entered": entered, "ready": time.time(), "warm_s": warm_s}
+        start = {"entered": entered, "ready": time.time(), "warm_s": warm_s, "warm_phases": json.dumps(phases)}
         while done < run.steps:
             c1 = time.thread_time()
             n = min(run.round_steps, run.steps - done)
@@ -131,7 +133,7 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
                        "test_accuracy": _accuracy(run, model, data, "test"), "loss": loss,
                        "member_steps": done, "round_steps": n, "width": arch[0], "blocks": arch[1],
                        "round_cpu_s": time.thread_time() - c1, "reported": time.time(), **start, **info}
-            start = {"entered": 0.0, "ready": 0.0, "warm_s": 0.0}
+            start = {"entered": 0.0, "ready": 0.0, "warm_s": 0.0, "warm_phases": "{}"}
             info = {**info, "source_arch": "", "exploit": False}
             _report_round(metrics, model, opt, {"arch": arch, "steps": done, "trial": trial_id})
         if arm == "fifo":  # the copy arm's starts
@@ -171,7 +173,7 @@ def _lifecycle_class():
         def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
             self.steps += int(result["round_steps"])
             keys = ("val_accuracy", "test_accuracy", "member_steps", "width", "blocks", "parent", "preserved",
-                    "same_arch", "shrink", "reason", "source_arch", "exploit", "round_cpu_s", "warm_s")
+                    "same_arch", "shrink", "reason", "source_arch", "exploit", "round_cpu_s", "warm_s", "warm_phases")
             event = {"population_steps": self.steps, "wall_s": time.time() - self.t0, "load": os.getloadavg()[0],
                      "trial": trial.trial_id, "lr": float(trial.config["lr"]), **{k: result[k] for k in keys}}
             for key in ("entered", "ready", "reported"):  # the trial's clock, as seconds of the run
@@ -206,7 +208,7 @@ def _scheduler(arm: str, run: PbtRun, pbt_interval: int) -> Any:
     common = {"time_attr": "training_iteration", "perturbation_interval": pbt_interval, "quantile_fraction": 0.25,
               "synch": True}
     lr = tune.loguniform(*run.lr_range)
-    if not uses_keeper(arm):
+    if arm != "keeperpbt":
         return PopulationBasedTraining(hyperparam_mutations={"lr": lr}, **common)
     return KeeperPBT(hyperparam_mutations={"lr": lr, "width": list(run.widths), "blocks": list(run.blocks)},
                      architecture_keys=("width", "blocks"),
@@ -346,10 +348,18 @@ def summarize(run: dict, target: float, concurrency: int = 2) -> dict:
     for e in events:
         first.setdefault(e["trial"], e)
     warm_s = sum(e["warm_s"] for e in events)
+    phases: dict[str, float] = {}
+    for e in events:
+        for k, v in json.loads(e.get("warm_phases") or "{}").items():
+            phases[k] = phases.get(k, 0.0) + float(v)
     cb = run.get("callback") or {}
     hook_s = float(cb.get("hook_s", 0.0))
-    actor_cpu = float(sum((run.get("actor_cpu") or {}).values()))
-    overhead = hook_s + warm_s / concurrency + actor_cpu / concurrency
+    register_s = float(sum((cb.get("registration_cpu_s") or {}).values()))
+    actors = {k: float(v) for k, v in (run.get("actor_cpu") or {}).items() if v}
+    actor_cpu = float(sum(actors.values()))
+    # wall-equivalent seconds: the driver's hooks hold Tune's loop; the rest is CPU taken from the cores the
+    # trials share (warm_start delays its trial, the registration thread and the actors take a core's share)
+    overhead = hook_s + (warm_s + register_s + actor_cpu) / concurrency
     gaps = start_gaps(run["trials"], concurrency)
     return {"reached": hit is not None, "wall_to_target_s": hit["wall_s"] if hit else None,
             "steps_to_target": hit["population_steps"] if hit else None,
@@ -361,7 +371,9 @@ def summarize(run: dict, target: float, concurrency: int = 2) -> dict:
             "warmed": sum(1 for e in first.values() if e["parent"] and not e["source_arch"]),
             "same_arch": sum(1 for e in first.values() if e["same_arch"] and not e["source_arch"]),
             "shrunk": sum(1 for e in first.values() if e.get("shrink", 1.0) < 1.0),
-            "warm_s": warm_s, "hook_s": hook_s, "actor_cpu_s": actor_cpu,
+            "warm_s": warm_s, "hook_s": hook_s, "actor_cpu_s": actor_cpu, "register_cpu_s": register_s,
+            "warm_phases": phases, "actor_cpu": actors,
+            "first_report_s": min((e["wall_s"] for e in events), default=None),
             "overhead_s": overhead, "overhead_share": overhead / run["wall_s"] if run["wall_s"] else 0.0,
             "gap_median_s": float(sorted(gaps)[len(gaps) // 2]) if gaps else 0.0,
             "gap_mean_s": float(sum(gaps) / len(gaps)) if gaps else 0.0}
