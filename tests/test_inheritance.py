@@ -60,3 +60,35 @@ def test_a_converged_parent_from_elsewhere_goes_to_one_trial_per_search_and_says
     improving = Training("earlier", 8, 0.5, True)
     assert all(rule.apply(_choice(), "new", lambda name: improving).parent == "p" for _ in range(3))
     assert rule.apply(dataclasses.replace(_choice(), parent=None), "new", lambda n: converged).withheld is None
+
+
+def _mlp(width: int, seed: int):
+    import torch
+
+    from keeper.torch_support import export
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
+    return export(model, torch.zeros(1, 8)).onnx
+
+
+def test_the_embedded_zoo_applies_the_rule_from_the_curves_its_models_were_registered_with(tmp_path):
+    from keeper import Zoo, load_graph
+
+    zoo = Zoo(str(tmp_path / "zoo"))
+    flat = training_of([0.5, 0.8, 0.8, 0.8, 0.8, 0.8], "first").as_dict()
+    zoo.register(_mlp(16, 0), 0.8, "converged", lineage={"parent": None, "training": flat})
+    child = load_graph(_mlp(16, 1))
+    same = zoo.choose(child, search="first")
+    assert same.parent is None and same.withheld == "converged" and "in this search" in same.rule
+    again = [zoo.choose(child, search="second") for _ in range(2)]
+    assert [c.parent for c in again] == ["converged", None], "once per search from elsewhere"
+    assert zoo.choose(child).parent == "converged", "outside a search every warm inherits"
+    wider = zoo.choose(load_graph(_mlp(32, 2)), search="first")
+    assert wider.parent == "converged" and "head start" in wider.rule, "another architecture: a head start"
+    rising = training_of([0.1, 0.3, 0.5, 0.7, 0.8, 0.9], "first").as_dict()
+    zoo.register(_mlp(16, 3), 0.9, "climbing", lineage={"parent": None, "training": rising})
+    assert all(zoo.choose(child, search="first").parent == "climbing" for _ in range(2)), "improving: every trial"
+    result = zoo.warm(_mlp(16, 4))
+    assert result.parent == "climbing" and "outside a search" in result.reason
+    assert Training.from_dict(zoo.store.record("climbing").summary["lineage"]["training"]).improving is True

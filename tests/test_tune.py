@@ -255,6 +255,44 @@ def test_asha_stopped_trials_are_registered_with_their_metric(service, tmp_path)
     assert sorted(round(a, 6) for a in best.values()) == sorted(round(a, 6) for a in df["accuracy"])
 
 
+def _curve_trainable(service: dict, curves: list[list[float]]):
+    """Trials of one architecture whose reported accuracies follow ``curves[index]`` (the curve the search rule
+    reads); each trains a few steps per report, so every trial's weights are its own."""
+    def trainable(config: dict) -> None:
+        torch.set_num_threads(1)
+        spec = _spec([40, 24])
+        torch.manual_seed(config["index"])
+        model = build(spec)
+        result = warm_start(model, example_input(spec), config=service, noise=0.0)
+        for step, accuracy in enumerate(curves[config["index"]]):
+            _train(model, steps=5, seed=step)
+            with tempfile.TemporaryDirectory() as d:
+                torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+                tune.report({"accuracy": accuracy, "parent": result.parent or "", "reason": result.reason},
+                            checkpoint=tune.Checkpoint.from_directory(d))
+    return trainable
+
+
+@pytest.mark.slow  # > 20 s on two idle cores
+def test_a_search_restarts_a_parent_still_improving_but_not_one_it_holds_converged(service, tmp_path):
+    curves = [[0.2, 0.4, 0.6, 0.8], [0.5, 0.9, 0.9, 0.9], [0.5, 0.85, 0.85, 0.85]]
+    cb = KeeperCallback(metric="accuracy", mode="max", config=service)
+    grid = tune.Tuner(_curve_trainable(service, curves), param_space={"index": tune.grid_search([0, 1, 2])},
+                      tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                      run_config=tune.RunConfig(name="rule", storage_path=str(tmp_path / "results"),
+                                                callbacks=[cb], verbose=0)).fit()
+    assert not grid.errors and len(cb.registered) == 3, cb.outcomes
+    rows = grid.get_dataframe().sort_values("trial_id")
+    parents, reasons = list(rows["parent"]), list(rows["reason"])
+    assert parents[0] == "" and "holds no model yet" in reasons[0]
+    assert parents[1] == cb.models[rows["trial_id"].iloc[0]] and "still improving" in reasons[1], reasons[1]
+    assert parents[2] == "" and "had converged in this search" in reasons[2], reasons[2]
+    assert cb.models[rows["trial_id"].iloc[1]] in reasons[2], "the reason names the parent it withheld"
+    trainings = {r.name: r.summary["lineage"]["training"] for r in Zoo(service["zoo"]).store.records()}
+    assert [trainings[cb.models[t]]["improving"] for t in rows["trial_id"]] == [True, False, False]
+    assert {t["search"] for t in trainings.values()} == {"rule"} and all(t["reports"] == 4 for t in trainings.values())
+
+
 def test_callback_checks_its_arguments_and_checkpoints():
     with pytest.raises(ConfigError, match="score_fn"):
         KeeperCallback(metric="loss", mode="min")
