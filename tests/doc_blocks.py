@@ -37,7 +37,7 @@ class SharedRay:
     def __init__(self) -> None:
         import ray
 
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # its own, whatever runs
         self.address = ray.get_runtime_context().gcs_address
         self.token = Path(os.path.expanduser("~")) / ".ray" / "auth_token"
 

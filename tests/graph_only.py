@@ -14,8 +14,8 @@ Invariants:
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Sequence
-
 
 from keeper.actors.config import ConfigInput, load_config
 from keeper.actors.manager import ZooManager
@@ -135,6 +135,8 @@ def start(config: ConfigInput = None, **overrides: Any) -> Any:
     cfg = load_config(config, **overrides)
     if not ray.is_initialized():
         ray.init(address=cfg.address, namespace=cfg.namespace, include_dashboard=False)
+    # this module sits beside the tests, where Ray's workers cannot import it: the class travels by value
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.remote(GraphOnlyManager).options(**cfg.actor_options("zoo_manager"), name=cfg.manager_name,
                                          namespace=cfg.namespace, lifetime="detached",
                                          get_if_exists=True).remote(cfg)

@@ -499,7 +499,7 @@ def test_templates_are_written_once_and_survive_gc(tmp_path):
 def test_the_suite_runs_in_a_home_of_its_own():
     import pwd
 
-    # tests/conftest.py set HOME for the session (read from the environment: "conftest" may name bench/tests' too)
+    # the root conftest.py set HOME for the session (read from the environment, as every process sees it)
     home = os.path.expanduser("~")
     real = pwd.getpwuid(os.getuid()).pw_dir
     assert home == os.environ["HOME"] != real and home.startswith(tempfile.gettempdir())

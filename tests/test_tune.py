@@ -2,9 +2,9 @@
 warm_start, save model.pt checkpoints, and KeeperCallback registers them through the real keeper service, run
 with the shipped defaults (only the zoo's place and a namespace of its own per test are set). Ray starts once, and
 the trials of an experiment reuse their actors (``reuse_actors=True``, Tune's setting for many short trials: a
-process imports torch and keeper once, not once per trial) unless a test is about a fresh process per trial, as
-the README's Tune example runs them. Trials under Ray Train and Lightning, and the frameworks' checkpoint layouts:
-tests/test_frameworks.py."""
+process imports torch and keeper once, not once per trial), except where a test depends on each trial starting
+in a fresh process, as the README's Tune example runs them. Trials under Ray Train and Lightning, and the
+frameworks' checkpoint layouts: tests/test_frameworks.py."""
 
 from __future__ import annotations
 

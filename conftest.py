@@ -1,5 +1,5 @@
-"""Test session settings: Ray binds to loopback only, and no test reaches the real home directory or the user's
-caches.
+"""Test session settings of keeper's tests (tests/) and the benchmark workloads' (bench/tests/): Ray binds to
+loopback only, and no test reaches the real home directory or the user's caches.
 
 HOME points at a fresh temporary directory for the whole session (subprocesses and Ray workers inherit it), so
 a zoo that falls back to ``~/.keeper/zoo`` lands there; caches of downloaded models keep their real place, so
