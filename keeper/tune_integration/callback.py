@@ -49,7 +49,7 @@ from keeper.actors.launcher import find, start
 from keeper.actors.remote import demand_of, get
 from keeper.choice.inheritance import training_of
 from keeper.errors import ConfigError
-from keeper.store import zoo_is_empty
+from keeper.store import store_for, zoo_is_empty
 from keeper.torch_support.trial import LINEAGE_FILE
 from keeper.tune_integration import advice
 
@@ -192,7 +192,8 @@ class KeeperCallback(Callback):
                 for trial in trials:
                     if trial.trial_id in self._resubmit and trial.status == "TERMINATED":
                         self._resubmit.discard(trial.trial_id)
-                        self._submit(trial)
+                        if not self._landed(trial):
+                            self._submit(trial)
 
     # ------------------------------------------------------------------------------------------------- helpers
     @property
@@ -286,6 +287,19 @@ class KeeperCallback(Callback):
                                    trial.storage.trial_fs_path, accuracy, self.model_builder, dict(trial.config),
                                    self.config.timeouts.register_s, self.config.zoo_uri, training)
         self._pending[tid] = _Pending(future, name, time.perf_counter())
+
+    def _landed(self, trial: Any) -> bool:
+        """Whether a registration handed over before a restore reached the zoo after the state was saved (its
+        record is then taken in, not sent again); False where the zoo cannot say."""
+        name = self._name(trial)
+        try:
+            record = store_for(self.config.zoo_uri, fresh=True).record(name)
+        except Exception:  # not there, or the zoo unreadable from here: hand it over again (idempotent by content)
+            return False
+        self._registered.add(trial.trial_id)
+        self.models[trial.trial_id] = record.name
+        self.outcomes[trial.trial_id] = f"registered as {record.name}"
+        return True
 
     def _best(self, trial: Any) -> tuple[Any, float | None]:
         """The trial's checkpoint with the best metric among those Tune kept, and that metric."""
