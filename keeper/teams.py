@@ -292,6 +292,13 @@ class Client:
                             secret_file=getattr(config, "secret_file", None),
                             read_only=True if getattr(config, "read_only", False) else None)
 
+    def check_presentation(self, what: str) -> None:
+        """Refuse a read-only client that presents a secret, whatever it asks (:class:`ReadOnlyClientError`)."""
+        if self.read_only and self.secret:
+            raise ReadOnlyClientError(f"{what}: this client is read-only yet presents a secret for team {self.team!r}; "
+                                      "a read-only client holds none: unset KEEPER_SECRET / KEEPER_SECRET_FILE (and "
+                                      "the config's secret_file) where it runs, or drop read-only to write")
+
     def to_wire(self) -> dict[str, Any]:
         """Plain data for a Ray call (the secret as presented: it travels to the service, never further)."""
         return {"team": self.team, "user": self.user, "secret": self.secret, "read_only": self.read_only,
@@ -410,10 +417,7 @@ class Access:
         """
         c = Client.from_wire(client)
         what = _what(doing, model, owner)
-        if c.read_only and c.secret:
-            raise ReadOnlyClientError(f"{what}: this client is read-only yet presents a secret for team {c.team!r}; a "
-                                      "read-only client holds none: unset KEEPER_SECRET / KEEPER_SECRET_FILE (and the "
-                                      "config's secret_file) where it runs, or drop read-only to write")
+        c.check_presentation(what)
         if c.read_only and write:
             raise ReadOnlyClientError(f"{what}: this client is read-only (KEEPER_READ_ONLY, --read-only or read_only "
                                       "in the config) and writes nothing; drop read-only and present your team's "
@@ -444,6 +448,49 @@ class Access:
                 f"{what}: the secret presented for team {c.team!r} does not match the one the operator configured; "
                 f"check KEEPER_SECRET / KEEPER_SECRET_FILE, or ask the operator for team {c.team!r}'s current secret")
         return Principal(c.team, c.user, c.team == OPERATOR, True, c.read_only, c.host, c.pid)
+
+    # -- the table itself (the operator's)
+    def init_table(self, operator_secret: str, client: Client | None = None) -> TeamTable:
+        """Turn a zoo without teams into one with teams: a table holding the operator's secret's hash and no team
+        yet (``keeper team init``). Its models until now belong to :data:`DEFAULT_TEAM`.
+
+        Raises:
+            AccessError: the zoo has a team table already (changing it is the operator's: :meth:`change_table`).
+        """
+        if self.table is not None:
+            raise AccessError(f"the zoo at {self._store.uri} has a team table already; the operator changes it "
+                              f"(`keeper team add/rm/policy` with KEEPER_TEAM={OPERATOR} and the operator's secret)")
+        table = TeamTable(operator=SecretHash.of(operator_secret))
+        self._write(table, Client.from_wire(client), "init")
+        return table
+
+    def change_table(self, client: Client | Mapping[str, Any] | None, change: Any, what: str) -> TeamTable:
+        """Apply ``change`` (a function of the table to a new table) as the operator; returns the new table.
+
+        Raises:
+            AccessError: the zoo has no table (``keeper team init`` first), or ``client`` is not the operator
+            (:class:`NotOwnerError`; a wrong secret: :class:`SecretRejectedError`).
+        """
+        self.forget()
+        if self.table is None:
+            raise AccessError(f"{what}: the zoo at {self._store.uri} has no team table yet; `keeper team init` makes "
+                              "one (with the operator's secret)")
+        c = Client.from_wire(client)
+        principal = self.authenticate(c, what) if c.team == OPERATOR else None
+        if principal is None or not principal.operator:
+            raise NotOwnerError(f"{what}: the team table is the operator's, and this client is team "
+                                f"{c.team!r}; run it as the operator (KEEPER_TEAM={OPERATOR} or --team "
+                                f"{OPERATOR}, with the operator's secret)")
+        table = change(self.table)
+        self._write(table, Client.from_wire(client), what)
+        return table
+
+    def _write(self, table: TeamTable, client: Client, what: str) -> None:
+        self._store.write_teams(table.to_bytes())
+        self.forget()
+        # the log says what changed, never a hash or a secret
+        self._store.audit.append("teams", None, owner=None, team=client.team, user=client.user, host=client.host,
+                                 pid=client.pid, change=what, teams=sorted(table.teams))
 
     def recorded_user(self, principal: Principal) -> str | None:
         """The user a new record names: the client's where the zoo has teams; none in a zoo without (its entries
@@ -501,10 +548,12 @@ class Access:
         if not self.has_teams or principal.operator or (principal.verified and principal.team == rec.owner):
             return
         verb = _ACTIONS.get(action, action)
+        whose = (f"the default team (registered before the zoo had teams)" if rec.owner == DEFAULT_TEAM
+                 else f"team {rec.owner!r}")
+        ask = "an operator" if rec.owner == DEFAULT_TEAM else f"team {rec.owner!r}, or an operator"
         raise NotOwnerError(
-            f"{verb} model {rec.name!r}: it belongs to team {rec.owner!r}, and team {principal.team!r} may not "
-            f"(only its team or an operator may); ask team {rec.owner!r}, or an operator (KEEPER_TEAM={OPERATOR} "
-            "with the operator's secret). Nothing changed")
+            f"{verb} model {rec.name!r}: it belongs to {whose}, and team {principal.team!r} may not (only its team "
+            f"or an operator may); ask {ask} (KEEPER_TEAM={OPERATOR} with the operator's secret). Nothing changed")
 
     def check_rate(self, principal: Principal, name: str | None) -> None:
         """Count one registration of ``principal``'s team against its rate (zoos with teams, operators exempt).

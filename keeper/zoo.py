@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -50,7 +49,8 @@ from keeper.store import ModelRecord, ModelStore, check_name, sha256
 from keeper.store.audit import LogEntry
 from keeper.store.holding import Held
 from keeper.store.stored import GRAPH_EXTRA, WEIGHTS_EXTRA, graph_blob, graph_format, graph_from_blob
-from keeper.teams import Access, Client, Principal
+from keeper.guard import Guard, check_accuracy
+from keeper.teams import Client, Principal
 from keeper.warm import DEFAULT_NOISE, WarmResult, inherit_stored, warm
 from keeper.weights import WeightsInput, staged_weights
 
@@ -73,18 +73,6 @@ class ZooConfig:
     noise: float = DEFAULT_NOISE
     seed: int = 0
     retention_s: float = 7 * 24 * 3600.0   # a removed or evicted model is held this long (a team table may say)
-
-
-def check_accuracy(accuracy: float, name: str) -> float:
-    """Accuracy must be a finite number in [0, 1]."""
-    try:
-        a = float(accuracy)
-    except (TypeError, ValueError):
-        raise AdmissionError(f"model {name!r}: accuracy {accuracy!r} is not a number; pass a float in [0, 1]") from None
-    if not math.isfinite(a) or not 0.0 <= a <= 1.0:
-        raise AdmissionError(f"model {name!r}: accuracy {accuracy!r} is outside [0, 1]; pass a fraction "
-                             "(e.g. 0.93, not 93 or NaN)")
-    return a
 
 
 class Zoo:
@@ -112,8 +100,9 @@ class Zoo:
                  mode: str = "write", client: Client | None = None):
         self.store = uri if isinstance(uri, ModelStore) else ModelStore(uri, mode=mode)
         self.config = config or ZooConfig()
-        self.client = client if client is not None else Client.from_env()
-        self.access = Access(self.store)
+        self.guard = Guard(self.store, client)   # the team rules over every write (keeper.guard, keeper.teams)
+        self.client = self.guard.client
+        self.access = self.guard.access
         self._hits_failed = False  # usage counts are best-effort: one warning, then quiet
         self._graphs: dict[str, LayerGraph] = {}
         self._arrays: dict[str, MatchArrays] = {}
@@ -206,22 +195,14 @@ class Zoo:
     # -- who
     def _principal(self, client: Client | None, doing: str, model: str | None = None, owner: str | None = None, *,
                    write: bool = True) -> Principal:
-        return self.access.authenticate(self.client if client is None else client, doing, model, owner,
-                                        write=write)
+        return self.guard.principal(client, doing, model, owner, write=write)
 
     def readable(self, client: Client | None = None) -> list[str]:
         """The models ``client`` (default: this zoo's) may see and warm from: all but other teams' private ones."""
-        recs = self.store.records()
-        private = {r.name: r.owner for r in recs if r.private}
-        if not private:
-            return self.names()
-        reader = self._principal(client, "reading", write=False)
-        return sorted(self.access.readable(reader, self.names(), private))
+        return self.guard.readable(self.names(), client)
 
     def _log(self, action: str, rec: ModelRecord, principal: Principal, **details: Any) -> None:
-        """Record a write that happened (best effort: :class:`keeper.store.audit.AuditLog`)."""
-        self.store.audit.append(action, rec.name, owner=rec.owner, team=principal.team, user=principal.user,
-                                host=principal.host, pid=principal.pid, **details)
+        self.guard.log(action, rec, principal, **details)
 
     # -- register / remove
     def register(self, model: ModelInput, accuracy: float, name: str | None = None, *,
@@ -463,12 +444,8 @@ class Zoo:
         """
         if name not in self.store:
             raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self.uri}; `keeper zoo ls` lists them")
-        rec = self.store.record(name)
-        principal = self._principal(client, "removing", name, rec.owner)
-        self.access.check_change(principal, rec, "remove")
-        held = self.store.remove(name, reason="removed", by=principal.who())
+        _, held = self.guard.remove(name, client)
         self._forget(name)
-        self._log("remove", rec, principal, hold=held.hold_id, checksum=rec.checksum)
         return held
 
     def restore(self, name: str, hold_id: str | None = None, *, as_name: str | None = None,
@@ -485,25 +462,14 @@ class Zoo:
             >>> zoo.remove("r18"); zoo.restore("r18").checksum == before.checksum    # doctest: +SKIP
             True
         """
-        holds = [h for h in self.store.held(name) if hold_id is None or h.hold_id == hold_id]
-        owner = holds[-1].record.owner if holds else None
-        principal = self._principal(client, "restoring", name, owner)
-        if holds:
-            self.access.check_change(principal, holds[-1].record, "restore")
-        rec, held = self.store.restore(name, hold_id, as_name)
+        rec, principal = self.guard.restore(name, hold_id, as_name, client)
         self._load(rec)
-        self._log("restore", rec, principal, hold=held.hold_id, checksum=rec.checksum,
-                  **({"as": rec.name} if rec.name != name else {}))
         self._evict(protect=rec.name, principal=principal)
         return rec
 
     def held(self, client: Client | None = None) -> list[Held]:
         """The models in the holding area that ``client`` may see (not other teams' private ones), oldest first."""
-        holds = self.store.held()
-        if not any(h.record.private for h in holds):
-            return holds
-        reader = self._principal(client, "reading", write=False)
-        return [h for h in holds if self.access.may_read(reader, h.record)]
+        return self.guard.held(client)
 
     def update(self, name: str, *, accuracy: float | None = None, private: bool | None = None,
                client: Client | None = None) -> ModelRecord:
@@ -513,26 +479,11 @@ class Zoo:
             ModelNotFoundError: no such model. AdmissionError: an accuracy outside [0, 1]. AccessError: refused
             by the team rules; nothing changed.
         """
-        rec = self.store.record(name)
-        principal = self._principal(client, "updating", name, rec.owner)
-        fields: dict[str, Any] = {}
-        if accuracy is not None:
-            self.access.check_change(principal, rec, "update")
-            fields["accuracy"] = check_accuracy(accuracy, name)
-        if private is not None:
-            self.access.check_change(principal, rec, "private")
-            fields["private"] = bool(private)
-        if not fields:
-            return rec
-        new = self.store.update(name, **fields)
-        for key, action in (("accuracy", "update"), ("private", "private")):
-            if key in fields:
-                self._log(action, new, principal, **{key: fields[key], "before": getattr(rec, key)})
-        return new
+        return self.guard.update(name, accuracy=accuracy, private=private, client=client)
 
     def log(self, *, model: str | None = None, since: float | None = None, last: int | None = None) -> list[LogEntry]:
         """The audit log, oldest first (:meth:`keeper.store.audit.AuditLog.entries`)."""
-        return self.store.audit.entries(model=model, since=since, last=last)
+        return self.guard.entries(model=model, since=since, last=last)
 
     def gc(self, min_age_s: float = 3600.0, *, client: Client | None = None) -> tuple[int, list[Held]]:
         """Delete the holds whose retention has ended (``retention_s``: the team table's, else this zoo's config)
@@ -541,11 +492,7 @@ class Zoo:
         Raises:
             AccessError: a read-only client, or in a zoo with teams a client without its team's secret.
         """
-        principal = self._principal(client, "collecting garbage in the zoo")
-        gone = self.store.expire(self.access.retention_s(self.config.retention_s))
-        for held in gone:
-            self._log("purge", held.record, principal, hold=held.hold_id, held_at=held.held_at, reason=held.reason)
-        return self.store.gc(min_age_s=min_age_s), gone
+        return self.guard.gc(self.config.retention_s, min_age_s, client)
 
     def value(self, rec: ModelRecord, now: float | None = None) -> float:
         """Eviction value: accuracy plus parent hits decayed with the configured half-life."""
@@ -577,10 +524,8 @@ class Zoo:
         for n in order:
             if total <= cap:
                 break
-            held = self.store.remove(n, reason="evicted", by=principal.who())
+            self.guard.remove(n, reason="evicted", by=principal)
             self._forget(n)
-            self._log("evict", recs[n], principal, hold=held.hold_id, checksum=recs[n].checksum, admitted=protect,
-                      budget=cap)
             total -= recs[n].nbytes
             evicted.append(n)
         return evicted

@@ -433,6 +433,10 @@ class ModelStore:
         holds = [h for h in self.held(name) if hold_id is None or h.hold_id == hold_id]
         if not holds:
             which = f"hold {hold_id!r} of model {name!r}" if hold_id else f"model {name!r}"
+            live = self._read_record(name)
+            if live is not None and hold_id is None:
+                raise HeldModelNotFoundError(f"model {name!r} is live in the zoo at {self._uri} (owner "
+                                             f"{live.owner!r}) and has no hold: there is nothing to restore")
             raise HeldModelNotFoundError(f"{which} is not in the holding area of the zoo at {self._uri} (never "
                                          "removed or evicted, restored already, or deleted by gc once its retention "
                                          "ended); `keeper zoo held` lists what can be restored")
