@@ -318,7 +318,8 @@ class Client:
         return cls(team=_team_name(d.get("team") or DEFAULT_TEAM, "request"),
                    user=None if d.get("user") is None else str(d["user"]),
                    secret=secret if isinstance(secret, str) and secret else None,
-                   read_only=bool(d.get("read_only", False)), host=str(d.get("host") or "?"), pid=int(d.get("pid") or 0))
+                   read_only=bool(d.get("read_only", False)), host=str(d.get("host") or "?"),
+                   pid=int(d.get("pid") or 0))
 
 
 def _read_secret(path: str | os.PathLike, what: str) -> str:
@@ -437,6 +438,12 @@ class Access:
                                    f"team= in the config) to yours, or ask the operator to add it: "
                                    f"`keeper team add {c.team}`")
         if c.secret is None:
+            if write and c.team == DEFAULT_TEAM and expected is None:
+                raise SecretMissingError(
+                    f"{what} needs a team: this client names none (KEEPER_TEAM, --team, team= in the config), and in "
+                    f"a zoo with teams the default team writes nothing; set your team "
+                    f"({', '.join(sorted(table.teams)) or 'none yet'}) and its secret (KEEPER_SECRET or "
+                    "KEEPER_SECRET_FILE)")
             if write:
                 raise SecretMissingError(
                     f"{what} needs the secret of team {c.team!r}, and none was presented; set KEEPER_SECRET or "
@@ -446,7 +453,8 @@ class Access:
         if expected is None or not expected.matches(c.secret):
             raise SecretRejectedError(
                 f"{what}: the secret presented for team {c.team!r} does not match the one the operator configured; "
-                f"check KEEPER_SECRET / KEEPER_SECRET_FILE, or ask the operator for team {c.team!r}'s current secret")
+                f"check KEEPER_SECRET / KEEPER_SECRET_FILE, or ask the operator for the current secret of team "
+                f"{c.team!r}")
         return Principal(c.team, c.user, c.team == OPERATOR, True, c.read_only, c.host, c.pid)
 
     # -- the table itself (the operator's)
@@ -520,8 +528,8 @@ class Access:
             team = principal.team if principal is not None else "(anonymous)"
             raise NotOwnerError(f"reading model {rec.name!r}: it is private to team {rec.owner!r}, and this client "
                                 f"(team {team!r}{'' if principal is None or principal.verified else ', no secret'}) "
-                                f"may not read it; present team {rec.owner!r}'s secret, or ask it to make the model "
-                                "public")
+                                f"may not read it; present the secret of team {rec.owner!r}, or ask that team to "
+                                "make the model public")
 
     def check_register(self, principal: Principal, name: str, team: str | None) -> str:
         """The owner a registration by ``principal`` records (``team``, default the principal's own).

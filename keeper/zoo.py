@@ -343,7 +343,7 @@ class Zoo:
         cap = self.access.budget(owner, self.config.capacity_bytes, {r.owner for r in self.store.records()})
         if cap is not None and size > cap:
             if self.access.has_teams:
-                raise AdmissionError(f"model {name!r}: {size} bytes exceeds team {owner!r}'s budget of {cap} bytes "
+                raise AdmissionError(f"model {name!r}: {size} bytes exceeds the budget of team {owner!r}, {cap} bytes "
                                      "(its capacity_bytes, or its share of the zoo's); ask the operator to raise it, "
                                      "or remove models of the team")
             raise AdmissionError(f"model {name!r}: {size} bytes exceeds the zoo capacity of {cap} bytes; "

@@ -96,7 +96,8 @@ def test_a_client_comes_from_its_environment_or_config(tmp_path):
     from keeper.actors.config import load_config
 
     cfg = load_config(team="audio", secret_file=str(secret_file), user="bo")
-    assert Client.from_config(cfg).to_wire()["secret"] == "vision-secret-0001" and Client.from_config(cfg).team == "audio"
+    assert Client.from_config(cfg).to_wire()["secret"] == "vision-secret-0001"
+    assert Client.from_config(cfg).team == "audio"
     with pytest.raises(ConfigError, match="team"):
         load_config(team="no spaces")
 
@@ -231,8 +232,9 @@ def test_a_teams_admission_evicts_only_its_own_models_and_other_teams_hits_count
     access = Access(ModelStore(root))
     assert access.budget("vision", 900, {"vision", "audio"}) == 450
     assert access.budget("vision", 900, {"vision", "audio", "default"}) == 300
-    assert access.budget("audio", 900, {"vision", "audio"}) == 450 and access.budget("audio", None, ()) == 2 * size + 2000
-    with pytest.raises(AdmissionError, match="exceeds team 'audio''s budget"):
+    assert access.budget("audio", 900, {"vision", "audio"}) == 450
+    assert access.budget("audio", None, ()) == 2 * size + 2000
+    with pytest.raises(AdmissionError, match="exceeds the budget of team 'audio'"):
         audio.register(mlp([512, 10], seed=4), 0.8, "too-big")
 
 
@@ -467,3 +469,17 @@ def test_the_shell_runs_the_same_rules(tmp_path, capsys, monkeypatch):
     assert [e["action"] for e in json.loads(out)] == ["register", "remove", "restore"]
     code, out, _ = keeper("zoo", "ls")
     assert out.splitlines()[1].split()[-2:] == ["owner", "private"]
+
+
+def test_the_tune_callback_and_warm_start_name_the_team_from_their_config(tmp_path, monkeypatch):
+    from keeper.tune_integration import advice
+    from keeper.tune_integration.callback import KeeperCallback
+
+    secret = tmp_path / "vision.secret"
+    secret.write_text(SECRETS["vision"])
+    monkeypatch.setenv("KEEPER_TEAM", "audio")
+    callback = KeeperCallback(metric="accuracy", team="vision", secret_file=str(secret), zoo=str(tmp_path / "z"))
+    assert (callback.client.team, callback.client.secret) == ("vision", SECRETS["vision"])
+    assert KeeperCallback(metric="accuracy", zoo=str(tmp_path / "z")).client.team == "audio", "else $KEEPER_TEAM"
+    text = advice.refused("t1", SecretMissingError("registering model 't1' needs the secret of team 'vision'"))
+    assert "KeeperCallback(..., team=..., secret_file=...)" in text

@@ -20,8 +20,8 @@ from typing import Any, Mapping
 
 from keeper.errors import AdmissionError, StoreError
 
-__all__ = ["DEFAULT_TEAM", "FORMAT_VERSION", "MUTABLE_FIELDS", "NAME_RE", "ModelRecord", "admitted", "check_name", "finite",
-           "json_dict"]
+__all__ = ["DEFAULT_TEAM", "FORMAT_VERSION", "MUTABLE_FIELDS", "NAME_RE", "ModelRecord", "admitted", "check_name",
+           "finite", "json_dict"]
 
 FORMAT_VERSION = 1
 MUTABLE_FIELDS = ("accuracy", "hits", "summary", "private")
