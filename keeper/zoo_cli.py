@@ -246,7 +246,17 @@ def _number(kind: type, low: float, what: str):
 def add_commands(sub: Any, seconds: Any) -> None:
     """Add ``zoo`` and ``team`` to the ``keeper`` command's subparsers (``seconds``: the argparse type of a
     number of seconds)."""
-    z = sub.add_parser("zoo", help="list, inspect, remove, restore or update zoo models; the log; clean up")
+    z = sub.add_parser("zoo", help="list, inspect, remove, restore or update zoo models; the log; clean up",
+                       description="The zoo's catalog, holding area and log. In a zoo with teams, writes need your "
+                                   "team (--team, $KEEPER_TEAM) and its secret (--secret-file, $KEEPER_SECRET_FILE, "
+                                   "$KEEPER_SECRET); only a model's team or an operator changes it.",
+                       epilog="examples:\n"
+                              "  keeper zoo ls ; keeper zoo info resnet-a\n"
+                              "  keeper zoo rm resnet-a                     # held until its retention ends\n"
+                              "  keeper zoo held ; keeper zoo restore resnet-a [--as resnet-a2]\n"
+                              "  keeper zoo update resnet-a --accuracy 0.93 --private\n"
+                              "  keeper zoo log --model resnet-a ; keeper zoo log --last 20 --json\n"
+                              "  keeper zoo gc                              # expired holds, crash leftovers")
     zs = z.add_subparsers(dest="zoo_cmd", required=True, metavar="ACTION")
     zs.add_parser = functools.partial(zs.add_parser, formatter_class=z.formatter_class)
     ls = zs.add_parser("ls", help="list models (other teams' private ones left out)")
@@ -298,7 +308,14 @@ def add_commands(sub: Any, seconds: Any) -> None:
     t = sub.add_parser("team", help="the teams of a shared zoo: add, remove, list; the zoo's policy (operators)",
                        description="The operator's team table: each team's secret (stored as a salted hash), its "
                                    "byte budget and share. `init` turns a zoo without teams into one with teams; "
-                                   "every later change needs the operator (--team operator with its secret).")
+                                   "every later change needs the operator (--team operator with its secret).",
+                       epilog="examples:\n"
+                              "  keeper team init --operator-secret-file op.secret\n"
+                              "  export KEEPER_TEAM=operator KEEPER_SECRET_FILE=op.secret\n"
+                              "  keeper team add vision                     # prints the team's new secret once\n"
+                              "  keeper team add audio --team-secret-file audio.secret --capacity-bytes 20000000000\n"
+                              "  keeper team policy --retention-s 1209600 --rate-burst 200\n"
+                              "  keeper team ls")
     ts = t.add_subparsers(dest="team_cmd", required=True, metavar="ACTION")
     ts.add_parser = functools.partial(ts.add_parser, formatter_class=t.formatter_class)
     init = ts.add_parser("init", help="give the zoo a team table and an operator secret")
