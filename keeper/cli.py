@@ -17,10 +17,11 @@ from typing import Any, Sequence
 
 from keeper.actors.cli import add_commands as service_commands
 from keeper.errors import KeeperError
+from keeper.zoo_cli import ZOO_HELP as _ZOO_HELP
+from keeper.zoo_cli import add_commands as zoo_commands
+from keeper.zoo_cli import client_of, client_options, zoo_uri
 
 __all__ = ["main"]
-
-_ZOO_HELP = "zoo location: a directory or any pyarrow.fs URI such as s3://bucket/zoo (default: $KEEPER_ZOO or ~/.keeper/zoo)"
 
 _EPILOG = """examples:
   keeper register trained.onnx --accuracy 0.91 --name resnet-a
@@ -28,7 +29,9 @@ _EPILOG = """examples:
   keeper register runs/ --accuracy-file accuracies.json      # a directory: every *.onnx in it
   keeper warm new.onnx -o new-warm.onnx --noise 0            # function-preserving where the architecture allows
   keeper warm graph.onnx -o warm.safetensors                 # any size: the warmed weights as safetensors
-  keeper zoo ls ; keeper zoo info resnet-a ; keeper zoo rm resnet-a
+  keeper zoo ls ; keeper zoo info resnet-a ; keeper zoo rm resnet-a ; keeper zoo restore resnet-a
+  keeper zoo log --last 20 ; keeper zoo held                 # who wrote what; what a restore can bring back
+  keeper team init ; keeper team add vision --team operator  # a shared zoo: teams, secrets, budgets (operators)
   keeper serve --config configs/default.yaml ; keeper scale 4 ; keeper stats
   keeper demo                                                # small NAS on MNIST-1D, cold vs warm (bench extra)
   keeper doctor                                              # which kernels, versions and caches; why keeper is slow
@@ -43,24 +46,11 @@ accuracies.json maps a file name or stem to its accuracy: {"resnet-a.onnx": 0.91
 """
 
 
-def _zoo_uri(args) -> str | None:
-    """The zoo the command names: --zoo, else $KEEPER_ZOO, else None (the default, ~/.keeper/zoo)."""
-    if args.zoo is not None:
-        if not args.zoo.strip():
-            raise KeeperError("--zoo is empty; give a directory or a URI such as s3://bucket/zoo")
-        return args.zoo
-    env = os.environ.get("KEEPER_ZOO")
-    if env is not None and not env.strip():
-        raise KeeperError("KEEPER_ZOO is set but empty; set it to a directory or a URI such as s3://bucket/zoo, "
-                          "or unset it to use ~/.keeper/zoo")
-    return env
-
-
 def _zoo(args, mode: str):
     """The zoo, opened to ``mode``: "write" creates it when missing; "read" refuses a missing one."""
     from keeper.zoo import Zoo
 
-    return Zoo(_zoo_uri(args), mode=mode)
+    return Zoo(zoo_uri(args), mode=mode, client=client_of(args))
 
 
 def _accuracy_file(path: str) -> dict:
@@ -96,7 +86,8 @@ def _cmd_register(args) -> int:
                 sibling = f.with_suffix(".safetensors")  # a graph's weights kept apart, next to it
                 before = {r.name: r for r in zoo}
                 rec = zoo.register(f, acc, name=f.stem, weights=sibling if sibling.is_file() else None,
-                                   alias=args.alias, update_accuracy=args.update_accuracy)
+                                   alias=args.alias, update_accuracy=args.update_accuracy, team=args.owner,
+                                   private=args.private)
                 if not args.quiet:
                     tqdm.write(_outcome(rec, before))
             except KeeperError as exc:
@@ -114,7 +105,7 @@ def _cmd_register(args) -> int:
     zoo = _zoo(args, "write")
     before = {r.name: r for r in zoo}
     rec = zoo.register(path, args.accuracy, name=args.name, weights=weights, alias=args.alias,
-                       update_accuracy=args.update_accuracy)
+                       update_accuracy=args.update_accuracy, team=args.owner, private=args.private)
     print(_outcome(rec, before, zoo.uri))
     return 0
 
@@ -198,39 +189,6 @@ def _cmd_warm(args) -> int:
     return 0
 
 
-def _cmd_zoo(args) -> int:
-    from keeper.errors import ModelNotFoundError
-    from keeper.store import ModelStore
-
-    # the catalog alone: listing or cleaning a zoo reads no model graph
-    zoo = ModelStore(_zoo_uri(args), mode="write" if args.zoo_cmd in ("rm", "gc") else "read")
-    try:
-        return _zoo_action(args, zoo)
-    except ModelNotFoundError:
-        raise KeeperError(f"no model {args.name!r} in the zoo at {zoo.uri}; `keeper zoo ls` lists them") from None
-
-
-def _zoo_action(args, zoo) -> int:
-    if args.zoo_cmd == "ls":
-        recs = list(zoo)
-        if args.json:
-            print(json.dumps([r.to_json() for r in recs], indent=1))
-            return 0
-        print(f"{len(recs)} models in {zoo.uri}")
-        print(f"{'name':32s} {'accuracy':>8s} {'params':>12s} {'bytes':>12s} {'hits':>6s}")
-        for r in recs:
-            print(f"{r.name:32s} {r.accuracy:8.4f} {r.num_params:12d} {r.nbytes:12d} {r.hits:6.1f}")
-    elif args.zoo_cmd == "info":
-        print(json.dumps(zoo.record(args.name).to_json(), indent=1, sort_keys=True))
-    elif args.zoo_cmd == "rm":
-        zoo.remove(args.name)
-        print(f"removed {args.name}")
-    elif args.zoo_cmd == "gc":
-        count = zoo.gc(min_age_s=args.min_age)
-        print(f"removed {count} leftover file(s) from {zoo.uri}")
-    return 0
-
-
 def _non_negative(unit: str = "", note: str = ""):
     """An argparse type: a finite number >= 0 (``unit`` names it in messages, ``note`` says what 0 means)."""
     def parse(text: str) -> float:
@@ -280,7 +238,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _register_command(sub)
     _warm_command(sub)
-    _zoo_command(sub)
+    zoo_commands(sub, _seconds)
     _doctor_command(sub)
     service_commands(sub)
     _plugin_commands(sub)
@@ -303,6 +261,11 @@ def _register_command(sub: Any) -> None:
     r.add_argument("--update-accuracy", action="store_true",
                    help="record a new accuracy for content already stored under its name (without it that is "
                         "refused)")
+    r.add_argument("--private", action="store_true",
+                   help="only your team (and operators) may see the model and warm from it")
+    r.add_argument("--owner", metavar="TEAM",
+                   help="the team the model belongs to (default: yours; only an operator registers for another)")
+    client_options(r)
     r.add_argument("--zoo", help=_ZOO_HELP)
     r.add_argument("-q", "--quiet", action="store_true", help="directory mode: no progress bar or per-model lines")
     r.set_defaults(fn=_cmd_register)
@@ -323,29 +286,9 @@ def _warm_command(sub: Any) -> None:
                    help="relative std of symmetry-breaking noise (0 keeps the parent's function exactly; default: "
                         f"{DEFAULT_NOISE}, the zoo's setting)")
     w.add_argument("-v", "--verbose", action="store_true", help="print the provenance of every tensor")
+    client_options(w)
     w.add_argument("--zoo", help=_ZOO_HELP)
     w.set_defaults(fn=_cmd_warm)
-
-
-def _zoo_command(sub: Any) -> None:
-    z = sub.add_parser("zoo", help="list, inspect or remove zoo models; remove crash leftovers")
-    zs = z.add_subparsers(dest="zoo_cmd", required=True, metavar="ACTION")
-    zs.add_parser = functools.partial(zs.add_parser, formatter_class=HelpFormatter)
-    ls = zs.add_parser("ls", help="list models")
-    ls.add_argument("--json", action="store_true", help="print the catalog records as a JSON list")
-    info = zs.add_parser("info", help="show one model's catalog record")
-    info.add_argument("name", help="the model's name in the zoo (as `keeper zoo ls` lists it)")
-    rm = zs.add_parser("rm", help="remove a model")
-    rm.add_argument("name", help="the model's name in the zoo (as `keeper zoo ls` lists it)")
-    gc = zs.add_parser("gc", help="remove what killed writers left: temp files and blobs no model references",
-                       description="Remove the temp files of writers that are gone (never a running writer's) and "
-                                   "the blobs no model references, once older than --min-age.")
-    gc.add_argument("--min-age", type=_seconds, default=3600.0, metavar="SECONDS",
-                    help="spare unreferenced blobs younger than this: a registration in another process may still "
-                         "be writing them")
-    for q in (ls, info, rm, gc):
-        q.add_argument("--zoo", help=_ZOO_HELP)
-    z.set_defaults(fn=_cmd_zoo)
 
 
 def _cmd_doctor(args) -> int:

@@ -16,6 +16,17 @@ __all__ = [
     "CorruptModelError",
     "ZooNotFoundError",
     "ModelNotFoundError",
+    "HeldModelNotFoundError",
+    "RestoreConflictError",
+    "AccessError",
+    "UnknownTeamError",
+    "SecretMissingError",
+    "SecretRejectedError",
+    "ReadOnlyClientError",
+    "NotOwnerError",
+    "TeamMismatchError",
+    "RateLimitedError",
+    "ImplausibleAccuracyError",
     "TransformError",
     "ServiceError",
     "ConfigError",
@@ -65,6 +76,60 @@ class ModelNotFoundError(KeeperError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep messages readable
         return str(self.args[0]) if self.args else "model not found"
+
+
+class HeldModelNotFoundError(ModelNotFoundError):
+    """No model of that name (or hold id) is in the zoo's holding area: it was never removed or evicted, its
+    retention ended and ``gc`` deleted it, or it was restored already."""
+
+
+class RestoreConflictError(KeeperError, ValueError):
+    """A held model cannot be restored under its name: the name is live again (another model was registered
+    under it, or the same one restored). Nothing changed; the message names the live model's owner and the fix
+    (remove the live one first, or restore under another name)."""
+
+
+class ImplausibleAccuracyError(AdmissionError):
+    """A registration's accuracy is above every model of its architecture by more than the outlier rule allows
+    (a shared zoo's guard against a model claiming to be everyone's best parent); nothing was stored."""
+
+
+class AccessError(KeeperError, PermissionError):
+    """A request was refused by the zoo's team rules (:mod:`keeper.teams`); nothing changed in the zoo. Every
+    message names the model (where there is one), its owning team, what was missing and the fix; never a
+    secret."""
+
+
+class UnknownTeamError(AccessError):
+    """The client names a team the zoo's team table does not hold."""
+
+
+class SecretMissingError(AccessError):
+    """A write (or a read of private models) came without its team's secret (``KEEPER_SECRET``,
+    ``KEEPER_SECRET_FILE``, ``secret_file`` in the config)."""
+
+
+class SecretRejectedError(AccessError):
+    """The secret a client presented does not match its team's (a forged, stale or mistyped secret)."""
+
+
+class ReadOnlyClientError(AccessError):
+    """A read-only client asked for a write, or presented a secret (a read-only client holds none, so a secret
+    in its environment is a leak to fix, not a credential to use)."""
+
+
+class NotOwnerError(AccessError):
+    """Only a model's owning team, or an operator, may update its accuracy, aliases or privacy, remove or restore
+    it; the client is of another team."""
+
+
+class TeamMismatchError(AccessError):
+    """A registration names a team other than the client's own (only an operator registers for another team)."""
+
+
+class RateLimitedError(AccessError):
+    """A team sent more registrations than the zoo's rate allows (``rate`` in the team table); retry after the
+    number of seconds the message names. Nothing was stored."""
 
 
 class TransformError(KeeperError):

@@ -5,8 +5,15 @@ Invariants:
     * registering identical content again under its name and accuracy returns the stored record and stores
       nothing; under another name or accuracy it is refused, or aliased / updated when the caller asks so, or,
       with ``record_again`` (a Tune trial that trained the same weights again), recorded on the stored model;
-    * after every successful registration the zoo's blobs fit the byte budget; eviction removes the models of
-      least value per byte (value = accuracy plus decayed parent hits), losers of near-duplicate pairs first;
+    * after every successful registration the registering team's models fit its byte budget (in a zoo without
+      teams: the zoo's blobs fit ``capacity_bytes``); eviction holds the team's models of least value per byte
+      (value = accuracy plus decayed parent hits, by every team), losers of near-duplicate pairs first, and never
+      touches another team's model;
+    * every write is checked by the zoo's team rules (:class:`keeper.teams.Access`) before anything is read or
+      stored, and recorded in the store's audit log after it happened; a refused write changes nothing;
+    * ``remove`` and eviction move a model to the holding area (:mod:`keeper.store.holding`), from where
+      ``restore`` brings back the same record until ``gc`` deletes it once ``retention_s`` has passed; a held
+      model is in no listing and never a parent;
     * reopening the same URI restores every model (graphs come back from their stored arrays, not re-parsed;
       a graph stored by an older version is extracted again from its model once and stored back);
     * a model registered with its weights apart is stored as its graph (the model blob, ONNX without the
@@ -19,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,13 +39,18 @@ from keeper.choice.inheritance import Inheritances, Training
 from keeper.choice.preservation import Roles, layer_roles
 from keeper.choice.probe import ResultScore
 from keeper.choice.selection import Candidate, ParentChoice, SelectionPolicy, make_choice, rank_parents
-from keeper.errors import AdmissionError, InvalidWeightsError, ModelNotFoundError, StoreError
+from keeper.errors import (AdmissionError, ImplausibleAccuracyError, InvalidWeightsError, ModelNotFoundError,
+                           StoreError)
 from keeper.graph import LayerGraph, as_graph, graph_from_proto, load_graph
 from keeper.matching import MatchArrays, PackedParents, match_arrays, score_many, signature, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
 from keeper.onnx_weights import apart_specs
 from keeper.store import ModelRecord, ModelStore, check_name, sha256
+from keeper.store.audit import LogEntry
+from keeper.store.holding import Held
 from keeper.store.stored import GRAPH_EXTRA, WEIGHTS_EXTRA, graph_blob, graph_format, graph_from_blob
+from keeper.guard import Guard, check_accuracy
+from keeper.teams import Client, Principal
 from keeper.warm import DEFAULT_NOISE, WarmResult, inherit_stored, warm
 from keeper.weights import WeightsInput, staged_weights
 
@@ -61,18 +72,7 @@ class ZooConfig:
     selection: SelectionPolicy = field(default_factory=SelectionPolicy)
     noise: float = DEFAULT_NOISE
     seed: int = 0
-
-
-def check_accuracy(accuracy: float, name: str) -> float:
-    """Accuracy must be a finite number in [0, 1]."""
-    try:
-        a = float(accuracy)
-    except (TypeError, ValueError):
-        raise AdmissionError(f"model {name!r}: accuracy {accuracy!r} is not a number; pass a float in [0, 1]") from None
-    if not math.isfinite(a) or not 0.0 <= a <= 1.0:
-        raise AdmissionError(f"model {name!r}: accuracy {accuracy!r} is outside [0, 1]; pass a fraction "
-                             "(e.g. 0.93, not 93 or NaN)")
-    return a
+    retention_s: float = 7 * 24 * 3600.0   # a removed or evicted model is held this long (a team table may say)
 
 
 class Zoo:
@@ -82,22 +82,33 @@ class Zoo:
     (:class:`~keeper.errors.ZooNotFoundError`) and writes nothing but best-effort usage counts, so a zoo on a
     read-only volume or bucket lists and warms.
 
+    ``client``: who this zoo's calls come from (:class:`keeper.teams.Client`: team, user, secret, read-only;
+    default :meth:`Client.from_env <keeper.teams.Client.from_env>`, i.e. ``$KEEPER_TEAM``, ``$KEEPER_SECRET``...);
+    each write method also takes a ``client`` of its own (the service's manager passes its caller's). In a zoo
+    without teams every client may do everything, as before teams.
+
     Example:
         >>> zoo = keeper.Zoo("/tmp/zoo")                          # doctest: +SKIP
         >>> zoo.register(trained_onnx, accuracy=0.91, name="r18")  # doctest: +SKIP
         >>> result = zoo.warm(new_onnx)                            # doctest: +SKIP
         >>> result.parent, result.score                           # doctest: +SKIP
+        >>> zoo.remove("r18"); zoo.restore("r18").name             # doctest: +SKIP
+        'r18'
     """
 
     def __init__(self, uri: str | ModelStore | None = None, config: ZooConfig | None = None, *,
-                 mode: str = "write"):
+                 mode: str = "write", client: Client | None = None):
         self.store = uri if isinstance(uri, ModelStore) else ModelStore(uri, mode=mode)
         self.config = config or ZooConfig()
+        self.guard = Guard(self.store, client)   # the team rules over every write (keeper.guard, keeper.teams)
+        self.client = self.guard.client
+        self.access = self.guard.access
         self._hits_failed = False  # usage counts are best-effort: one warning, then quiet
         self._graphs: dict[str, LayerGraph] = {}
         self._arrays: dict[str, MatchArrays] = {}
         self._sigs: dict[str, np.ndarray] = {}
         self._roles: dict[str, Roles] = {}
+        self._digests: dict[str, bytes] = {}  # architecture per model, for the implausible-accuracy rule
         self._assessed = AssessedPairs()  # alignments assessed, per child architecture and stored model
         self._inheritances = Inheritances()  # the search rule: which converged parents each search took
         self.reload()
@@ -138,7 +149,7 @@ class Zoo:
         self._cache(rec.name, graph)
 
     def _forget(self, name: str) -> None:
-        for d in (self._graphs, self._arrays, self._sigs, self._roles):
+        for d in (self._graphs, self._arrays, self._sigs, self._roles, self._digests):
             d.pop(name, None)
 
     def _write_back(self, name: str, graph: LayerGraph) -> None:
@@ -155,6 +166,7 @@ class Zoo:
         self._arrays[name] = match_arrays(graph)
         self._sigs[name] = signature(self._arrays[name])
         self._roles.pop(name, None)
+        self._digests.pop(name, None)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -180,10 +192,23 @@ class Zoo:
     def names(self) -> list[str]:
         return sorted(self._graphs)
 
+    # -- who
+    def _principal(self, client: Client | None, doing: str, model: str | None = None, owner: str | None = None, *,
+                   write: bool = True) -> Principal:
+        return self.guard.principal(client, doing, model, owner, write=write)
+
+    def readable(self, client: Client | None = None) -> list[str]:
+        """The models ``client`` (default: this zoo's) may see and warm from: all but other teams' private ones."""
+        return self.guard.readable(self.names(), client)
+
+    def _log(self, action: str, rec: ModelRecord, principal: Principal, **details: Any) -> None:
+        self.guard.log(action, rec, principal, **details)
+
     # -- register / remove
     def register(self, model: ModelInput, accuracy: float, name: str | None = None, *,
                  weights: WeightsInput | None = None, lineage: Mapping[str, Any] | None = None,
-                 alias: bool = False, update_accuracy: bool = False, record_again: bool = False) -> ModelRecord:
+                 alias: bool = False, update_accuracy: bool = False, record_again: bool = False,
+                 team: str | None = None, private: bool = False, client: Client | None = None) -> ModelRecord:
         """Admit a trained model with its accuracy in [0, 1]: ONNX with weights inside, or its graph (ONNX whose
         initializers hold no data, e.g. from :func:`keeper.torch_support.export_graph`) with ``weights`` apart as
         safetensors keyed by initializer name (bytes, a path, or a mapping of arrays), for models of any size.
@@ -203,10 +228,17 @@ class Zoo:
         on its record (the better accuracy kept, ``summary["trained"]`` counts, ``summary["again"]`` lists the
         last 16 names, accuracies, parents), which is returned; a retry of one of them changes nothing.
 
+        ``team``: the owning team to record (default: the client's; only an operator names another team);
+        ``private``: only that team (and operators) may see and warm from it; ``client``: who registers (default:
+        this zoo's). In a zoo with teams, updating, aliasing or recording on a stored model is its team's right.
+
         Raises:
-            AdmissionError: bad name or accuracy, an accuracy outlier, a name taken by other content, content
-                already stored under other terms (see above), or a model larger than the whole capacity. Nothing
-                is stored then.
+            AdmissionError: bad name or accuracy, an accuracy outlier (below the zoo, or implausibly above every
+                model of its architecture: :class:`~keeper.errors.ImplausibleAccuracyError`), a name taken by other
+                content, content already stored under other terms (see above), or a model larger than the team's
+                (or the zoo's) whole budget. Nothing is stored then.
+            AccessError: refused by the team rules (:mod:`keeper.teams`: a read-only client, a missing or wrong
+                secret, another team named, another team's model, the team's rate spent). Nothing is stored.
             InvalidModelError: the model is not a safe, readable ONNX model.
             InvalidWeightsError: ``weights`` is unreadable, or lacks or mis-shapes a tensor the graph leaves
                 without data (the message names it). Nothing is stored then.
@@ -215,6 +247,10 @@ class Zoo:
             >>> zoo.register("graph.onnx", 0.91, "gpt-a", weights="model.safetensors")  # doctest: +SKIP
         """
         what = f"model {name!r}" if name else "model"
+        # the rules first: a refused client costs no parse of its model
+        principal = self._principal(client, "registering", name if isinstance(name, str) else None)
+        owner = self.access.check_register(principal, name if isinstance(name, str) else "(unnamed)", team)
+        self.access.check_rate(principal, name if isinstance(name, str) else None)
         proto = load_model(model, what=what, weights_apart=weights is not None)
         specs = apart_specs(proto)
         if weights is None and specs:
@@ -228,7 +264,8 @@ class Zoo:
         with self.store.staging(WEIGHTS_EXTRA) as staged:
             wpath, wsum = staged_weights(weights, specs, f"{what} weights", staged) if specs else (None, None)
             return self._register(proto, wpath, accuracy, name, origin, alias=alias,
-                                  update_accuracy=update_accuracy, record_again=record_again, wsum=wsum)
+                                  update_accuracy=update_accuracy, record_again=record_again, wsum=wsum,
+                                  principal=principal, owner=owner, private=private)
 
     def _lineage(self, lineage: Mapping[str, Any] | None, what: str) -> dict[str, Any] | None:
         """The stored lineage: the given one plus ``clean`` (no warm across block structures on the way here)."""
@@ -264,8 +301,14 @@ class Zoo:
     def _register(self, proto, wpath: os.PathLike | None, accuracy: float, name: str | None,
                   lineage: dict[str, Any] | None = None, *, alias: bool = False,
                   update_accuracy: bool = False, record_again: bool = False,
-                  wsum: str | None = None) -> ModelRecord:
-        """``wsum``: the sha256 of ``wpath`` when the caller hashed it as it wrote it."""
+                  wsum: str | None = None, principal: Principal | None = None, owner: str | None = None,
+                  private: bool = False) -> ModelRecord:
+        """``wsum``: the sha256 of ``wpath`` when the caller hashed it as it wrote it; ``principal`` and ``owner``:
+        who registers and for which team, as :meth:`register` checked them."""
+        if principal is None:
+            principal = self._principal(None, "registering", name)
+            owner = self.access.check_register(principal, name or "(unnamed)", owner)
+        owner = principal.team if owner is None else owner
         blob = proto.SerializeToString()
         graph = graph_from_proto(proto)
         if wsum is None and wpath is not None:
@@ -283,18 +326,26 @@ class Zoo:
         if same:
             stored = next((r for r in same if r.name == name), None if named else same[0])
             if record_again:
-                return self._record_again(stored or same[0], name, acc, lineage)
+                return self._record_again(stored or same[0], name, acc, lineage, principal)
             if stored is not None:
-                return self._again(stored, acc, update_accuracy)
+                return self._again(stored, acc, update_accuracy, principal)
             if not alias and name not in self.store:  # a name taken by other content: the store refuses it
                 raise AdmissionError(
                     f"model {name!r}: this content is already stored as {same[0].name!r} (accuracy "
                     f"{same[0].accuracy:.4f}) in the zoo at {self.uri}; use that name, or register with --alias "
                     f"(Python: alias=True) to list it under {name!r} too")
+            if alias and name not in self.store:  # a second listing of the stored model: its team's to make
+                self.access.check_change(principal, same[0], "alias")
+                owner, private = same[0].owner, same[0].private
         self._check_outlier(acc, name)
-        cap = self.config.capacity_bytes
+        self._check_implausible(acc, name, graph)
         size = len(blob) + (0 if wpath is None else os.path.getsize(wpath))
+        cap = self.access.budget(owner, self.config.capacity_bytes, {r.owner for r in self.store.records()})
         if cap is not None and size > cap:
+            if self.access.has_teams:
+                raise AdmissionError(f"model {name!r}: {size} bytes exceeds the budget of team {owner!r}, {cap} bytes "
+                                     "(its capacity_bytes, or its share of the zoo's); ask the operator to raise it, "
+                                     "or remove models of the team")
             raise AdmissionError(f"model {name!r}: {size} bytes exceeds the zoo capacity of {cap} bytes; "
                                  "raise capacity_bytes")
         extras: dict = {GRAPH_EXTRA: graph_blob(graph)}
@@ -304,34 +355,49 @@ class Zoo:
                                       summary=dict(graph.summary(), **({"lineage": lineage} if lineage else {})),
                                       extras=extras,
                                       content_extras=(WEIGHTS_EXTRA,) if wpath is not None else (),
-                                      known_checksums={WEIGHTS_EXTRA: wsum} if wsum is not None else None)
+                                      known_checksums={WEIGHTS_EXTRA: wsum} if wsum is not None else None,
+                                      owner=owner, user=self.access.recorded_user(principal), private=private)
         if created:
             self._cache(name, graph)
-            self._evict(protect=name)
+            self._log("alias" if same else "register", rec, principal, accuracy=rec.accuracy,
+                      checksum=rec.checksum, weights=rec.extra_checksums.get(WEIGHTS_EXTRA), private=rec.private,
+                      **({"of": same[0].name} if same else {}))
+            self._evict(protect=name, principal=principal)
         return rec
 
     def _record_again(self, stored: ModelRecord, name: str, acc: float,
-                      lineage: dict[str, Any] | None) -> ModelRecord:
+                      lineage: dict[str, Any] | None, principal: Principal) -> ModelRecord:
         """``stored`` registered again as ``name`` with ``acc`` (see ``record_again`` in :meth:`register`)."""
         summary = dict(stored.summary)
         again = [dict(e) for e in summary.get("again", ()) if isinstance(e, dict)]
         if name == stored.name or any(e.get("name") == name for e in again):  # a retry of a recorded registration
-            return stored if acc <= stored.accuracy else self.store.update(stored.name, accuracy=acc)
+            if acc <= stored.accuracy:
+                return stored
+            self.access.check_change(principal, stored, "record-again")
+            rec = self.store.update(stored.name, accuracy=acc)
+            self._log("record-again", rec, principal, accuracy=acc, before=stored.accuracy, trial=name)
+            return rec
+        self.access.check_change(principal, stored, "record-again")
         again.append({"name": name, "accuracy": acc, "parent": (lineage or {}).get("parent")})
         summary["again"] = again[-16:]  # the latest registrations, a record stays small
         summary["trained"] = int(summary.get("trained", 1)) + 1
-        return self.store.update(stored.name, accuracy=max(stored.accuracy, acc), summary=summary)
+        rec = self.store.update(stored.name, accuracy=max(stored.accuracy, acc), summary=summary)
+        self._log("record-again", rec, principal, accuracy=rec.accuracy, before=stored.accuracy, trial=name)
+        return rec
 
-    def _again(self, stored: ModelRecord, acc: float, update_accuracy: bool) -> ModelRecord:
+    def _again(self, stored: ModelRecord, acc: float, update_accuracy: bool, principal: Principal) -> ModelRecord:
         """Stored content registered again under its own name: the stored record when the accuracy agrees, the
-        record with the new accuracy when ``update_accuracy``, refused otherwise."""
+        record with the new accuracy when ``update_accuracy`` (its team's right), refused otherwise."""
         if acc == stored.accuracy:
             return stored
         if not update_accuracy:
             raise AdmissionError(f"model {stored.name!r}: this content is already stored with accuracy "
                                  f"{stored.accuracy:.4f}, not {acc:.4f}; register with --update-accuracy "
                                  "(Python: update_accuracy=True) to record the new accuracy")
-        return self.store.update(stored.name, accuracy=acc)
+        self.access.check_change(principal, stored, "update")
+        rec = self.store.update(stored.name, accuracy=acc)
+        self._log("update", rec, principal, accuracy=acc, before=stored.accuracy)
+        return rec
 
     def _check_outlier(self, acc: float, name: str) -> None:
         z = self.config.outlier_z
@@ -346,12 +412,87 @@ class Zoo:
                                  f"{mean:.4f} (std {std:.4f}) and at least {self.config.outlier_min_gap} below it; it "
                                  "would not be a useful parent. Set outlier_z=None to admit it anyway")
 
-    def remove(self, name: str) -> None:
-        """Delete a model and its blobs."""
+    def _check_implausible(self, acc: float, name: str, graph: LayerGraph) -> None:
+        """In a zoo with teams, refuse an accuracy above every model of its architecture by more than the team
+        table's ``outlier_above_gap``, once the architecture has ``outlier_min_models`` models: a model that
+        claims to beat all of them by that much would become everyone's parent on a claim alone."""
+        gap = self.access.outlier_above_gap()
+        if gap is None:
+            return
+        digest = architecture_digest(match_arrays(graph))
+        peers = [r.accuracy for r in self.store.records() if r.name != name and self._digest_of(r.name) == digest]
+        if len(peers) < self.config.outlier_min_models or acc <= max(peers) + gap:
+            return
+        raise ImplausibleAccuracyError(
+            f"model {name!r}: accuracy {acc:.4f} is above every one of the {len(peers)} models of its architecture "
+            f"in the zoo (best {max(peers):.4f}) by more than the outlier rule allows ({gap:g}, the team table's "
+            "outlier_above_gap); check the metric, or have an operator raise outlier_above_gap (`keeper team "
+            "policy --outlier-above-gap ...`). Nothing was stored")
+
+    def _digest_of(self, name: str) -> bytes | None:
+        if name not in self._digests and name in self._arrays:
+            self._digests[name] = architecture_digest(self._arrays[name])
+        return self._digests.get(name)
+
+    def remove(self, name: str, *, client: Client | None = None) -> Held:
+        """Move a model to the holding area (its team's or an operator's right in a zoo with teams), from where
+        :meth:`restore` brings it back until :meth:`gc` deletes it once ``retention_s`` has passed. Returns the
+        hold.
+
+        Raises:
+            ModelNotFoundError: no such model. AccessError: refused by the team rules; nothing changed.
+        """
         if name not in self.store:
             raise ModelNotFoundError(f"model {name!r} is not in the zoo at {self.uri}; `keeper zoo ls` lists them")
-        self.store.remove(name)
+        _, held = self.guard.remove(name, client)
         self._forget(name)
+        return held
+
+    def restore(self, name: str, hold_id: str | None = None, *, as_name: str | None = None,
+                client: Client | None = None) -> ModelRecord:
+        """Bring a held model back with the record it had (weights hash, lineage, accuracy, hits); under
+        ``as_name`` when its name is live again. The team's budget is kept as a registration keeps it (the team's
+        other models may be evicted).
+
+        Raises:
+            HeldModelNotFoundError: no such hold. RestoreConflictError: the name is live again (nothing changed).
+            AccessError: the hold is another team's (nothing changed).
+
+        Example:
+            >>> zoo.remove("r18"); zoo.restore("r18").checksum == before.checksum    # doctest: +SKIP
+            True
+        """
+        rec, principal = self.guard.restore(name, hold_id, as_name, client)
+        self._load(rec)
+        self._evict(protect=rec.name, principal=principal)
+        return rec
+
+    def held(self, client: Client | None = None) -> list[Held]:
+        """The models in the holding area that ``client`` may see (not other teams' private ones), oldest first."""
+        return self.guard.held(client)
+
+    def update(self, name: str, *, accuracy: float | None = None, private: bool | None = None,
+               client: Client | None = None) -> ModelRecord:
+        """Change a model's accuracy or privacy (its team's or an operator's right in a zoo with teams).
+
+        Raises:
+            ModelNotFoundError: no such model. AdmissionError: an accuracy outside [0, 1]. AccessError: refused
+            by the team rules; nothing changed.
+        """
+        return self.guard.update(name, accuracy=accuracy, private=private, client=client)
+
+    def log(self, *, model: str | None = None, since: float | None = None, last: int | None = None) -> list[LogEntry]:
+        """The audit log, oldest first (:meth:`keeper.store.audit.AuditLog.entries`)."""
+        return self.guard.entries(model=model, since=since, last=last)
+
+    def gc(self, min_age_s: float = 3600.0, *, client: Client | None = None) -> tuple[int, list[Held]]:
+        """Delete the holds whose retention has ended (``retention_s``: the team table's, else this zoo's config)
+        and what killed writers left (:meth:`ModelStore.gc`). Returns ``(leftover files removed, holds deleted)``.
+
+        Raises:
+            AccessError: a read-only client, or in a zoo with teams a client without its team's secret.
+        """
+        return self.guard.gc(self.config.retention_s, min_age_s, client)
 
     def value(self, rec: ModelRecord, now: float | None = None) -> float:
         """Eviction value: accuracy plus parent hits decayed with the configured half-life."""
@@ -359,14 +500,22 @@ class Zoo:
         age = max(0.0, now - float(rec.summary.get("hit_time", rec.created)))
         return rec.accuracy + rec.hits * 0.5 ** (age / self.config.hit_half_life_s)
 
-    def _evict(self, protect: str) -> list[str]:
-        cap = self.config.capacity_bytes
+    def _evict(self, protect: str, principal: Principal | None = None) -> list[str]:
+        """Hold the least valuable models of ``protect``'s team until the team fits its budget
+        (:meth:`keeper.teams.Access.budget`; in a zoo without teams every model, under ``capacity_bytes``)."""
+        recs = {r.name: r for r in self.store.records()}
+        if protect not in recs:
+            return []
+        team = recs[protect].owner
+        cap = self.access.budget(team, self.config.capacity_bytes, {r.owner for r in recs.values()})
         if cap is None:
             return []
-        recs = {r.name: r for r in self.store.records()}
+        if self.access.has_teams:  # a team's admission evicts only that team's models
+            recs = {n: r for n, r in recs.items() if r.owner == team}
         total = sum(r.nbytes for r in recs.values())
         if total <= cap:
             return []
+        principal = principal or self._principal(None, "evicting", protect, team, write=False)
         losers = self._near_duplicate_losers(protect, recs)
         now = time.time()
         order = sorted((n for n in recs if n != protect),
@@ -375,7 +524,8 @@ class Zoo:
         for n in order:
             if total <= cap:
                 break
-            self.remove(n)
+            self.guard.remove(n, reason="evicted", by=principal)
+            self._forget(n)
             total -= recs[n].nbytes
             evicted.append(n)
         return evicted
@@ -402,7 +552,7 @@ class Zoo:
         (``preserved``, ``structure``), and whether its lineage is ``clean`` (see :meth:`register`); assembled as
         the service assembles them (:mod:`keeper.choice.candidates`)."""
         g = as_graph(child)
-        pool = names if names is not None else self.names()
+        pool = names if names is not None else self.readable()
         if not pool:
             return []
         ca = match_arrays(g)
@@ -487,13 +637,20 @@ class Zoo:
                               restart_shrink=1.0 if choice is None else choice.restart_shrink,
                               assessment=None if choice is None else choice.assessment_of(parent))
 
-    def hit(self, name: str) -> None:
-        """Count one use of ``name`` as a parent (decayed value for eviction). Best-effort: a zoo this process may
-        not write to (a read-only volume or bucket) warns once and counts nothing; nothing else changes."""
+    def hit(self, name: str, client: Client | dict | None = None) -> None:
+        """Count one use of ``name`` as a parent (decayed value for eviction) by ``client`` (default: this zoo's;
+        any team's use counts, a read-only client's too: a hit is no change to the model). Best-effort: a zoo
+        this process may not write to (a read-only volume or bucket) warns once and counts nothing; nothing else
+        changes."""
         rec = self.store.record(name)
         now = time.time()
         summary = dict(rec.summary)
         summary["hit_time"] = now
+        if self.access.has_teams:  # whose hits: every team's count toward the value, this says which
+            team = (self.client if client is None else Client.from_wire(client)).team
+            by = dict(summary.get("hits_by") or {})
+            by[team] = int(by.get(team, 0)) + 1
+            summary["hits_by"] = by
         try:
             self.store.update(name, hits=self.value(rec, now) - rec.accuracy + 1.0, summary=summary)
         except StoreError as exc:

@@ -83,24 +83,24 @@ class GraphOnlyManager(ZooManager):
     # -- the base class's writes and reads, aware of graph-only entries
     def register(self, model: ModelInput, accuracy: float, name: str | None = None,
                  weights: bytes | None = None, lineage: dict[str, Any] | None = None,
-                 record_again: bool = False) -> dict[str, Any]:
+                 record_again: bool = False, *args: Any, **kwargs: Any) -> dict[str, Any]:
         with self._lock:
             if name is not None and name in self._graph_only:
                 raise AdmissionError(f"model {name!r}: the name is held by a graph-only entry; remove it first "
                                      "or pick another name")
-            return super().register(model, accuracy, name, weights, lineage, record_again)
+            return super().register(model, accuracy, name, weights, lineage, record_again, *args, **kwargs)
 
-    def remove(self, name: str) -> None:
-        """Delete a model or a graph-only entry."""
+    def remove(self, name: str, client: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Delete a graph-only entry, or hold a stored model (the base class's remove)."""
         with self._lock:
             if name in self._graph_only:
                 self._removed(name)
-                return
-        super().remove(name)
+                return None
+        return super().remove(name, client)
 
-    def hit(self, name: str) -> None:
+    def hit(self, name: str, client: dict[str, Any] | None = None) -> None:
         if name not in self._graph_only:  # nothing stored to count the hit on
-            super().hit(name)
+            super().hit(name, client)
 
     def reload(self) -> int:
         """Re-read the whole zoo from the store; graph-only entries are dropped."""

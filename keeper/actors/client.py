@@ -24,6 +24,7 @@ from keeper.choice.selection import ParentChoice
 from keeper.errors import KeeperError
 from keeper.graph import LayerGraph
 from keeper.onnx_safety import ModelInput
+from keeper.teams import Client
 from keeper.warm import WarmResult, inherit_stored
 from keeper.weights import WeightsInput
 
@@ -37,20 +38,24 @@ class ServiceClient:
         handle: the front door's handle (:func:`keeper.actors.start` or :func:`keeper.actors.connect`).
         timeout_s: the bound on the service's answer to one choice.
         what: who asks, for the message of a wait that runs out.
+        client: who this process is to the zoo (:class:`keeper.teams.Client`; default from the environment):
+            other teams' private models are never its parents, and its hits count for its team.
     """
 
-    def __init__(self, handle: ActorHandle, timeout_s: float = 300.0, what: str = "warm_start"):
+    def __init__(self, handle: ActorHandle, timeout_s: float = 300.0, what: str = "warm_start",
+                 client: Client | None = None):
         if not isinstance(handle, ActorHandle):
             raise KeeperError(f"ServiceClient: expected the keeper front door's Ray actor handle, got "
                               f"{type(handle).__name__}; pass keeper.actors.start() or keeper.actors.connect()")
         self.handle = handle
         self.timeout_s = float(timeout_s)
         self.what = what
+        self.client = client if client is not None else Client.from_env()
 
     def choose(self, graph: LayerGraph, fresh: bool = False, search: str = "") -> ParentChoice:
         """The service's choice for the child ``graph`` of a trial of ``search`` (sent as its arrays: plain data);
         counts no hit."""
-        ref = self.handle.choose.remote(graph.to_arrays(), False, fresh, search)
+        ref = self.handle.choose.remote(graph.to_arrays(), False, fresh, search, self.client.to_wire())
         return get(ref, self.timeout_s, Demand(f"{self.what}: the keeper service's parent choice", actor=self.handle))
 
     def inherit(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
@@ -63,5 +68,5 @@ class ServiceClient:
                               restart_shrink=choice.restart_shrink, assessment=choice.assessment_of(parent))
 
     def hit(self, parent: str) -> None:
-        """Count one use of ``parent`` in the service's zoo (fire and forget)."""
-        self.handle.hit.remote(parent)
+        """Count one use of ``parent`` in the service's zoo (fire and forget), for this client's team."""
+        self.handle.hit.remote(parent, {"team": self.client.team, "user": self.client.user})

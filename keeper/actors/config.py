@@ -22,6 +22,7 @@ from typing import Any, Mapping, Union
 
 from keeper.choice.selection import SelectionPolicy
 from keeper.errors import ConfigError, KeeperError
+from keeper.store.records import NAME_RE
 from keeper.zoo import ZooConfig
 
 __all__ = ["ServiceConfig", "ClusteringConfig", "Timeouts", "ConfigError", "load_config", "ACTOR_KINDS",
@@ -99,6 +100,13 @@ class ServiceConfig:
     hit_half_life_s: float = 7 * 24 * 3600.0
     noise: float = 0.01
     seed: int = 0
+    retention_s: float = 7 * 24 * 3600.0   # a removed or evicted model is held this long (the team table may say)
+    # who this process is to the zoo (keeper.teams.Client): None / false take $KEEPER_TEAM, $KEEPER_USER,
+    # $KEEPER_SECRET or $KEEPER_SECRET_FILE, $KEEPER_READ_ONLY. The secret itself is never a config value.
+    team: str | None = None
+    user: str | None = None
+    secret_file: str | None = None
+    read_only: bool = False
     # how warm_start and register read a torch module's architecture (keeper.torch_support.export_graph): None the
     # torch front end, the dynamo exporter where it cannot read a module ($KEEPER_EXPORTER chooses when set);
     # True torch's dynamo exporter; False its TorchScript exporter
@@ -133,7 +141,7 @@ class ServiceConfig:
                          outlier_min_models=self.outlier_min_models, outlier_min_gap=self.outlier_min_gap,
                          hit_half_life_s=self.hit_half_life_s,
                          near_duplicate=self.near_duplicate, selection=SelectionPolicy(**self.selection),
-                         noise=self.noise, seed=self.seed)
+                         noise=self.noise, seed=self.seed, retention_s=self.retention_s)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -245,6 +253,15 @@ def _check(cfg: ServiceConfig) -> None:
         raise bad("noise", "a finite relative std >= 0", cfg.noise)
     if cfg.latency_window < 1:
         raise bad("latency_window", "an integer >= 1", cfg.latency_window)
+    if not (isinstance(cfg.retention_s, (int, float)) and math.isfinite(cfg.retention_s) and cfg.retention_s >= 0):
+        raise bad("retention_s", "a number of seconds >= 0", cfg.retention_s)
+    for key in ("team", "user", "secret_file"):
+        if getattr(cfg, key) is not None and not (isinstance(getattr(cfg, key), str) and getattr(cfg, key).strip()):
+            raise bad(key, "null or a non-empty string", getattr(cfg, key))
+    if cfg.team is not None and not NAME_RE.fullmatch(cfg.team):
+        raise bad("team", "a team name (1 to 128 characters of A-Z a-z 0-9 . _ -, e.g. 'vision')", cfg.team)
+    if not isinstance(cfg.read_only, bool):
+        raise bad("read_only", "true or false", cfg.read_only)
     if cfg.dynamo is not None and not isinstance(cfg.dynamo, bool):
         raise bad("dynamo", "null, true or false", cfg.dynamo)
     try:

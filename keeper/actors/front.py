@@ -17,6 +17,10 @@ returns its WarmResult, so the *child's* warmed weights pass through this actor 
 initializers); ``choose`` returns the parent choice alone, for callers that warm in their own process
 (:class:`keeper.actors.ServiceClient`, the path of ``keeper.warm_start``), so no weights pass through an actor.
 
+Teams: every call takes the caller's client (:meth:`keeper.teams.Client.to_wire`). Writes go to the ZooManager with
+it, which checks them; a choice leaves out the private models of other teams (the view names them), checking a
+presented secret only when the view holds private models.
+
 Plain class: the launcher makes it a detached, named Ray actor and injects what it starts (matchers, the
 transfer task), so this module never imports the launcher.
 """
@@ -51,7 +55,8 @@ from keeper.errors import ServiceError
 from keeper.graph import LayerGraph, as_graph, graph_from_proto
 from keeper.matching import MatchArrays, match_arrays, upper_bounds
 from keeper.onnx_safety import ModelInput, load_model
-from keeper.store.stored import read_parent_graph, read_training
+from keeper.store.stored import read_parent_graph, read_training, store_for
+from keeper.teams import Access, Client, Principal
 from keeper.warm import WarmResult, warm
 
 __all__ = ["FrontDoor"]
@@ -108,11 +113,14 @@ class FrontDoor:
         self._inflight = InFlight(config.timeouts.register_s)
         self._inheritances = Inheritances()
         self._trainings: collections.OrderedDict[tuple, Training | None] = collections.OrderedDict()
+        self._access: Access | None = None  # the team rules, built when a view first holds a private model
         self._views.start()
 
     # ------------------------------------------------------------------------------------------- public API
-    def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None) -> WarmResult:
-        """Warm-start ``model`` from the best parent in the zoo (its own weights when none clears the floor).
+    def warm(self, model: ModelInput, noise: float | None = None, seed: int | None = None,
+             client: dict[str, Any] | None = None) -> WarmResult:
+        """Warm-start ``model`` from the best parent in the zoo (its own weights when none clears the floor) that
+        ``client`` may read (:meth:`keeper.teams.Client.to_wire`; None: anyone's public models).
 
         The transfer runs in a Ray task; this call waits for it (bounded) and returns its WarmResult.
 
@@ -122,7 +130,7 @@ class FrontDoor:
         t0 = time.perf_counter()
         try:
             blob, graph = self._child(model)
-            result = warm(_TaskSource(self), blob, graph, noise=noise, seed=seed)
+            result = warm(_TaskSource(self, client), blob, graph, noise=noise, seed=seed)
         except Exception:
             self._count(time.perf_counter() - t0, ok=False)
             raise
@@ -130,7 +138,7 @@ class FrontDoor:
         return result
 
     def choose(self, model: ModelInput | dict[str, np.ndarray], hit: bool = False,
-               fresh: bool = False, search: str = "") -> ParentChoice:
+               fresh: bool = False, search: str = "", client: dict[str, Any] | None = None) -> ParentChoice:
         """The parent a warm start would use, without transferring weights.
 
         Choices are cached per architecture until the zoo changes, so a ``choose`` made ahead of time (e.g. by
@@ -143,6 +151,8 @@ class FrontDoor:
             fresh: refresh the zoo view first (the parent of an earlier choice was removed).
             search: the search the child's trial belongs to ("" outside a search): the search rule
                 (:mod:`keeper.choice.inheritance`) decides what it inherits.
+            client: who asks (:meth:`keeper.teams.Client.to_wire`): other teams' private models are never its
+                parents; a secret it presents must be its team's.
 
         Returns:
             The :class:`~keeper.choice.selection.ParentChoice`; :class:`keeper.actors.ServiceClient` warms from it in
@@ -154,7 +164,7 @@ class FrontDoor:
             late = self._inflight.wait(self.config.timeouts.arrival_s)
             if fresh:
                 self._refresh(force=True)
-            choice = self._inheritances.apply(self._choose(graph), search, self._training)
+            choice = self._inheritances.apply(self._choose(graph, client), search, self._training)
             if late:
                 choice = dataclasses.replace(choice, note=(
                     f"registrations still in flight after {self.config.timeouts.arrival_s:g} s "
@@ -163,7 +173,7 @@ class FrontDoor:
             self._count(time.perf_counter() - t0, ok=False)
             raise
         if hit and choice.parent is not None:
-            self.hit(choice.parent)
+            self.hit(choice.parent, client)
         self._count(time.perf_counter() - t0, ok=True, timed=False)
         return choice
 
@@ -176,9 +186,10 @@ class FrontDoor:
         """``name``'s announced registration is over, registered or refused."""
         self._inflight.settle(name)
 
-    def hit(self, name: str) -> None:
-        """Count one use of ``name`` as a parent (fire and forget: a lost hit only ages a model sooner)."""
-        self.manager.hit.remote(name)
+    def hit(self, name: str, client: dict[str, Any] | None = None) -> None:
+        """Count one use of ``name`` as a parent by ``client``'s team (fire and forget: a lost hit only ages a model
+        sooner). The secret stays here: a hit needs none."""
+        self.manager.hit.remote(name, _without_secret(client))
 
     def search(self, child: MatchArrays | ModelInput, two_stage: bool = True) -> dict[str, Any]:
         """Scoring only: the two-stage (or, with ``two_stage=False``, whole-zoo) search for ``child``.
@@ -196,25 +207,55 @@ class FrontDoor:
 
     def register(self, model: ModelInput, accuracy: float, name: str | None = None,
                  weights: bytes | None = None, lineage: dict[str, Any] | None = None,
-                 record_again: bool = False) -> dict[str, Any]:
+                 record_again: bool = False, client: dict[str, Any] | None = None, team: str | None = None,
+                 private: bool = False) -> dict[str, Any]:
         """Admit a trained model through the ZooManager; returns its catalog record as a dict.
 
         ``weights``: safetensors bytes when ``model`` is its graph without weights (models of any size). Identical
         content is stored once: again under its name and accuracy it is the stored record, so retries are safe;
         under other terms it is refused, or recorded on its model with ``record_again``; ``lineage``: how the model
-        was obtained (``WarmResult.lineage()``); both as for :meth:`keeper.zoo.Zoo.register`.
+        was obtained (``WarmResult.lineage()``); ``team``, ``private``: as for :meth:`keeper.zoo.Zoo.register`;
+        ``client``: who registers (:meth:`keeper.teams.Client.to_wire`), checked by the manager.
         """
         rec = self._manager_call("register", self.config.timeouts.register_s,
                                  _as_bytes(model, weights_apart=weights is not None), accuracy, name, weights,
-                                 lineage, record_again)
+                                 lineage, record_again, client, team, private)
         with self._stats_lock:
             self.registers += 1
         self._views.after_write()  # the caller's next query sees the model
         return rec
 
-    def remove(self, name: str) -> None:
-        self._manager_call("remove", self.config.timeouts.register_s, name)
+    def remove(self, name: str, client: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Move ``name`` to the holding area (its team's or an operator's right); returns the hold's summary."""
+        held = self._manager_call("remove", self.config.timeouts.register_s, name, client)
         self._views.after_write()
+        return held
+
+    def restore(self, name: str, hold_id: str | None = None, as_name: str | None = None,
+                client: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Bring a held model back with its record (its team's or an operator's right); returns the record."""
+        rec = self._manager_call("restore", self.config.timeouts.register_s, name, hold_id, as_name, client)
+        self._views.after_write()
+        return rec
+
+    def update(self, name: str, accuracy: float | None = None, private: bool | None = None,
+               client: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Change a model's accuracy or privacy (its team's or an operator's right); returns the record."""
+        rec = self._manager_call("update", self.config.timeouts.register_s, name, accuracy, private, client)
+        self._views.after_write()
+        return rec
+
+    def held(self, client: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The models in the holding area that ``client`` may see, oldest first."""
+        return self._manager_call("held", self.config.timeouts.control_s, client)
+
+    def log(self, model: str | None = None, since: float | None = None, last: int | None = None) -> list[dict]:
+        """The zoo's audit log, oldest first (:class:`keeper.store.audit.LogEntry` as dicts)."""
+        return self._manager_call("log", self.config.timeouts.control_s, model, since, last)
+
+    def gc(self, min_age_s: float = 3600.0, client: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Delete the holds whose retention has ended, and leftovers of killed writers."""
+        return self._manager_call("gc", self.config.timeouts.register_s, min_age_s, client)
 
     def reload(self) -> dict[str, Any]:
         """Re-read the whole zoo from the store now: models other processes registered, removed or updated (the
@@ -306,33 +347,50 @@ class FrontDoor:
                                      noise=choice.noise if noise is None else float(noise), seed=choice.seed,
                                      restart_shrink=choice.restart_shrink, assessment=choice.assessment_of(parent))
 
-    def _choose(self, graph: LayerGraph) -> ParentChoice:
+    def _reader(self, client: dict[str, Any] | None, view: Any) -> tuple[Principal | None, tuple]:
+        """Who reads, and the key their choices are cached under: everyone alike while the view holds no private
+        model (then nothing is checked), else per team and whether the team's secret was shown."""
+        Client.from_wire(client).check_presentation("choosing a parent")
+        if not view.private:
+            return None, ()
+        if self._access is None:
+            self._access = Access(store_for(self.config.zoo_uri))
+        reader = self._access.authenticate(client, "choosing a parent", write=False)
+        return reader, (reader.team, reader.verified, reader.operator)
+
+    def _choose(self, graph: LayerGraph, client: dict[str, Any] | None = None) -> ParentChoice:
         t0 = time.perf_counter()
         child = match_arrays(graph)
         digest = architecture_digest(child)
-        key = (self._refresh().view.key, digest)
+        current = self._refresh().view
+        reader, who = self._reader(client, current)
+        key = (current.key, digest, who)
         with self._stats_lock:
             cached = self._choices.get(key)
         if cached is not None:
             return cached
         state, (names, scores, _) = self._search_fresh(child, True)
         view = state.view
+        if view.private and view.key != current.key:  # a newer view: who may read what may have changed
+            reader, who = self._reader(client, view)
         with self._stats_lock:
             self._search_latencies.append(time.perf_counter() - t0)
-        cands = self._candidates(graph, child, state, list(names), np.asarray(scores, dtype=np.float64), digest)
+        cands = self._candidates(graph, child, state, list(names), np.asarray(scores, dtype=np.float64), digest,
+                                 reader)
         # the URI as configured (with any credentials it carries), not the store's redacted form
         choice = make_choice(cands, self.policy, self.config.zoo_uri, self.config.noise, self.config.seed, view.n)
         with self._stats_lock:
-            self._choices[(view.key, digest)] = choice
+            self._choices[(view.key, digest, who)] = choice
             while len(self._choices) > _CHOICE_CACHE:
                 self._choices.popitem(last=False)
         return choice
 
     def _candidates(self, graph: LayerGraph, child: MatchArrays, state: SearchState, names: list[str],
-                    scores: np.ndarray, digest: bytes) -> list[Candidate]:
+                    scores: np.ndarray, digest: bytes, reader: Principal | None = None) -> list[Candidate]:
         """The candidates the search returned, plus every weighted model that may qualify by preserved function,
         assembled as the embedded zoo assembles them (:func:`keeper.choice.candidates.assess_found`); ``digest``: the
-        child's architecture, under which its assessed pairs are kept across views."""
+        child's architecture, under which its assessed pairs are kept across views; ``reader``: other teams'
+        private models are left out."""
         view = state.view
         if view.n == 0:
             return []
@@ -351,6 +409,9 @@ class FrontDoor:
                 found.update(zip(redo, (float(s) for s in exact)))
         pos = dict(zip(found, view.positions(list(found)))) if found else {}
         found = {n: s for n, s in found.items() if view.weighted[pos[n]]}  # graph-only entries are never parents
+        if view.private:
+            mine = self._access.readable(reader, found, view.private) if self._access is not None else set()
+            found = {n: s for n, s in found.items() if n in mine}
 
         def facts(name: str) -> ParentFacts:
             p = pos[name]
@@ -473,6 +534,11 @@ class FrontDoor:
         return out
 
 
+def _without_secret(client: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The client as far as a call that needs no secret may know it."""
+    return None if client is None else {k: v for k, v in dict(client).items() if k != "secret"}
+
+
 def _as_bytes(model: ModelInput, weights_apart: bool = False) -> bytes:
     if isinstance(model, (bytes, bytearray, memoryview)):
         return bytes(model)
@@ -483,13 +549,14 @@ class _TaskSource:
     """The front door as a :class:`~keeper.warm.ParentSource`: it chooses here; the child inherits in the
     service's transfer task, awaited within ``timeouts.transfer_s``."""
 
-    def __init__(self, door: FrontDoor):
+    def __init__(self, door: FrontDoor, client: dict[str, Any] | None = None):
         self.door = door
+        self.client = client
 
     def choose(self, graph: LayerGraph, fresh: bool = False, search: str = "") -> ParentChoice:
         if fresh:
             self.door._refresh(force=True)
-        return self.door._inheritances.apply(self.door._choose(graph), search, self.door._training)
+        return self.door._inheritances.apply(self.door._choose(graph, self.client), search, self.door._training)
 
     def inherit(self, choice: ParentChoice, parent: str | None, child: ModelInput, graph: LayerGraph, *,
                 weights: Any, noise: float, out: Any) -> WarmResult:
@@ -500,4 +567,4 @@ class _TaskSource:
                           need.resources))
 
     def hit(self, parent: str) -> None:
-        self.door.hit(parent)
+        self.door.hit(parent, self.client)

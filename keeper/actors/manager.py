@@ -19,7 +19,14 @@ Invariants:
     * models other processes register into (or remove from) the store are served within
       :data:`CATALOG_POLL_S` seconds: a background thread lists the catalog that often and takes in what changed
       (:meth:`ZooManager.sync`); :meth:`ZooManager.reload` (``keeper reload``) re-reads everything at once,
-      accuracies updated elsewhere included.
+      accuracies updated elsewhere included;
+    * every write carries its caller's client (:meth:`keeper.teams.Client.to_wire`: team, user, the secret as the
+      client presents it, read-only, host, pid) and is checked here, by the zoo's team rules, before anything is
+      read or stored; a refusal raises the rule's :class:`~keeper.errors.AccessError` and changes nothing. Secrets
+      are compared with the team table's hashes and never kept, logged or put in a message;
+    * ``remove`` and eviction hold a model (:mod:`keeper.store.holding`) and ``restore`` brings it back: each step
+      is ordered so that a kill of this actor at any point leaves the model live or held, and a call Ray retries
+      on the restarted actor finishes what the killed one began.
 
 Plain class: the launcher makes it a Ray actor; unit tests use it directly.
 """
@@ -41,6 +48,7 @@ from keeper.actors.snapshot import Entry, Shard, View, ViewTable
 from keeper.errors import KeeperError, ModelNotFoundError, ServiceError, StoreError
 from keeper.matching import MatchArrays, match_arrays
 from keeper.onnx_safety import ModelInput
+from keeper.teams import Client
 from keeper.zoo import Zoo
 
 __all__ = ["ZooManager"]
@@ -70,12 +78,14 @@ class ZooManager:
         self.config = config or ServiceConfig()
         self._lock = threading.RLock()
         self._changed = threading.Condition()  # notified whenever the zoo changes (see _dirty)
-        self.zoo = zoo if zoo is not None else Zoo(self.config.zoo_uri, self.config.zoo_config())
+        # the service's own writes (a graph extracted again) are nobody's; every request names its client
+        self.zoo = zoo if zoo is not None else Zoo(self.config.zoo_uri, self.config.zoo_config(), client=Client())
         self._token = uuid.uuid4().hex[:8]
         self._seq = 0
         self._arrays: dict[str, MatchArrays] = {}
         self._accuracy: dict[str, float] = {}
         self._clean: dict[str, bool] = {}  # lineage without a warm across block structures (see Zoo.register)
+        self._private: dict[str, str] = {}  # private model -> its team
         self._loc: dict[str, tuple[str, int]] = {}   # name -> (shard id, row)
         self._shards: dict[str, Shard] = {}
         self._retired: dict[str, Shard] = {}         # the generation before the last compaction
@@ -103,7 +113,7 @@ class ZooManager:
     def _load_all(self) -> None:
         with self._lock:
             self._arrays.clear(), self._accuracy.clear(), self._loc.clear(), self._shards.clear()
-            self._clean.clear()
+            self._clean.clear(), self._private.clear()
             self._pending = []
             self._index = None
             self._table, self._relabel = None, True
@@ -112,6 +122,8 @@ class ZooManager:
                 self._arrays[rec.name] = match_arrays(self.zoo.graph(rec.name))
                 self._accuracy[rec.name] = float(rec.accuracy)
                 self._clean[rec.name] = _clean(rec)
+                if rec.private:
+                    self._private[rec.name] = rec.owner
                 self._pending.append(rec.name)
             self._dirty = True
             self._publish()
@@ -136,6 +148,7 @@ class ZooManager:
         self._arrays.pop(name, None)
         self._accuracy.pop(name, None)
         self._clean.pop(name, None)
+        self._private.pop(name, None)
         self._loc.pop(name, None)
         if name in self._pending:
             self._pending.remove(name)
@@ -152,7 +165,7 @@ class ZooManager:
         self._dirty = True
 
     def _restated(self, name: str, accuracy: float) -> None:
-        """A held model's accuracy changed (same graph, same place): its view entry is written again."""
+        """A live model's accuracy changed (same graph, same place): its view entry is written again."""
         self._accuracy[name] = accuracy
         if name not in self._t_added:  # not yet in the table: it enters with the new accuracy anyway
             self._t_removed.add(name)
@@ -166,6 +179,8 @@ class ZooManager:
             self._removed(name)
         for name in sorted(after - before):
             rec = self.zoo.record(name)
+            if rec.private:
+                self._private[name] = rec.owner
             self._added(name, match_arrays(self.zoo.graph(name)), float(rec.accuracy), _clean(rec))
 
     def _live(self) -> list[str]:
@@ -174,39 +189,82 @@ class ZooManager:
     # -- writes
     def register(self, model: ModelInput, accuracy: float, name: str | None = None,
                  weights: bytes | None = None, lineage: dict[str, Any] | None = None,
-                 record_again: bool = False) -> dict[str, Any]:
+                 record_again: bool = False, client: dict[str, Any] | None = None, team: str | None = None,
+                 private: bool = False) -> dict[str, Any]:
         """Admit a trained model; returns its catalog record as a dict (the stored one for identical content).
-        ``weights``: safetensors bytes when ``model`` is its graph without weights (any size); ``lineage`` and
-        ``record_again``: as for :meth:`keeper.zoo.Zoo.register` (a stored model's new accuracy is in the next
-        view).
+        ``weights``: safetensors bytes when ``model`` is its graph without weights (any size); ``lineage``,
+        ``record_again``, ``team`` and ``private``: as for :meth:`keeper.zoo.Zoo.register` (a stored model's new
+        accuracy is in the next view); ``client``: who asks (:meth:`keeper.teams.Client.to_wire`; None: the
+        default team without a secret).
 
         Raises:
             AdmissionError, InvalidModelError: refused; nothing was stored.
+            AccessError: refused by the team rules; nothing was stored.
             StoreError: the store failed; what was stored before is intact.
         """
         with self._lock:
             before = set(self.zoo.names())
             rec = self.zoo.register(model, accuracy, name, weights=weights, lineage=lineage,
-                                    record_again=record_again)
+                                    record_again=record_again, team=team, private=private,
+                                    client=Client.from_wire(client))
             self._sync(before)
             if rec.name in before and self._accuracy.get(rec.name) != float(rec.accuracy):
                 self._restated(rec.name, float(rec.accuracy))
         self._maybe_refit()
         return rec.to_json()
 
-    def remove(self, name: str) -> None:
-        """Delete a model."""
+    def remove(self, name: str, client: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Move a model to the holding area (its team's or an operator's right); returns the hold's summary."""
         with self._lock:
             before = set(self.zoo.names())
-            self.zoo.remove(name)
+            held = self.zoo.remove(name, client=Client.from_wire(client))
             self._sync(before)
         self._maybe_refit()
+        return held.summary()
 
-    def hit(self, name: str) -> None:
-        """Count one use of ``name`` as a parent; a model removed meanwhile is ignored."""
+    def restore(self, name: str, hold_id: str | None = None, as_name: str | None = None,
+                client: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Bring a held model back (:meth:`keeper.zoo.Zoo.restore`); returns its record as a dict. A call Ray
+        retries after this actor was killed mid-restore finishes it (the model live with its record, or still
+        held and restored now)."""
+        with self._lock:
+            before = set(self.zoo.names())
+            rec = self.zoo.restore(name, hold_id, as_name=as_name, client=Client.from_wire(client))
+            self._sync(before)
+        self._maybe_refit()
+        return rec.to_json()
+
+    def update(self, name: str, accuracy: float | None = None, private: bool | None = None,
+               client: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Change a model's accuracy or privacy (its team's or an operator's right); returns its record."""
+        with self._lock:
+            rec = self.zoo.update(name, accuracy=accuracy, private=private, client=Client.from_wire(client))
+            if rec.private:
+                self._private[name] = rec.owner
+            else:
+                self._private.pop(name, None)
+            self._restated(name, float(rec.accuracy))
+        return rec.to_json()
+
+    def held(self, client: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The models in the holding area the client may see, oldest first."""
+        return [h.summary() for h in self.zoo.held(client=Client.from_wire(client))]
+
+    def log(self, model: str | None = None, since: float | None = None, last: int | None = None) -> list[dict]:
+        """The audit log, oldest first, as dicts (:class:`keeper.store.audit.LogEntry`)."""
+        return [e.to_json() for e in self.zoo.log(model=model, since=since, last=last)]
+
+    def gc(self, min_age_s: float = 3600.0, client: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Delete expired holds and leftovers (:meth:`keeper.zoo.Zoo.gc`)."""
+        with self._lock:
+            count, gone = self.zoo.gc(min_age_s, client=Client.from_wire(client))
+        return {"leftovers": count, "purged": [h.summary() for h in gone]}
+
+    def hit(self, name: str, client: dict[str, Any] | None = None) -> None:
+        """Count one use of ``name`` as a parent (by ``client``'s team); a model removed meanwhile is ignored."""
         with self._lock:
             try:
-                self.zoo.hit(name)
+                self.zoo.hit(name, client)
             except ModelNotFoundError:
                 pass
             except StoreError as exc:  # a hit only ages a model slower; never worth failing over
@@ -342,7 +400,8 @@ class ZooManager:
             key=f"{self._token}-{self._seq}", names=t.names, accuracy=t.accuracy, weighted=t.weighted,
             clean=t.clean, params=t.params, shard=shard.astype(np.int32), row=t.row, sigs=t.sigs,
             shards=tuple(self._sid_of[int(x)] for x in serials.tolist()),
-            labels=t.labels if index is not None else None, medoids=t.medoid_positions(index), uri=self.zoo.uri)
+            labels=t.labels if index is not None else None, medoids=t.medoid_positions(index), uri=self.zoo.uri,
+            private=dict(self._private))
         self._dirty = False
 
     def _entry(self, name: str) -> Entry:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -73,6 +73,8 @@ class View:
     entry refers to; ``labels`` gives each model's cluster of the two-stage index (-1: in none; found through
     its signature bound only) and ``medoids`` the position of each cluster's medoid, or ``labels`` is None when
     the zoo is searched whole. ``sigs`` is column-major, so a query's score bounds read only its own bins.
+    ``private`` names the private models and their teams: only those teams (and operators) may have them as
+    parents (:meth:`keeper.teams.Access.readable`).
     """
 
     key: str
@@ -88,6 +90,7 @@ class View:
     medoids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64 (clusters,): positions
     uri: str = ""
     clean: np.ndarray | None = None  # bool (n,): lineage clean (see keeper.zoo.Zoo.register); None: all clean
+    private: Mapping[str, str] = field(default_factory=dict)  # private model -> its team (usually few)
 
     def is_clean(self, position: int) -> bool:
         return True if self.clean is None else bool(self.clean[position])

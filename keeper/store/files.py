@@ -293,6 +293,62 @@ class StoreFiles:
             self.write(key, data)
             return True
 
+    def copy(self, src: str, dst: str) -> None:
+        """Copy key ``src`` to key ``dst`` atomically, for immutable blobs (content-addressed, written once): a hard
+        link on a local store (no bytes copied), the filesystem's own copy elsewhere (a server-side copy on object
+        stores, one key at once), through a temp name and a rename where the filesystem renames. ``dst`` is left
+        as it is when it exists (the same content by its key). ``FileNotFoundError`` when ``src`` is absent."""
+        if self.local:
+            def link() -> bool:
+                try:
+                    os.link(self.path(src), self.path(dst))
+                except FileExistsError:
+                    pass
+                except OSError as exc:  # a filesystem without hard links (some network mounts): copy the bytes
+                    if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                        raise
+                    return False
+                return True
+            if self.call("link", dst, link, missing_ok=True):
+                return
+        if not self.renames:
+            self.call("copy", dst, lambda: self.fs.copy_file(self.path(src), self.path(dst)), missing_ok=True)
+            return
+        tmp = self._temp_key(dst.rsplit("/", 1)[-1])
+        try:
+            self.call("copy", dst, lambda: self.fs.copy_file(self.path(src), self.path(tmp)), missing_ok=True)
+            self.call("rename", dst, lambda: self._move(self.path(tmp), self.path(dst)))
+        finally:
+            try:
+                self.fs.delete_file(self.path(tmp))
+            except (OSError, pa.ArrowException):
+                pass  # renamed into its key, or never written
+
+    def exists_key(self, key: str) -> bool:
+        """Whether the file ``key`` is there."""
+        info = self.call("look up", key, lambda: self.fs.get_file_info(self.path(key)))
+        return info.type == pafs.FileType.File
+
+    def list_dirs(self, sub: str) -> list[pafs.FileInfo]:
+        """The directories (object stores: the common prefixes) right under ``sub``; none when it does not exist."""
+        sel = pafs.FileSelector(self.path(sub), allow_not_found=True)
+        infos = self.call("list", sub + "/", lambda: self.fs.get_file_info(sel))
+        return [i for i in infos if i.type == pafs.FileType.Directory]
+
+    def delete_dir(self, sub: str) -> bool:
+        """Delete the directory ``sub`` and everything under it; False when it was not there."""
+        path = self.path(sub)
+
+        def delete() -> None:
+            if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+                raise FileNotFoundError(path)
+            self.fs.delete_dir(path)
+        try:
+            self.call("delete", sub + "/", delete, missing_ok=True)
+        except FileNotFoundError:
+            return False
+        return True
+
     def _move(self, src: str, dst: str) -> None:
         try:
             self.fs.move(src, dst)  # POSIX rename: atomic replace

@@ -8,6 +8,11 @@ Layout under the base path::
     blobs/<sha256>.<extra name>   an extra blob (e.g. ``graph.npz``, ``weights.safetensors``), addressed by its
                                   own content
     catalog/<name>.json           one record per model, written last: its presence is the commit
+    held/<name>@<hold id>.json    a removed or evicted model, whole, until its retention ends
+    held/<name>@<hold id>/        ... and its blobs (:mod:`keeper.store.holding`)
+    log/<ns>-<host>-<pid>-<id>.json  one write-once entry per write to the zoo (:mod:`keeper.store.audit`)
+    access/teams.json             the team table, secrets as salted hashes (:mod:`keeper.teams`); absent in a zoo
+                                  without teams
     tmp/<host>-<pid>-<uuid>.<name> in-flight writes on filesystems that rename (local, HDFS); the writer's host
                                   and pid let a later writer remove a dead writer's leftovers
 
@@ -22,7 +27,11 @@ Invariants:
       size) are streamed in and out in chunks, never held whole;
     * blobs are verified against their sha256 on every read (a local file handed out by :meth:`ModelStore.extra_path`
       once per process, file size and mtime); nothing is ever pickled;
-    * reopening a store restores every model from the files alone; the in-memory records are only a cache.
+    * reopening a store restores every model from the files alone; the in-memory records are only a cache;
+    * :meth:`ModelStore.remove` never deletes a model: it moves it to the holding area, blobs copied first and the
+      catalog entry deleted last, and :meth:`ModelStore.restore` brings the same record back, catalog entry
+      written before the hold is dropped, so a process killed at any point leaves a model live or held (or
+      both), never lost; only :meth:`ModelStore.expire` deletes a held model, once its retention has ended.
 
 Durability here means surviving the death of the writing process. Concurrent writers to one name are not
 serialized across processes (last catalog write wins); keeper's Ray service funnels writes through one actor.
@@ -41,15 +50,22 @@ from typing import Any, Iterator, Mapping
 
 import pyarrow.fs as pafs
 
-from keeper.errors import AdmissionError, CorruptModelError, ModelNotFoundError, StoreError, ZooNotFoundError
+from keeper.errors import (AdmissionError, CorruptModelError, HeldModelNotFoundError, ModelNotFoundError,
+                           RestoreConflictError, StoreError, ZooNotFoundError)
+from keeper.store import holding
+from keeper.store.audit import LOG_DIR, AuditLog
 from keeper.store.files import Staged, StoreFiles, open_uri, sha256, size
-from keeper.store.records import MUTABLE_FIELDS, NAME_RE, ModelRecord, admitted, check_name, finite, json_dict
+from keeper.store.holding import HOLD_DIR, Held
+from keeper.store.records import (DEFAULT_TEAM, MUTABLE_FIELDS, NAME_RE, ModelRecord, admitted, check_name, finite,
+                                  json_dict)
 
 __all__ = ["ModelRecord", "ModelStore", "DEFAULT_ZOO_DIR", "check_name", "sha256", "zoo_is_empty"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ZOO_DIR = os.path.join("~", ".keeper", "zoo")
+#: The team table's key (:mod:`keeper.teams` reads and writes its content).
+TEAMS_KEY = "access/teams.json"
 
 
 
@@ -99,8 +115,9 @@ class ModelStore:
         self._records: dict[str, ModelRecord] = {}
         self._cache_lock = threading.Lock()
         self._write_lock = threading.RLock()  # put / update / remove / gc of this instance run one at a time
+        self.audit = AuditLog(files, files.uri)
         if mode == "write":
-            files.make_dirs(("blobs", "catalog", "tmp", "templates"))
+            files.make_dirs(("blobs", "catalog", "tmp", "templates", HOLD_DIR, LOG_DIR, "access"))
             files.sweep_temp()  # leftovers of writers killed mid-write; never a live writer's
         elif not files.exists():
             raise ZooNotFoundError(f"no zoo at {self._uri}; `keeper register` creates one (in Python: open it "
@@ -189,7 +206,8 @@ class ModelStore:
     # -- public API
     def put(self, name: str, blob: bytes, *, accuracy: float, num_params: int, summary: dict,
             extras: Mapping[str, bytes | os.PathLike] | None = None,
-            content_extras: tuple[str, ...] = (), known_checksums: Mapping[str, str] | None = None
+            content_extras: tuple[str, ...] = (), known_checksums: Mapping[str, str] | None = None,
+            owner: str = DEFAULT_TEAM, user: str | None = None, private: bool = False
             ) -> tuple[ModelRecord, bool]:
         """Store a model under ``name``: blobs first, the catalog entry last.
 
@@ -198,6 +216,8 @@ class ModelStore:
             content_extras: extras that are part of the model's content (its weights), not derived from it: they
                 count in ``nbytes`` and in what "this exact content" means.
             known_checksums: sha256 of extras the caller has just computed (a large file is then read once less).
+            owner, user, private: the model's owning team, who registered it, whether only its team reads it
+                (the caller has checked them: :mod:`keeper.teams`).
 
         Returns:
             ``(record, created)``; ``created`` is False when ``name`` already holds this exact content
@@ -225,7 +245,9 @@ class ModelStore:
             nbytes = memoryview(blob).nbytes + sum(size(extras[e]) for e in content_extras)
             rec = ModelRecord(name=name, accuracy=acc, checksum=checksum, nbytes=nbytes,
                               num_params=num_params, summary=summ, created=time.time(), hits=0.0,
-                              extras=tuple(sorted(extras)), extra_checksums=sums)
+                              extras=tuple(sorted(extras)), extra_checksums=sums,
+                              owner=check_name(owner, "team name"), user=None if user is None else str(user),
+                              private=bool(private))
             self._commit(rec, blob, extras)
         return rec, True
 
@@ -319,7 +341,8 @@ class ModelStore:
             return [self._records[n] for n in sorted(self._records)]
 
     def update(self, name: str, **fields: Any) -> ModelRecord:
-        """Atomically rewrite the mutable fields (``accuracy``, ``hits``, ``summary``) of ``name``'s record."""
+        """Atomically rewrite the mutable fields (``accuracy``, ``hits``, ``summary``, ``private``) of ``name``'s
+        record."""
         bad = sorted(set(fields) - set(MUTABLE_FIELDS))
         if bad:
             raise AdmissionError(f"model {name!r}: fields {bad} cannot be updated, only {list(MUTABLE_FIELDS)}; "
@@ -330,6 +353,8 @@ class ModelStore:
                 new[k] = finite(fields[k], f"model {name!r}: {k}")
         if "summary" in fields:
             new["summary"] = json_dict(fields["summary"], f"model {name!r}: summary")
+        if "private" in fields:
+            new["private"] = bool(fields["private"])
         with self._write_lock, self._naming(name, "update"):
             rec = self._current(name, "update")
             rec = replace(rec, **new)
@@ -356,25 +381,146 @@ class ModelStore:
                 self._records[name] = rec
         return rec
 
-    def remove(self, name: str) -> None:
-        """Delete ``name``: its catalog entry first, then its blobs that no other record references."""
+    def remove(self, name: str, *, reason: str = "removed", by: Mapping[str, Any] | None = None) -> Held:
+        """Move ``name`` to the holding area (:mod:`keeper.store.holding`): its blobs copied there and its hold
+        entry written, then its catalog entry deleted, then its blobs that no other record references. The model
+        can be restored (:meth:`restore`) until :meth:`expire` deletes the hold.
+
+        Args:
+            reason: ``"removed"`` or ``"evicted"``.
+            by: who held it (team, user, host, pid), kept in the hold entry.
+
+        Raises:
+            ModelNotFoundError: no model ``name``. StoreError: the store failed; the model is live, or held.
+        """
+        if reason not in holding.REASONS:
+            raise StoreError(f"hold reason {reason!r} is not one of {holding.REASONS}")
         with self._write_lock:
             rec = self._current(name, "remove")
+            held = Held(rec, holding.new_hold_id(), time.time(), reason, dict(by or {}))
             with self._naming(name, "remove"):
-                self._files.delete(f"catalog/{name}.json")
-            self._forget(name)
-            try:
-                self.reload()  # references as the files say, so another process's models keep their blobs
-                used = {k for r in self.records() for k in self._keys(r)}
+                self._files.make_dirs((f"{HOLD_DIR}/{name}@{held.hold_id}",))
                 for key in self._keys(rec):
-                    if key not in used:
-                        self._files.delete(key)
-            except StoreError as exc:
-                log.warning("zoo store %s: model %r is removed but some of its blobs remain (%s); gc() removes "
-                            "them", self._uri, name, exc)
+                    try:
+                        self._files.copy(key, holding.blob_key(name, held.hold_id, key))
+                    except FileNotFoundError:  # a damaged model can still be removed; restoring it will say so
+                        log.warning("zoo store %s: model %r's blob %s is missing; it is held without it", self._uri,
+                                    name, key)
+                entry = json.dumps(held.to_json(), sort_keys=True, indent=1, allow_nan=False).encode()
+                self._files.write(holding.entry_key(name, held.hold_id), entry)  # the hold's commit
+                self._files.delete(f"catalog/{name}.json")                      # ... then the model leaves
+            self._forget(name)
+            self._drop_unreferenced(rec, name)
+        return held
+
+    def _drop_unreferenced(self, rec: ModelRecord, name: str) -> None:
+        """Delete ``rec``'s live blobs that no record references (the hold keeps its own copies)."""
+        try:
+            self.reload()  # references as the files say, so another process's models keep their blobs
+            used = {k for r in self.records() for k in self._keys(r)}
+            for key in self._keys(rec):
+                if key not in used:
+                    self._files.delete(key)
+        except StoreError as exc:
+            log.warning("zoo store %s: model %r is held but some of its live blobs remain (%s); gc() removes "
+                        "them", self._uri, name, exc)
+
+    def held(self, name: str | None = None) -> list[Held]:
+        """The models in the holding area (of ``name`` only, when given), oldest hold first."""
+        return holding.read_held(self._files, self._uri, name)
+
+    def _hold_of(self, name: str, hold_id: str | None) -> Held:
+        holds = [h for h in self.held(name) if hold_id is None or h.hold_id == hold_id]
+        if not holds:
+            which = f"hold {hold_id!r} of model {name!r}" if hold_id else f"model {name!r}"
+            live = self._read_record(name)
+            if live is not None and hold_id is None:
+                raise HeldModelNotFoundError(f"model {name!r} is live in the zoo at {self._uri} (owner "
+                                             f"{live.owner!r}) and has no hold: there is nothing to restore")
+            raise HeldModelNotFoundError(f"{which} is not in the holding area of the zoo at {self._uri} (never "
+                                         "removed or evicted, restored already, or deleted by gc once its retention "
+                                         "ended); `keeper zoo held` lists what can be restored")
+        return holds[-1]
+
+    def restore(self, name: str, hold_id: str | None = None, as_name: str | None = None) -> tuple[ModelRecord, Held]:
+        """Bring the held model ``name`` back into the catalog with the very record it had (weights hash, lineage,
+        accuracy, hits, created): its blobs copied back, its catalog entry written (the commit), then its hold
+        deleted. Returns ``(record, the hold it came from)``.
+
+        Args:
+            hold_id: which hold of ``name`` (default: the latest).
+            as_name: restore under this name instead (when ``name`` is live again).
+
+        Raises:
+            HeldModelNotFoundError: no such hold. RestoreConflictError: the name is live with another record.
+            CorruptModelError: a copy in the hold is missing. StoreError: the store failed; the model is held,
+            or live.
+        """
+        target = name if as_name is None else check_name(as_name)
+        with self._write_lock:
+            held = self._hold_of(name, hold_id)
+            rec = held.record if target == name else replace(held.record, name=target)
+            live = self._read_record(target)
+            if live is not None:
+                if _same_version(live, rec):  # an interrupted hold or restore of this record: only the hold to drop
+                    self._drop_hold(held)
+                    with self._cache_lock:
+                        self._records[target] = live
+                    return live, held
+                raise RestoreConflictError(
+                    f"model {target!r} cannot be restored from hold {held.hold_id} (owner {held.record.owner!r}): "
+                    f"the name is live again, owned by team {live.owner!r} (sha256 {live.checksum[:12]}..., "
+                    f"registered {time.strftime('%Y-%m-%d %H:%M', time.localtime(live.created))}); remove the live "
+                    f"one first, or restore under another name (`keeper zoo restore {name} --as NEW-NAME`)")
+            with self._naming(target, "restore"):
+                for key in self._keys(rec):
+                    try:
+                        self._files.copy(holding.blob_key(name, held.hold_id, key), key)
+                    except FileNotFoundError:
+                        raise CorruptModelError(
+                            f"model {name!r}: hold {held.hold_id} lacks its copy of {key!r} (it was removed while "
+                            f"damaged, or the copy was deleted); it cannot be restored whole. Register the model "
+                            "again") from None
+                self._write_record(rec)  # the commit: the model is live
+                self._drop_hold(held)
+        return rec, held
+
+    def _drop_hold(self, held: Held) -> None:
+        """Delete a hold: its entry first (then it is no hold), then its copies."""
+        try:
+            self._files.delete(holding.entry_key(held.name, held.hold_id))
+            self._files.delete_dir(f"{HOLD_DIR}/{held.name}@{held.hold_id}")
+        except StoreError as exc:
+            log.warning("zoo store %s: hold %s of model %r could not be deleted whole (%s); gc() removes what "
+                        "remains", self._uri, held.hold_id, held.name, exc)
+
+    def expire(self, retention_s: float, now: float | None = None) -> list[Held]:
+        """Delete the holds whose retention has ended (held more than ``retention_s`` seconds ago); returns them.
+        This is the only way a model leaves the zoo for good."""
+        now = time.time() if now is None else now
+        gone = []
+        with self._write_lock:
+            for held in self.held():
+                if held.expires_at(retention_s) <= now:
+                    self._drop_hold(held)
+                    gone.append(held)
+        return gone
+
+    def read_teams(self) -> bytes | None:
+        """The team table's bytes (:mod:`keeper.teams`), or None in a zoo without teams."""
+        try:
+            return self._files.read(TEAMS_KEY, missing_ok=True)
+        except FileNotFoundError:
+            return None
+
+    def write_teams(self, data: bytes) -> None:
+        """Replace the team table atomically (its content is :mod:`keeper.teams`' business)."""
+        self._files.write(TEAMS_KEY, data)
 
     def gc(self, min_age_s: float = 0.0) -> int:
-        """Delete blobs no record references and the temp files of writers that are gone; returns how many.
+        """Delete blobs no record references, the temp files of writers that are gone and hold directories
+        without an entry (:func:`keeper.store.holding.sweep`); returns how many. Held models stay: only
+        :meth:`expire` deletes them.
 
         Args:
             min_age_s: spare blobs younger than this, so a put in flight in another process keeps its blobs. Temp
@@ -384,7 +530,7 @@ class ModelStore:
             self.reload()
             used = {k for r in self.records() for k in self._keys(r)}
             cutoff_ns = (time.time() - min_age_s) * 1e9
-            count = self._files.sweep_temp()
+            count = self._files.sweep_temp() + holding.sweep(self._files, min_age_s)
             for info in self._files.list("blobs"):
                 key = f"blobs/{info.base_name}"
                 young = min_age_s > 0 and info.mtime_ns is not None and info.mtime_ns > cutoff_ns
@@ -423,6 +569,12 @@ class ModelStore:
 
     def __repr__(self) -> str:
         return f"ModelStore({self._uri!r}, models={len(self)})"
+
+
+def _same_version(a: ModelRecord, b: ModelRecord) -> bool:
+    """Whether two records are one registration of one model (hits and accuracy may have moved since)."""
+    return (a.name, a.checksum, a.extra_checksums, a.created, a.owner) == \
+        (b.name, b.checksum, b.extra_checksums, b.created, b.owner)
 
 
 def zoo_is_empty(uri: str | None) -> bool:

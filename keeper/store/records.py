@@ -3,7 +3,11 @@ extras), shared by the store and the zoo.
 
 Invariant: a :class:`ModelRecord` built by :meth:`ModelRecord.from_json` or from :func:`admitted`'s output names a
 valid model, holds finite numbers and sha256 checksums, and a summary that is plain JSON (never an alias of a
-caller's object)."""
+caller's object), and an owning team (``DEFAULT_TEAM`` for entries written before teams, which carry none).
+
+On disk an entry of the default team that is public and names no user is written exactly as before teams (the
+three fields are left out), so a zoo without teams keeps its files byte for byte; readers of earlier versions
+ignore the fields."""
 
 from __future__ import annotations
 
@@ -16,11 +20,13 @@ from typing import Any, Mapping
 
 from keeper.errors import AdmissionError, StoreError
 
-__all__ = ["FORMAT_VERSION", "MUTABLE_FIELDS", "NAME_RE", "ModelRecord", "admitted", "check_name", "finite",
-           "json_dict"]
+__all__ = ["DEFAULT_TEAM", "FORMAT_VERSION", "MUTABLE_FIELDS", "NAME_RE", "ModelRecord", "admitted", "check_name",
+           "finite", "json_dict"]
 
 FORMAT_VERSION = 1
-MUTABLE_FIELDS = ("accuracy", "hits", "summary")
+MUTABLE_FIELDS = ("accuracy", "hits", "summary", "private")
+#: The team of every model registered without one (and of every entry written before teams).
+DEFAULT_TEAM = "default"
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 SHA_RE = re.compile(r"[0-9a-f]{64}")
 NAME_RULE = "1 to 128 characters of A-Z a-z 0-9 . _ -, not starting with '.'"
@@ -91,12 +97,23 @@ class ModelRecord:
     hits: float = 0.0
     extras: tuple[str, ...] = ()
     extra_checksums: dict[str, str] = field(default_factory=dict)
+    owner: str = DEFAULT_TEAM          # the team that registered it
+    user: str | None = None            # who in that team, where the client said
+    private: bool = False              # readable (and a parent) only for its team and operators
 
     def to_json(self) -> dict:
-        return {"format": FORMAT_VERSION, "name": self.name, "accuracy": self.accuracy, "checksum": self.checksum,
-                "nbytes": self.nbytes, "num_params": self.num_params, "summary": self.summary,
-                "created": self.created, "hits": self.hits, "extras": list(self.extras),
-                "extra_checksums": dict(self.extra_checksums)}
+        out = {"format": FORMAT_VERSION, "name": self.name, "accuracy": self.accuracy, "checksum": self.checksum,
+               "nbytes": self.nbytes, "num_params": self.num_params, "summary": self.summary,
+               "created": self.created, "hits": self.hits, "extras": list(self.extras),
+               "extra_checksums": dict(self.extra_checksums)}
+        # left out at their defaults: a zoo without teams keeps the entries it always wrote
+        if self.owner != DEFAULT_TEAM:
+            out["owner"] = self.owner
+        if self.user is not None:
+            out["user"] = self.user
+        if self.private:
+            out["private"] = True
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "ModelRecord":
@@ -110,7 +127,8 @@ class ModelRecord:
             rec = cls(name=check_name(d["name"]), accuracy=float(d["accuracy"]), checksum=str(d["checksum"]),
                       nbytes=int(d["nbytes"]), num_params=int(d["num_params"]), summary=dict(d["summary"]),
                       created=float(d["created"]), hits=float(d.get("hits", 0.0)), extras=extras,
-                      extra_checksums=sums)
+                      extra_checksums=sums, owner=check_name(d.get("owner", DEFAULT_TEAM), "team name"),
+                      user=None if d.get("user") is None else str(d["user"]), private=bool(d.get("private", False)))
             if not SHA_RE.fullmatch(rec.checksum) or set(extras) != set(sums) or \
                     not all(SHA_RE.fullmatch(s) for s in sums.values()):
                 raise ValueError("checksums are missing or not sha256 hex")

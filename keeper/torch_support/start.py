@@ -34,6 +34,7 @@ from typing import Any
 from keeper.actors.config import ServiceConfig, load_config
 from keeper.choice.selection import ParentChoice
 from keeper.errors import CheckpointError, KeeperError, ServiceError, StoreError
+from keeper.teams import Client
 from keeper.torch_support import distributed, trial
 from keeper.torch_support.export import Exported, export_graph, module_weights
 from keeper.torch_support.inputs import example_for, trainer_building
@@ -81,9 +82,9 @@ def parent_source(zoo: Any, config: Any = None) -> ParentSource:
         return zoo
     cfg = load_config(config)
     if isinstance(zoo, ActorHandle):
-        return ServiceClient(zoo, cfg.timeouts.choice_s)
+        return ServiceClient(zoo, cfg.timeouts.choice_s, client=Client.from_config(cfg))
     if zoo is None:
-        return ServiceClient(connect(cfg), cfg.timeouts.choice_s)
+        return ServiceClient(connect(cfg), cfg.timeouts.choice_s, client=Client.from_config(cfg))
     raise KeeperError(f"warm_start: zoo {zoo!r} is a {type(zoo).__name__}; pass a keeper.Zoo (e.g. "
                       "keeper.Zoo('path/to/zoo')), the service's handle (keeper.actors.start()), or nothing for the "
                       "running service")
@@ -227,7 +228,7 @@ def _running_service(cfg: ServiceConfig) -> ParentSource | None:
         return None
     _, ServiceClient, connect, _ = _service("warm_start")  # noqa: N806 - the class, imported with Ray
     try:
-        return ServiceClient(connect(cfg), cfg.timeouts.choice_s)
+        return ServiceClient(connect(cfg), cfg.timeouts.choice_s, client=Client.from_config(cfg))
     except ServiceError:
         return None
 
@@ -371,8 +372,9 @@ def register(module: Any, example_input: Any, zoo: Any, accuracy: float, name: s
 
     ``lineage``: ``WarmResult.lineage()`` of the warm start the module was trained from (see
     :meth:`keeper.Zoo.register`). ``config``: the service's config, for the exporter (``dynamo``) and the bound on
-    the service's answer (``timeouts.register_s``), as for :func:`warm_start`. Returns the zoo's record (a dict
-    through the service).
+    the service's answer (``timeouts.register_s``), and, through the service, who registers (its ``team`` and
+    ``secret_file``, else ``$KEEPER_TEAM`` / ``$KEEPER_SECRET``), as for :func:`warm_start`; a :class:`keeper.Zoo`
+    registers as its own client. Returns the zoo's record (a dict through the service).
 
     Example:
         >>> keeper.register(model, torch.randn(1, 1, 40), keeper.Zoo("/tmp/zoo"), 0.91, name="net-a")  # doctest: +SKIP
@@ -387,6 +389,8 @@ def register(module: Any, example_input: Any, zoo: Any, accuracy: float, name: s
     if not isinstance(handle, ActorHandle):
         raise KeeperError(f"register: zoo {zoo!r} is a {type(zoo).__name__}; pass a keeper.Zoo or the service's "
                           "handle (keeper.actors.start())")
-    ref = handle.register.remote(exported.onnx, float(accuracy), name, weights_bytes(weights), lineage)
+    who = zoo.client if isinstance(zoo, ServiceClient) and zoo.client is not None else Client.from_config(cfg)
+    ref = handle.register.remote(exported.onnx, float(accuracy), name, weights_bytes(weights), lineage,
+                                 client=who.to_wire())
     return remote.get(ref, cfg.timeouts.register_s,
                       remote.Demand(f"registering model {name!r} (timeouts.register_s)", actor=handle))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from keeper.errors import AdmissionError, ServiceError
+from keeper.errors import (AdmissionError, RateLimitedError, ReadOnlyClientError, SecretMissingError, SecretRejectedError,
+                           ServiceError, TeamMismatchError, UnknownTeamError)
 
 __all__ = ["is_hf_trainer", "no_checkpoint", "no_metric", "out_of_range", "refused", "recorded"]
 
@@ -73,6 +74,13 @@ def refused(trial_id: str, cause: BaseException) -> str:
             fix = "KeeperCallback(..., capacity_bytes=...) sets the zoo's byte budget"
         elif "taken by" in text or "already stored as" in text:
             fix = "KeeperCallback(..., name_prefix=...) names this experiment's models apart from earlier ones"
+    elif isinstance(cause, (SecretMissingError, SecretRejectedError, UnknownTeamError, TeamMismatchError)):
+        fix = ("KeeperCallback(..., team=..., secret_file=...) names the trials' team and its secret (or set "
+               "KEEPER_TEAM and KEEPER_SECRET_FILE where the Tune driver runs)")
+    elif isinstance(cause, ReadOnlyClientError):
+        fix = "a read-only client registers nothing: drop KeeperCallback(read_only=True) / KEEPER_READ_ONLY"
+    elif isinstance(cause, RateLimitedError):
+        fix = "the team's registration rate is spent; an operator raises it (`keeper team policy --rate-burst`)"
     elif isinstance(cause, ServiceError) or type(cause).__name__ in ("GetTimeoutError", "ActorDiedError"):
         fix = "KeeperCallback(..., timeouts={'register_s': ...}) waits longer for a registration"
     return f"trial {trial_id} was not registered: {text}" + (f". In the Tune code: {fix}" if fix else "")

@@ -45,6 +45,7 @@ import ray
 from ray.tune import Callback
 
 from keeper.actors.config import load_config
+from keeper.teams import Client
 from keeper.actors.launcher import find, start
 from keeper.actors.remote import demand_of, get
 from keeper.choice.inheritance import training_of
@@ -69,7 +70,9 @@ class KeeperCallback(Callback):
         score_fn: maps the metric to the zoo's accuracy in [0, 1]; needed when mode is ``"min"`` (e.g.
             ``lambda loss: math.exp(-loss)``). Default: the metric itself.
         config: the service's config (YAML path, mapping or ServiceConfig); ``**overrides`` on top, e.g.
-            ``zoo="/data/zoo"``. Trainables pass the same ``config`` to ``warm_start`` when it is not the default.
+            ``zoo="/data/zoo"``, or ``team="vision"`` (the team the trials' models belong to; its secret from
+            ``secret_file=`` or ``$KEEPER_SECRET`` / ``$KEEPER_SECRET_FILE``; default ``$KEEPER_TEAM``). Trainables
+            pass the same ``config`` to ``warm_start`` when it is not the default.
         model_builder: optional ``fn(trial_config) -> (module, example_input)``. With it, keeper can register
             checkpoints of trials that never called ``warm_start``.
         wait_for_registration: a trial's parent choice waits for the registrations of the trials that ended
@@ -100,6 +103,8 @@ class KeeperCallback(Callback):
         self.metric, self.mode = metric, mode
         self.score_fn = score_fn
         self.config = load_config(config, **overrides)  # checked now, on the driver, not in a trial
+        # who registers: the config's team (KeeperCallback(team=...)) and secret file, else $KEEPER_TEAM...
+        self.client = Client.from_config(self.config)
         self.model_builder = model_builder
         self.wait_for_registration = wait_for_registration
         self.name_prefix = name_prefix
@@ -285,7 +290,8 @@ class KeeperCallback(Callback):
             handle.expect.remote(name)  # before the next trial asks: actor calls arrive in milliseconds
         future = self._thread().submit(_register, handle, name, checkpoint, trial.storage.storage_filesystem,
                                    trial.storage.trial_fs_path, accuracy, self.model_builder, dict(trial.config),
-                                   self.config.timeouts.register_s, self.config.zoo_uri, training)
+                                   self.config.timeouts.register_s, self.config.zoo_uri, training,
+                                   self.client.to_wire())
         self._pending[tid] = _Pending(future, name, time.perf_counter())
 
     def _landed(self, trial: Any) -> bool:
@@ -358,7 +364,8 @@ class _Pending(NamedTuple):
 
 
 def _register(handle: Any, name: str, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float,
-              builder: Any, config: dict, timeout_s: float, zoo_uri: str | None, training: dict) -> tuple[dict, float]:
+              builder: Any, config: dict, timeout_s: float, zoo_uri: str | None, training: dict,
+              client: dict | None = None) -> tuple[dict, float]:
     """The trial's checkpoint registered as ``name`` (in the driver's registration thread): the zoo's record and
     the thread's CPU seconds; ``name`` is settled at the front door whatever happens, so no parent choice waits for
     it longer than it runs."""
@@ -367,7 +374,7 @@ def _register(handle: Any, name: str, checkpoint: Any, storage_fs: Any, trial_fs
     t0 = time.thread_time()
     try:
         record = register_trial(handle, checkpoint, storage_fs, trial_fs_path, accuracy, name, builder, config,
-                                timeout_s, zoo_uri, training=training)
+                                timeout_s, zoo_uri, training=training, client=client)
     finally:
         handle.settled.remote(name)
     return record, time.thread_time() - t0

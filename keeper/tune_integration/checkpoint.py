@@ -113,10 +113,11 @@ def _template_of(state: dict, what: str, builder: Callable[[], tuple[Any, Any]] 
 
 def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float, name: str,
                    builder: Callable[[dict], tuple[Any, Any]] | None, config: dict, timeout_s: float,
-                   zoo_uri: str | None = None, training: dict | None = None) -> dict:
+                   zoo_uri: str | None = None, training: dict | None = None,
+                   client: dict | None = None) -> dict:
     """Register a finished trial's checkpoint into the zoo (in the Tune driver's registration thread, off Tune's
     loop); ``training``: its learning curve's summary (:func:`keeper.choice.inheritance.training_of`), kept in the
-    model's lineage.
+    model's lineage; ``client``: who registers (:meth:`keeper.teams.Client.to_wire`, the callback's team).
 
     Weights already in the zoo are that stored model trained again (a search repeated with the same seeds): the
     trial is recorded on it (``record_again``), never refused for it.
@@ -137,8 +138,8 @@ def register_trial(handle: Any, checkpoint: Any, storage_fs: Any, trial_fs_path:
     need = Demand(f"registering {what} (timeouts.register_s)", actor=handle)
     # weights apart as safetensors bytes: no ONNX 2 GB bound, and plain bytes on the wire
     blob = None if weights is None else weights_bytes(weights)
-    return get(handle.register.remote(model, float(accuracy), name, blob, lineage, record_again=True), timeout_s,
-               need)
+    return get(handle.register.remote(model, float(accuracy), name, blob, lineage, record_again=True,
+                                      client=client), timeout_s, need)
 
 
 def _read_lineage(storage_fs: Any, path: str, what: str) -> dict | None:
