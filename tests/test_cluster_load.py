@@ -1,14 +1,18 @@
 """The service under a shared cluster's load: four drivers (each its own process and Ray driver, as the jobs of a
 shared cluster are) register and warm at once through one service on a 3-node loopback cluster. No registration
 is lost or duplicated and no warm times out; killing the ZooManager (Ray restarts it) or removing a node that
-holds matchers while they run fails no call and loses no registration that had returned."""
+holds matchers while they run fails no call and loses no registration that had returned. And what keeper builds
+for trials is built once per node: every node has a cache directory of its own, as separate machines have
+separate disks, and a trial process on a node reads the architecture another process on that node traced."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -28,14 +32,22 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     store = 100 * 2**20
+    caches = Path(tempfile.mkdtemp(prefix="keeper-node-caches-"))
+
+    def disk(i: int) -> dict:  # each node's own architecture cache, as each machine has its own disk
+        return {"env_vars": {"KEEPER_ARCH_CACHE": str(caches / f"node{i}")}}
+
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head": 1},
-                                                      "object_store_memory": store, "include_dashboard": False})
-    workers = [c.add_node(num_cpus=1, resources={"worker": 1}, object_store_memory=store) for _ in range(2)]
+                                                      "object_store_memory": store, "include_dashboard": False,
+                                                      **disk(0)})
+    workers = [c.add_node(num_cpus=1, resources={"worker": 1}, object_store_memory=store, **disk(i + 1))
+               for i in range(2)]
     ray.init(address=c.address, log_to_driver=False)
     c.wait_for_nodes()
     yield c, workers
     ray.shutdown()
     c.shutdown()
+    shutil.rmtree(caches, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +144,38 @@ def test_killing_the_zoo_manager_mid_load_fails_nothing(service, drivers):
     _send(drivers, "kill")
     _wait_for(zoo, "kill", 2)
     ray.kill(manager, no_restart=False)  # Ray restarts it (max_restarts -1); calls in flight are retried
+    at_kill = sum(n.startswith("kill-") for n in _catalog(zoo))
     answers = _answers(drivers)
+    assert at_kill < DRIVERS * STEPS, "the manager died with registrations still to come"
     _check(answers, zoo, "kill", handle)
     assert ray.get(manager.pid.remote(), timeout=60) != pid, "the manager was restarted"
+
+
+def test_trial_processes_trace_an_architecture_once_per_node(cluster):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    _, workers = cluster
+
+    @ray.remote(num_cpus=1, max_calls=1)  # a fresh process per call, as Tune starts a trial's
+    def trial_process():
+        import torch
+
+        from keeper.torch_support import cache
+        from keeper.torch_support.export import export_graph
+
+        model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 4))
+        export_graph(model, torch.zeros(1, 16))
+        return cache.stats()
+
+    def on(worker):
+        return trial_process.options(scheduling_strategy=NodeAffinitySchedulingStrategy(worker.node_id, soft=False))
+
+    first, second = workers
+    # one CPU per node: the two processes on the first node run one after the other
+    stats = ray.get([on(first).remote(), on(first).remote(), on(second).remote()], timeout=300)
+    counts = [(s["misses"], s["disk_hits"]) for s in stats]
+    assert sorted(counts[:2]) == [(0, 1), (1, 0)], stats  # traced once on the node, read there by the other
+    assert counts[2] == (1, 0), stats  # another node, another disk: traced there once
 
 
 def test_removing_a_node_with_matchers_mid_load_fails_nothing(cluster, service, drivers):
@@ -145,7 +186,10 @@ def test_removing_a_node_with_matchers_mid_load_fails_nothing(cluster, service, 
     _send(drivers, "node")
     _wait_for(zoo, "node", 2)
     c.remove_node(victim)
+    at_removal = sum(n.startswith("node-") for n in _catalog(zoo))
     answers = _answers(drivers)
+    assert at_removal < DRIVERS * STEPS, "the node went with registrations and warms still to come"
     _check(answers, zoo, "node", handle)
+    assert ray.get(handle.stats.remote(), timeout=30)["matcher_deaths"] >= 1, "the warms met the lost matchers"
     placement = ray.get(handle.placement.remote(), timeout=60)
     assert victim.node_id not in {p["node"] for p in placement}
