@@ -6,12 +6,14 @@ The published system's measures:
         on the test split; a single training job's is its last report's.
     target: the cold twin's final quality, less ``margin`` of it (default 1%: one image of the 300 digits in the
         test split moves the accuracy by 0.3%).
-    completion: the first report of the job at or above the target; a job that never reaches it completes at its
-        end and counts as not reached.
+    completion: the first report of the job at or above the target.
     TC speed-up of a job: the cold twin's time from arrival to completion over the keeper job's.
     compute saving: 1 - the keeper jobs' trial-seconds up to completion / the cold twins' (each trial's running time,
         from its start to its end or to the job's completion); also in training steps, which the machine's load does
         not move.
+    a keeper job that never reaches the target (not reached) saved nothing and was not sooner, however early it
+        ended (an ASHA search can stop its trials before they get there): its TC speed-up is at most 1x and its
+        trial-seconds (and steps) count as at least its cold twin's up to completion.
 
 Invariants: every figure is computed from the jobs' result files alone (what ``drive`` wrote); a job that failed
 in either arm is counted as failed and left out of the ratios, never dropped silently.
@@ -57,11 +59,13 @@ def final_quality(result: dict) -> float | None:
 
 @dataclass(frozen=True)
 class Progress:
-    """One job run up to its completion: reached (the target), seconds from arrival to completion, trial-seconds
+    """One job run up to its completion: reached (the target), seconds from arrival to completion (and from its
+    first trial's start: its training alone, without its driver's start or a wait for a driver slot), trial-seconds
     and training steps by then, and the same over the whole job."""
 
     reached: bool
     tc_s: float
+    train_s: float
     trial_s: float
     steps: int
     total_trial_s: float
@@ -85,7 +89,9 @@ def progress(result: dict, target: float) -> Progress:
     hit = next((e for e in events if e["test_accuracy"] >= target), None)
     at = float(hit["t"]) if hit else ended
     steps = sum(int(e["round_steps"]) for e in events if e["t"] <= at)
-    return Progress(reached=hit is not None, tc_s=at - arrived, trial_s=_trial_seconds(result["trials"], at),
+    first = min((s for t in result["trials"].values() for s in t["starts"]), default=arrived)
+    return Progress(reached=hit is not None, tc_s=at - arrived, train_s=at - first,
+                    trial_s=_trial_seconds(result["trials"], at),
                     steps=steps, total_trial_s=_trial_seconds(result["trials"], ended),
                     total_steps=sum(int(e["round_steps"]) for e in events), wall_s=ended - arrived)
 
@@ -114,8 +120,24 @@ class Twin:
 
     @property
     def tc(self) -> float:
-        """The TC speed-up (cold's time to completion over keeper's)."""
-        return self.cold.tc_s / max(self.keeper.tc_s, 1e-9)
+        """The TC speed-up (cold's time to completion over keeper's; at most 1 for a keeper job not reached)."""
+        ratio = self.cold.tc_s / max(self.keeper.tc_s, 1e-9)
+        return ratio if self.keeper.reached else min(1.0, ratio)
+
+    @property
+    def tc_train(self) -> float:
+        """The same from each run's first trial start (training alone)."""
+        ratio = self.cold.train_s / max(self.keeper.train_s, 1e-9)
+        return ratio if self.keeper.reached else min(1.0, ratio)
+
+    @property
+    def keeper_cost(self) -> tuple[float, float]:
+        """(trial-seconds, steps) the keeper job spent up to completion, as the saving counts them: at least the
+        cold twin's for a job not reached."""
+        k, c = self.keeper, self.cold
+        if k.reached:
+            return k.trial_s, float(k.steps)
+        return max(k.total_trial_s, c.trial_s), float(max(k.total_steps, c.steps))
 
     @property
     def diff(self) -> float:
@@ -145,8 +167,9 @@ def twins(jobs: Iterable[Any], cold: dict[str, dict], keeper: dict[str, dict], m
     return out
 
 
-def bootstrap(values: Sequence[tuple[float, float]], stat, n: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """The 5th and 95th percentiles of ``stat`` over ``n`` resamples (with replacement) of the pairs ``values``."""
+def bootstrap(values: Sequence[tuple[float, ...]], stat, n: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """The 5th and 95th percentiles of ``stat`` over ``n`` resamples (with replacement) of the rows ``values`` (one
+    per job)."""
     if len(values) < 2:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
@@ -159,8 +182,8 @@ def _saving(pairs: np.ndarray) -> float:
     return float(1.0 - pairs[:, 1].sum() / max(pairs[:, 0].sum(), 1e-9))
 
 
-def _median_ratio(pairs: np.ndarray) -> float:
-    return float(np.median(pairs[:, 0] / np.maximum(pairs[:, 1], 1e-9)))
+def _median(rows: np.ndarray) -> float:
+    return float(np.median(rows[:, 0]))
 
 
 def group(twins_: Sequence[Twin]) -> dict:
@@ -171,16 +194,16 @@ def group(twins_: Sequence[Twin]) -> dict:
     out: dict[str, Any] = {"jobs": len(twins_), "failed": len(twins_) - len(ok)}
     if not ok:
         return out
-    secs = [(t.cold.trial_s, t.keeper.trial_s) for t in ok]
-    steps = [(float(t.cold.steps), float(t.keeper.steps)) for t in ok]
-    tcs = [(t.cold.tc_s, t.keeper.tc_s) for t in ok]
+    secs = [(t.cold.trial_s, t.keeper_cost[0]) for t in ok]
+    steps = [(float(t.cold.steps), t.keeper_cost[1]) for t in ok]
     ratios = np.array([t.tc for t in ok])
     diffs = np.array([t.diff for t in ok])
     out.update(
         saving=_saving(np.asarray(secs)), saving_ci=bootstrap(secs, _saving),
         saving_steps=_saving(np.asarray(steps)), saving_steps_ci=bootstrap(steps, _saving),
-        tc_median=float(np.median(ratios)), tc_ci=bootstrap(tcs, _median_ratio),
+        tc_median=float(np.median(ratios)), tc_ci=bootstrap([(r,) for r in ratios], _median),
         tc_quartiles=[float(np.percentile(ratios, q)) for q in (25, 75)],
+        tc_train_median=float(np.median([t.tc_train for t in ok])),
         tc_min=float(ratios.min()), tc_max=float(ratios.max()), tc_geomean=float(np.exp(np.mean(np.log(ratios)))),
         tc_hist=tc_histogram(ratios), reached=sum(t.keeper.reached for t in ok),
         worse=int((diffs < 0).sum()), worse_1pt=int((diffs < -0.01).sum()),

@@ -70,7 +70,7 @@ class Sizes:
 #: A few minutes' look (the default of scripts/bench_cluster.py).
 QUICK = Sizes()
 #: The report's run: 300 jobs of both arms in about 1.5-2 hours on 2 idle cores.
-REPORT = Sizes(steps=160, round_steps=40, nas_archs=4, hpo_draws=6, gap_s=8.0)
+REPORT = Sizes(steps=160, round_steps=40, nas_archs=3, hpo_draws=5, gap_s=8.0)
 
 
 @dataclass(frozen=True)
