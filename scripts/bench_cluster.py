@@ -25,8 +25,8 @@ Parts (``--parts``, all by default):
   eviction keep, and how the saving falls with the budget (against the same jobs' cold arm).
 
 Usage:
-    python scripts/bench_cluster.py                      # quick look: 16 jobs and the small parts (~15-25 min)
-    python scripts/bench_cluster.py --parts trace --jobs 8   # the trace alone, 8 jobs (~5-8 min)
+    python scripts/bench_cluster.py                      # quick look: 16 jobs and the small parts (~10-15 min)
+    python scripts/bench_cluster.py --parts trace --jobs 8   # the trace alone, 8 jobs (~3-5 min)
     python scripts/bench_cluster.py --jobs 300           # the report's run (about 1.5-2 h per arm pair of the
                                                          # trace on 2 idle cores, the other parts ~1 h more)
     python scripts/bench_cluster.py --jobs 300 --resume  # go on from where a stopped run ended
@@ -87,9 +87,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-drivers", type=int, default=6, help="job processes at once; later arrivals wait")
     p.add_argument("--margin", type=float, default=0.01, help="completion: the cold twin's final quality less this "
                    "share of it")
-    p.add_argument("--zoo-workloads", default="digits,lm", help="workloads of the searches that start with a zoo")
-    p.add_argument("--zoo-trials", type=int, help="draws per search that starts with a zoo (default: 12; quick 6)")
-    p.add_argument("--capacity-jobs", type=int, help="jobs of the capacity curve (default: 60; quick 8)")
+    p.add_argument("--zoo-workloads", help="workloads of the searches that start with a zoo (default: digits,lm; "
+                   "quick digits)")
+    p.add_argument("--zoo-trials", type=int, help="draws per search that starts with a zoo (default: 12; quick 4)")
+    p.add_argument("--capacity-jobs", type=int, help="jobs of the capacity curve (default: 60; quick 6)")
     p.add_argument("--capacities", default="0.1,0.3,1.0", help="capacity_bytes as shares of what those jobs register")
     p.add_argument("--resume", action="store_true", help="go on from the report's json and the work directory")
     p.add_argument("--report", action="store_true", help="only write the report again from its json")
@@ -126,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             sizes = Sizes(**{**sizes.as_dict(), "gap_s": args.gap})
         settings = {"jobs": args.jobs, "seed": args.seed, "sizes": sizes.as_dict(), "size": "report" if report
                     else "quick", "nodes": args.nodes, "node_cpus": args.node_cpus, "max_drivers": args.max_drivers,
-                    "margin": args.margin, "zoo_workloads": [w for w in args.zoo_workloads.split(",") if w],
-                    "zoo_trials": args.zoo_trials or (12 if report else 6),
-                    "capacity_jobs": min(args.jobs, args.capacity_jobs or (60 if report else 8)),
+                    "margin": args.margin,
+                    "zoo_workloads": [w for w in (args.zoo_workloads or ("digits,lm" if report else "digits"))
+                                      .split(",") if w],
+                    "zoo_trials": args.zoo_trials or (12 if report else 4),
+                    "capacity_jobs": min(args.jobs, args.capacity_jobs or (60 if report else 6)),
                     "capacities": [float(x) for x in args.capacities.split(",")], "parts": parts}
         state = {"settings": settings, "commands": [], "arms": {}, "results": {}, "jobs": {}}
     state["commands"].append("python scripts/bench_cluster.py" + (" " + " ".join(sys.argv[1:]) if argv is None
@@ -216,6 +219,7 @@ class _Bench:
                 cpu1 = keeper_actor_cpu()
                 record["actor_cpu_s"] = record.get("actor_cpu_s", 0.0) + sum(
                     max(0.0, cpu1.get(k, 0.0) - cpu0.get(k, 0.0)) for k in cpu1)
+                record.setdefault("service_stats", []).append(drive.service_stats(address, service, self.workdir))
                 drive.stop_service(address, service, self.workdir)
         record["segments"].append({"wall_s": seg["wall_s"], "started": seg["started"], "samples": seg["samples"]})
         self.write()
@@ -448,6 +452,16 @@ def _service(state: dict) -> list[str]:
             f"the keeper arm's {wall:.0f} s of wall time "
             f"({_pct(arm.get('actor_cpu_s', 0) / max(wall * os.cpu_count(), 1e-9))} of the machine's cores).",
             f"- failed jobs: {failed} keeper; errored trials: {errors} keeper, {cold_errors} cold.", ""]
+    for st in arm.get("service_stats", []):
+        if "error" in st:
+            out += [f"- `keeper stats` at the end: {st['error']}", ""]
+            continue
+        sec = lambda v: "-" if v is None else f"{1e3 * v:.0f} ms"  # noqa: E731
+        out += [f"- `keeper stats` at the end of the arm: {st.get('models')} models, {st.get('registers')} "
+                f"registrations and {st.get('queries')} queries through the front door, {st.get('errors')} errors; "
+                f"parent search p50 {sec(st.get('search_p50'))}, p99 {sec(st.get('search_p99'))}; "
+                f"{st.get('matchers')} matchers ({st.get('matcher_deaths')} died, {st.get('batches_redone')} batches "
+                f"redone, {st.get('local_batches')} stages scored in the front door).", ""]
     samples = [x for seg in arm.get("segments", []) for x in seg["samples"]]
     growth = reading.zoo_growth(samples)
     if growth:
@@ -520,8 +534,9 @@ def _capacity(state: dict) -> list[str]:
             f"at shares of what they register unbounded ({registered / 1e6:.1f} MB); admission (the outlier filter) "
             "and eviction (value per byte: hits, decayed, and near-duplicates) on the fly, as shipped. Against the "
             "same jobs' cold arm."), "",
-           "| capacity | bytes | models kept at the end | registered | refused by admission | evicted | trials "
-           "warmed | compute saving | TC median | ended worse |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| capacity | bytes | models kept at the end | registered | refused (outliers, or larger than the budget) "
+           "| evicted | trials warmed | compute saving | TC median | ended worse |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for share in shares:
         arm = "keeper-cap-full" if share >= 1.0 else f"keeper-cap{int(round(100 * share))}"
         if arm not in state["results"]:

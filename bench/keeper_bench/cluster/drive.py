@@ -15,7 +15,8 @@
 
 Invariants: a job whose result file exists is not run again (``drive`` resumes a trace; the remaining jobs keep
 their gaps, the first of them arriving at once); every result is written whole by its job's process; a job whose
-process dies without a result gets one saying so.
+process dies without a result gets one saying so; a finished job's Tune directory is removed (its result holds
+what the reading needs; its models are in the zoo).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import Any, Callable
 from keeper_bench.cluster.job import dataset_file
 from keeper_bench.cluster.trace import Job
 
-__all__ = ["start_cluster", "serve", "stop_service", "drive", "ZooSampler", "service_config", "keeper_command"]
+__all__ = ["start_cluster", "serve", "service_stats", "stop_service", "drive", "ZooSampler", "service_config",
+           "keeper_command"]
 
 
 def _node_env(root: str, i: int) -> dict[str, str]:
@@ -88,6 +90,17 @@ def serve(address: str, config: dict, workdir: str) -> float:
     if proc.returncode:
         raise RuntimeError(f"keeper serve failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return time.perf_counter() - t0
+
+
+def service_stats(address: str, config: dict, workdir: str) -> dict:
+    """``keeper stats`` of the service of ``config`` (its JSON), or ``{"error": ...}``."""
+    path = os.path.join(workdir, f"keeper-{config['namespace']}.yaml")
+    proc = subprocess.run([*keeper_command(), "stats", "--config", path, "--address", address], capture_output=True,
+                          text=True, timeout=120)
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        return {"error": (proc.stderr or proc.stdout)[-500:]}
 
 
 def stop_service(address: str, config: dict, workdir: str) -> None:
@@ -195,6 +208,9 @@ def drive(jobs: list[Job], *, arm: str, address: str, workdir: str, service: dic
                 if r.log is not None:
                     r.log.close()
                 result = _result(r)
+                # the job's Tune directory (its checkpoints) served its run and its registrations: the result holds
+                # what the reading needs, and 300 jobs' checkpoints would take gigabytes
+                shutil.rmtree(os.path.join(root, "tune", r.job.name), ignore_errors=True)
                 done[r.job.index] = float(result.get("ended", time.time()))
                 on_done(r.job, result)
             for j in list(waiting):

@@ -171,7 +171,11 @@ def run_job(job: Job, address: str, storage: str, data_path: str, service: dict 
         param_space={"index": tune.grid_search([int(t["index"]) for t in job.trials])},
         tune_config=tune.TuneConfig(scheduler=scheduler, metric="val_accuracy" if scheduler else None,
                                     mode="max" if scheduler else None, max_concurrent_trials=job.concurrency),
-        run_config=tune.RunConfig(name=job.name, storage_path=storage, callbacks=callbacks, verbose=0))
+        # the best checkpoint of each trial is the one the callback registers: the others need no disk
+        run_config=tune.RunConfig(name=job.name, storage_path=storage, callbacks=callbacks, verbose=0,
+                                  checkpoint_config=tune.CheckpointConfig(
+                                      num_to_keep=1, checkpoint_score_attribute="val_accuracy",
+                                      checkpoint_score_order="max")))
     fit_start = time.time()
     grid = tuner.fit()
     out = {"job": job.name, "keeper": service is not None, "started": started, "connected": connected,
