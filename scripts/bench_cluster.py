@@ -30,17 +30,20 @@ Usage:
     python scripts/bench_cluster.py --jobs 300           # the report's run (about 1.5-2 h per arm pair of the
                                                          # trace on 2 idle cores, the other parts ~1 h more)
     python scripts/bench_cluster.py --jobs 300 --resume  # go on from where a stopped run ended
-    python scripts/bench_cluster.py --report             # the report again from reports/bench_cluster.json
+    python scripts/bench_cluster.py --jobs 300 --report  # the report again from reports/bench_cluster.json
 
-Writes reports/bench_cluster.md and .json (``--name``), rewritten as each job ends (marked incomplete until the
-end); the jobs' own results, logs, Tune directories and zoos stay in ``--workdir``. The loopback nodes' CPUs share
-this machine's cores: run it on an otherwise idle machine (the report gives the load beside the figures).
+Writes reports/bench_cluster.md and .json (bench_cluster_quick.* for the quick budgets; ``--name``), rewritten as
+each job ends (marked incomplete until the end); the jobs' results, logs and zoos stay in ``--workdir``. A job a
+stopped run left half done runs again from its start on ``--resume`` (what its first run registered stays in the
+zoo). The loopback nodes' CPUs share this machine's cores: run it on an otherwise idle machine (the report gives
+the load beside the figures).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -69,7 +72,10 @@ def _compact(result: dict) -> dict:
     for e in result.get("events") or []:
         kept = {k: e.get(k) for k in _KEPT}
         if e.get("warm_phases") not in (None, "{}"):
-            kept["reason"] = (e.get("reason") or "")[:300]
+            reason = e.get("reason") or ""
+            kept["reason"] = reason[:300]
+            # the choice's note ends the reason: a wait for registrations in flight that ran out
+            kept["arrival_wait_ran_out"] = "were not waited for" in reason
         events.append(kept)
     out["events"] = events
     return out
@@ -96,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="only write the report again from its json")
     p.add_argument("--workdir", help="default: OUT/tmp/NAME")
     p.add_argument("--out", default="reports")
-    p.add_argument("--name", default="bench_cluster")
+    p.add_argument("--name", help="the report's name (default: bench_cluster for the report's budgets, "
+                   "bench_cluster_quick for the quick ones)")
     return p
 
 
@@ -108,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown parts {sorted(set(parts) - set(PARTS))}; expected a subset of {','.join(PARTS)}")
     if not 2 <= args.nodes <= 4 and "trace" in parts:
         p.error("--nodes: the trace runs on 2-4 loopback nodes")
+    if args.name is None:
+        args.name = "bench_cluster" if (args.size or ("report" if args.jobs >= 100 else "quick")) == "report" \
+            else "bench_cluster_quick"
     json_path = os.path.join(args.out, f"{args.name}.json")
     if args.report:
         with open(json_path) as f:
@@ -151,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     state["versions"] = f"torch {torch.__version__}, ray {ray.__version__}, python {platform.python_version()}"
     state["complete"] = True
-    bench.write()
+    bench.write(0)
     _print_summary(state)
     return 0
 
@@ -165,8 +175,14 @@ class _Bench:
         self.numbers: dict[str, int] = {}
 
     # -------------------------------------------------------------------------------------------- plumbing
-    def write(self) -> None:
-        _write(self.out, self.name, self.state)
+    def write(self, every_s: float = 60.0) -> None:
+        """The json now; the markdown at most every ``every_s`` seconds (0: now), since reading every job again
+        as each of 600 ends would take minutes of the cores the jobs run on."""
+        now = time.monotonic()
+        markdown = now - getattr(self, "_written", -math.inf) >= every_s
+        _write(self.out, self.name, self.state, markdown)
+        if markdown:
+            self._written = now
 
     def with_cluster(self, nodes: int, cpus: float, body) -> None:
         import ray
@@ -222,7 +238,7 @@ class _Bench:
                 record.setdefault("service_stats", []).append(drive.service_stats(address, service, self.workdir))
                 drive.stop_service(address, service, self.workdir)
         record["segments"].append({"wall_s": seg["wall_s"], "started": seg["started"], "samples": seg["samples"]})
-        self.write()
+        self.write(0)
 
     def service(self, arm: str, capacity: int | None = None) -> dict:
         from keeper_bench.cluster.drive import service_config
@@ -451,7 +467,10 @@ def _service(state: dict) -> list[str]:
             f"- keeper's actors (front door, zoo manager, matchers): {arm.get('actor_cpu_s', 0):.0f} CPU-seconds over "
             f"the keeper arm's {wall:.0f} s of wall time "
             f"({_pct(arm.get('actor_cpu_s', 0) / max(wall * os.cpu_count(), 1e-9))} of the machine's cores).",
-            f"- failed jobs: {failed} keeper; errored trials: {errors} keeper, {cold_errors} cold.", ""]
+            f"- failed jobs: {failed} keeper; errored trials: {errors} keeper, {cold_errors} cold; warm starts whose "
+            f"wait for registrations in flight ran out (`timeouts.arrival_s`): "
+            f"{sum(bool(e.get('arrival_wait_ran_out')) for r in res for e in r.get('events') or [])} of "
+            f"{lat.get('n', 0)}.", ""]
     for st in arm.get("service_stats", []):
         if "error" in st:
             out += [f"- `keeper stats` at the end: {st['error']}", ""]
@@ -589,14 +608,15 @@ def _closing(state: dict, twins: list) -> list[str]:
     return out + lines + [""]
 
 
-def _write(out_dir: str, name: str, state: dict) -> None:
+def _write(out_dir: str, name: str, state: dict, markdown: bool = True) -> None:
     os.makedirs(out_dir, exist_ok=True)
     tmp = os.path.join(out_dir, f".{name}.json.tmp")
     with open(tmp, "w") as f:
         json.dump(state, f)
     os.replace(tmp, os.path.join(out_dir, f"{name}.json"))
-    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
-        f.write(_markdown(state))
+    if markdown:
+        with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+            f.write(_markdown(state))
 
 
 def _print_summary(state: dict) -> None:

@@ -167,23 +167,25 @@ def twins(jobs: Iterable[Any], cold: dict[str, dict], keeper: dict[str, dict], m
     return out
 
 
-def bootstrap(values: Sequence[tuple[float, ...]], stat, n: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """The 5th and 95th percentiles of ``stat`` over ``n`` resamples (with replacement) of the rows ``values`` (one
-    per job)."""
-    if len(values) < 2:
+def bootstrap(rows: Sequence[tuple[float, ...]], stat, n: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """The 5th and 95th percentiles of ``stat`` over ``n`` resamples (with replacement) of ``rows`` (one per job).
+    ``stat`` maps an array of resamples, shape (n, jobs, columns), to ``n`` values (vectorised: a report is
+    rewritten as jobs end)."""
+    if len(rows) < 2:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    arr = np.asarray(values, dtype=np.float64)
-    stats = [stat(arr[rng.integers(0, len(arr), len(arr))]) for _ in range(n)]
+    arr = np.asarray(rows, dtype=np.float64)
+    stats = stat(arr[rng.integers(0, len(arr), (n, len(arr)))])
     return float(np.percentile(stats, 5)), float(np.percentile(stats, 95))
 
 
-def _saving(pairs: np.ndarray) -> float:
-    return float(1.0 - pairs[:, 1].sum() / max(pairs[:, 0].sum(), 1e-9))
+def _saving(rows: np.ndarray) -> np.ndarray:
+    """1 - the keeper column's sum over the cold column's, per resample (rows: (..., jobs, 2))."""
+    return 1.0 - rows[..., 1].sum(axis=-1) / np.maximum(rows[..., 0].sum(axis=-1), 1e-9)
 
 
-def _median(rows: np.ndarray) -> float:
-    return float(np.median(rows[:, 0]))
+def _median(rows: np.ndarray) -> np.ndarray:
+    return np.median(rows[..., 0], axis=-1)
 
 
 def group(twins_: Sequence[Twin]) -> dict:
@@ -199,8 +201,8 @@ def group(twins_: Sequence[Twin]) -> dict:
     ratios = np.array([t.tc for t in ok])
     diffs = np.array([t.diff for t in ok])
     out.update(
-        saving=_saving(np.asarray(secs)), saving_ci=bootstrap(secs, _saving),
-        saving_steps=_saving(np.asarray(steps)), saving_steps_ci=bootstrap(steps, _saving),
+        saving=float(_saving(np.asarray(secs))), saving_ci=bootstrap(secs, _saving),
+        saving_steps=float(_saving(np.asarray(steps))), saving_steps_ci=bootstrap(steps, _saving),
         tc_median=float(np.median(ratios)), tc_ci=bootstrap([(r,) for r in ratios], _median),
         tc_quartiles=[float(np.percentile(ratios, q)) for q in (25, 75)],
         tc_train_median=float(np.median([t.tc_train for t in ok])),
