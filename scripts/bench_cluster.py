@@ -90,7 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gap", type=float, help="mean seconds between arrivals (default: the size's)")
     p.add_argument("--nodes", type=int, default=3, help="nodes of the loopback cluster, the head included (2-4)")
     p.add_argument("--node-cpus", type=float, default=1.0, help="logical CPUs per node (they share the real cores)")
-    p.add_argument("--max-drivers", type=int, default=6, help="job processes at once; later arrivals wait")
+    p.add_argument("--max-drivers", type=int, default=6, help="job processes at once per arm; later arrivals wait")
+    p.add_argument("--together", action="store_true", help="run the cold and the keeper arm of the trace (and the "
+                   "bounded zoos) at once, each job's twins arriving together: on a machine whose load changes, "
+                   "both arms share it")
     p.add_argument("--margin", type=float, default=0.01, help="completion: the cold twin's final quality less this "
                    "share of it")
     p.add_argument("--zoo-workloads", help="workloads of the searches that start with a zoo (default: digits,lm; "
@@ -137,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             sizes = Sizes(**{**sizes.as_dict(), "gap_s": args.gap})
         settings = {"jobs": args.jobs, "seed": args.seed, "sizes": sizes.as_dict(), "size": "report" if report
                     else "quick", "nodes": args.nodes, "node_cpus": args.node_cpus, "max_drivers": args.max_drivers,
+                    "together": args.together,
                     "margin": args.margin,
                     "zoo_workloads": [w for w in (args.zoo_workloads or ("digits,lm" if report else "digits"))
                                       .split(",") if w],
@@ -202,43 +206,60 @@ class _Bench:
     def trace_jobs(self) -> list[Job]:
         return make_trace(self.settings["jobs"], self.settings["seed"], Sizes(**self.settings["sizes"]))
 
-    def run_arm(self, arm: str, jobs: list[Job], service: dict | None) -> None:
-        """Drive ``jobs`` as ``arm`` (resuming its finished jobs); the service, when given, is started with ``keeper
-        serve`` first and stopped at the end (its actors' CPU recorded)."""
+    def run_arms(self, arms: list[tuple[str, dict | None]], jobs: list[Job]) -> None:
+        """Drive ``jobs`` once per arm of ``arms`` (name, service config or None) at once, resuming each arm's
+        finished jobs; each service is started with ``keeper serve`` first and stopped at the end (the CPU of
+        keeper's actors recorded: per arm where one service ran, else shared by the arms that ran together)."""
         from keeper_bench.cluster import drive
         from keeper_bench.search import keeper_actor_cpu
 
         address = self.cluster.address
-        record = self.state["arms"].setdefault(arm, {"segments": []})
-        results = self.state["results"].setdefault(arm, {})
         self.state["jobs"].update({j.name: j.as_dict() for j in jobs})
-        if all(j.name in results for j in jobs):
+        arms = [(arm, svc) for arm, svc in arms
+                if not all(j.name in self.state["results"].get(arm, {}) for j in jobs)]
+        if not arms:
             return
-        if service is not None:
-            record["serve_s"] = drive.serve(address, service, self.workdir)
-        cpu0 = keeper_actor_cpu() if service is not None else {}
+        records = {arm: self.state["arms"].setdefault(arm, {"segments": []}) for arm, _ in arms}
+        services = [(arm, svc) for arm, svc in arms if svc is not None]
+        for arm, svc in services:
+            records[arm]["serve_s"] = drive.serve(address, svc, self.workdir)
+        cpu0 = keeper_actor_cpu() if services else {}
 
-        def done(job: Job, result: dict) -> None:
-            results[job.name] = _compact(result)
+        def done(arm: str, job: Job, result: dict) -> None:
+            self.state["results"].setdefault(arm, {})[job.name] = _compact(result)
             status = "failed: " + result.get("error", "") if result.get("failed") else (
                 f"{len(result.get('errors') or [])} trial errors")
             print(f"  {arm} {job.name}: {result['ended'] - result['arrived']:.0f} s, {status}", flush=True)
             self.write()
 
-        print(f"{arm}: {len(jobs)} jobs", flush=True)
+        print(f"{' + '.join(arm for arm, _ in arms)}: {len(jobs)} jobs", flush=True)
         node_env = drive._node_env(os.path.join(self.workdir, "caches"), 0)
         try:
-            seg = drive.drive(jobs, arm=arm, address=address, workdir=self.workdir, service=service,
-                              max_drivers=self.settings["max_drivers"], node_env=node_env, on_done=done)
+            seg = drive.drive(jobs, arms=arms, address=address, workdir=self.workdir,
+                              max_drivers=self.settings["max_drivers"] * len(arms), node_env=node_env, on_done=done)
         finally:
-            if service is not None:
+            if services:
                 cpu1 = keeper_actor_cpu()
-                record["actor_cpu_s"] = record.get("actor_cpu_s", 0.0) + sum(
-                    max(0.0, cpu1.get(k, 0.0) - cpu0.get(k, 0.0)) for k in cpu1)
-                record.setdefault("service_stats", []).append(drive.service_stats(address, service, self.workdir))
-                drive.stop_service(address, service, self.workdir)
-        record["segments"].append({"wall_s": seg["wall_s"], "started": seg["started"], "samples": seg["samples"]})
+                used = sum(max(0.0, cpu1.get(k, 0.0) - cpu0.get(k, 0.0)) for k in cpu1)
+                for arm, svc in services:
+                    records[arm]["actor_cpu_s"] = records[arm].get("actor_cpu_s", 0.0) + used
+                    records[arm]["actor_cpu_shared_with"] = [a for a, _ in services if a != arm]
+                    records[arm].setdefault("service_stats", []).append(
+                        drive.service_stats(address, svc, self.workdir))
+                    drive.stop_service(address, svc, self.workdir)
+        for arm, _ in arms:
+            records[arm]["segments"].append({"wall_s": seg["wall_s"], "started": seg["started"],
+                                             "samples": seg["samples"], "with": [a for a, _ in arms if a != arm]})
         self.write(0)
+
+    def pair(self, arms: list[tuple[str, dict | None]], jobs: list[Job]) -> None:
+        """``arms`` together (``--together``: their twins arrive at once and share the load) or one after the
+        other."""
+        if self.settings.get("together"):
+            self.run_arms(arms, jobs)
+        else:
+            for arm in arms:
+                self.run_arms([arm], jobs)
 
     def service(self, arm: str, capacity: int | None = None) -> dict:
         from keeper_bench.cluster.drive import service_config
@@ -249,27 +270,28 @@ class _Bench:
     # -------------------------------------------------------------------------------------------- the parts
     def trace(self) -> None:
         jobs = self.trace_jobs()
-        self.run_arm("cold", jobs, None)
-        self.run_arm("keeper", jobs, self.service("keeper"))
+        self.pair([("cold", None), ("keeper", self.service("keeper"))], jobs)
 
     def capacity(self) -> None:
         jobs = self.trace_jobs()[:self.settings["capacity_jobs"]]
-        self.run_arm("cold", jobs, None)  # the trace's cold arm: only jobs it has not run yet
-        self.run_arm("keeper-cap-full", jobs, self.service("keeper-cap-full"))
+        self.run_arms([("cold", None)], jobs)  # the trace's cold arm: only the jobs it has not run yet
+        self.run_arms([("keeper-cap-full", self.service("keeper-cap-full"))], jobs)
         registered = _zoo_bytes(os.path.join(self.workdir, "zoo-keeper-cap-full"))
         self.state["arms"]["keeper-cap-full"]["registered_bytes"] = registered
+        bounded = []
         for share in self.settings["capacities"]:
             if share >= 1.0:
                 continue
             arm = f"keeper-cap{int(round(100 * share))}"
             cap = max(1, int(share * registered))
             self.state["arms"].setdefault(arm, {"segments": []})["capacity_bytes"] = cap
-            self.run_arm(arm, jobs, self.service(arm, cap))
+            bounded.append((arm, self.service(arm, cap)))
+        self.pair(bounded, jobs)
+        for arm in ["keeper-cap-full", *(a for a, _ in bounded)]:
             self.state["arms"][arm]["zoo_end"] = _zoo_bytes(os.path.join(self.workdir, f"zoo-{arm}"), count=True)
-        self.state["arms"]["keeper-cap-full"]["zoo_end"] = _zoo_bytes(
-            os.path.join(self.workdir, "zoo-keeper-cap-full"), count=True)
 
     def zoo_start(self) -> None:
+        """One arm at a time, whatever ``--together`` says: the setting is a 2-CPU Ray, one trial per tenant."""
         trials = self.settings["zoo_trials"]
         sizes = Sizes(**self.settings["sizes"])
         start = 10_000
@@ -277,8 +299,8 @@ class _Bench:
             jobs = zoo_start_searches(workload, seed=self.settings["seed"], trials=trials,
                                       steps=2 * sizes.steps, round_steps=sizes.round_steps, start=start)
             start += len(jobs)
-            self.run_arm(f"zoo-{workload}-cold", jobs, None)
-            self.run_arm(f"zoo-{workload}-keeper", jobs, self.service(f"zoo-{workload}-keeper"))
+            self.run_arms([(f"zoo-{workload}-cold", None)], jobs)
+            self.run_arms([(f"zoo-{workload}-keeper", self.service(f"zoo-{workload}-keeper"))], jobs)
 
 
 def _zoo_bytes(zoo: str, count: bool = False):
@@ -349,8 +371,11 @@ def _markdown(state: dict) -> str:
             f"{s['nodes'] * s['node_cpus']:g} CPUs share this machine's {os.cpu_count()} real cores, so the figures "
             "show the service's behaviour and overheads under concurrent drivers, not a cluster's capacity. Every "
             "node has its own architecture and kernel cache directory, as separate machines have separate disks. "
-            f"At most {s['max_drivers']} job processes at once (a later arrival waits; its time counts from its "
-            "arrival).",
+            f"At most {s['max_drivers']} job processes at once per arm (a later arrival waits; its time counts from "
+            "its arrival). "
+            + ("The cold and the keeper arm ran together, each job's twins arriving at once (`--together`): a load "
+               "that changed over the run moved both alike." if s.get("together") else
+               "The arms ran one after the other, each with the cluster to itself: compare their loads below."),
             f"- **Trace**: {s['jobs']} jobs, seed {s['seed']}, 4 tenants, Poisson arrivals (mean gap "
             f"{sizes['gap_s']:g} s); kinds nas (FIFO over {sizes['nas_archs']} architectures of the shared family "
             f"space), hpo (ASHA over {sizes['hpo_draws']} draws of width x depth x lr) and single (one trial of an "
@@ -467,6 +492,7 @@ def _service(state: dict) -> list[str]:
             f"- keeper's actors (front door, zoo manager, matchers): {arm.get('actor_cpu_s', 0):.0f} CPU-seconds over "
             f"the keeper arm's {wall:.0f} s of wall time "
             f"({_pct(arm.get('actor_cpu_s', 0) / max(wall * os.cpu_count(), 1e-9))} of the machine's cores).",
+            _loads(state),
             f"- failed jobs: {failed} keeper; errored trials: {errors} keeper, {cold_errors} cold; warm starts whose "
             f"wait for registrations in flight ran out (`timeouts.arrival_s`): "
             f"{sum(bool(e.get('arrival_wait_ran_out')) for r in res for e in r.get('events') or [])} of "
@@ -492,6 +518,16 @@ def _service(state: dict) -> list[str]:
     return out
 
 
+def _loads(state: dict) -> str:
+    """The 1-minute load average over each trace arm's run (both arms' under ``--together``)."""
+    parts = []
+    for arm in ("cold", "keeper"):
+        xs = [x["load"] for seg in state["arms"].get(arm, {}).get("segments", []) for x in seg["samples"]]
+        if xs:
+            parts.append(f"{arm} {np.mean(xs):.1f} (max {max(xs):.1f})")
+    return "- load (1 minute) over the arms: " + ", ".join(parts) + "." if parts else ""
+
+
 def _caches(state: dict) -> list[str]:
     res = list(state["results"].get("keeper", {}).values())
     rows = reading.node_caches(res, state.get("nodes", {}))
@@ -511,13 +547,7 @@ def _caches(state: dict) -> list[str]:
 
 
 def _zoo_start(state: dict) -> list[str]:
-    rows = []
-    res = state["results"]
-    for workload in state["settings"].get("zoo_workloads", []):
-        cold, keep = res.get(f"zoo-{workload}-cold", {}), res.get(f"zoo-{workload}-keeper", {})
-        jobs = [j for j in _jobs(state) if j.index >= 10_000 and j.workload == workload]
-        for t, j in zip(reading.twins(jobs, cold, keep, state["settings"]["margin"]), jobs):
-            rows.append((workload, j, t))
+    rows = _zoo_start_twins(state)
     if not rows:
         return []
     out = ["## Searches that start with a zoo", "",
@@ -584,12 +614,31 @@ def _verdict(value: float, target: float, points: bool) -> str:
     return f"missed by {100 * (target - value):.1f} pts" if points else f"missed by {target - value:.2f}x"
 
 
+def _zoo_start_twins(state: dict) -> list[tuple[str, Job, object]]:
+    rows = []
+    res = state["results"]
+    for workload in state["settings"].get("zoo_workloads", []):
+        cold, keep = res.get(f"zoo-{workload}-cold", {}), res.get(f"zoo-{workload}-keeper", {})
+        jobs = [j for j in _jobs(state) if j.index >= 10_000 and j.workload == workload]
+        names = {t.name: t for t in reading.twins(jobs, cold, keep, state["settings"]["margin"])}
+        rows += [(workload, j, names[j.name]) for j in jobs if j.name in names]
+    return rows
+
+
 def _closing(state: dict, twins: list) -> list[str]:
     out = ["## Targets", ""]
-    if not twins:
-        return out + ["No trace ran yet.", ""]
-    nas = reading.group([t for t in twins if t.kind == "nas"])
     lines = []
+    for workload, j, t in _zoo_start_twins(state):
+        if j.label == "first" or t.failed:
+            continue
+        sooner = f"{t.tc:.2f}x sooner ({_verdict(t.tc, 3.0, False)})" if t.keeper.reached else \
+            "never reached its cold twin's best (target 3x sooner: missed)"
+        lines.append(f"- search that starts with a zoo, {workload} {j.label}: {sooner}; final best "
+                     f"{t.keeper_final:.3f} against {t.cold_final:.3f} "
+                     f"({'not worse' if t.diff >= 0 else f'worse by {100 * -t.diff:.1f} pts'}).")
+    if not twins:
+        return out + lines + ["", "No trace ran yet.", ""]
+    nas = reading.group([t for t in twins if t.kind == "nas"])
     if "saving" in nas:
         lines.append(f"- NAS kind: compute saving {_pct(nas['saving'])} (target >= 65%: "
                      f"{_verdict(nas['saving'], 0.65, True)}), TC median {nas['tc_median']:.2f}x (target >= 3x: "

@@ -10,7 +10,7 @@
   (it returns once the service answers; the actors are detached and outlive the command).
 * :func:`drive`: each job launched at its arrival as its own process (``python -m keeper_bench.cluster.job``), at
   most ``max_drivers`` at once; a job that arrives while every driver slot is taken waits, and its time counts
-  from its arrival. While the trace runs, a sampler records the zoo's size (models and bytes in its catalog), the
+  from its arrival. Several arms of one trace may run at once, each job's twins arriving together. While the trace runs, a sampler records the zoo's size (models and bytes in its catalog), the
   drivers running and the machine's load.
 
 Invariants: a job whose result file exists is not run again (``drive`` resumes a trace; the remaining jobs keep
@@ -162,6 +162,7 @@ class ZooSampler:
 
 @dataclass
 class _Running:
+    arm: str
     job: Job
     proc: subprocess.Popen
     arrived: float
@@ -170,34 +171,43 @@ class _Running:
     log: Any = field(default=None)
 
 
-def drive(jobs: list[Job], *, arm: str, address: str, workdir: str, service: dict | None, max_drivers: int,
-          node_env: dict[str, str], on_done: Callable[[Job, dict], None], sampler_every: float = 5.0) -> dict:
-    """Run ``jobs`` (see the module docstring); returns ``{"samples", "wall_s", "started"}``. ``on_done(job,
-    result)`` runs in this thread as each job ends (the script writes its report there). ``node_env``: the head
-    node's cache settings, which the drivers take."""
-    root = os.path.join(workdir, arm)
-    os.makedirs(os.path.join(root, "results"), exist_ok=True)
-    os.makedirs(os.path.join(root, "logs"), exist_ok=True)
+def drive(jobs: list[Job], *, arms: list[tuple[str, dict | None]], address: str, workdir: str, max_drivers: int,
+          node_env: dict[str, str], on_done: Callable[[str, Job, dict], None], sampler_every: float = 5.0) -> dict:
+    """Run ``jobs`` once per arm of ``arms`` (name, service config or None), the arms' twins arriving together
+    (see the module docstring); returns ``{"samples", "wall_s", "started"}``, the samples of the first arm with a
+    service. ``on_done(arm, job, result)`` runs in this thread as each job ends (the script writes its report
+    there). ``node_env``: the head node's cache settings, which the drivers take. Run together, the arms share the
+    machine's load whatever it is, so a load that changes over the run moves both alike."""
     data_root = os.path.join(workdir, "data")
-    result_of = {j.index: os.path.join(root, "results", f"{j.name}.json") for j in jobs}
-    done: dict[int, float] = {}
-    for j in jobs:
-        if os.path.exists(result_of[j.index]):
-            with open(result_of[j.index]) as f:
-                done[j.index] = float(json.load(f).get("ended", 0.0))
-    todo = [j for j in jobs if j.index not in done]
-    first = min((j.arrival_s for j in todo if j.after is None), default=0.0)
+    roots = {arm: os.path.join(workdir, arm) for arm, _ in arms}
+    services = dict(arms)
+    for root in roots.values():
+        os.makedirs(os.path.join(root, "results"), exist_ok=True)
+        os.makedirs(os.path.join(root, "logs"), exist_ok=True)
+
+    def result_of(arm: str, j: Job) -> str:
+        return os.path.join(roots[arm], "results", f"{j.name}.json")
+
+    done: dict[tuple[str, int], float] = {}
+    for arm, _ in arms:
+        for j in jobs:
+            if os.path.exists(result_of(arm, j)):
+                with open(result_of(arm, j)) as f:
+                    done[(arm, j.index)] = float(json.load(f).get("ended", 0.0))
+    # in arrival order, the arms' twins side by side
+    waiting = [(arm, j) for j in jobs for arm, _ in arms if (arm, j.index) not in done]
+    first = min((j.arrival_s for _, j in waiting if j.after is None), default=0.0)
     running: list[_Running] = []
-    sampler = ZooSampler(service["zoo"] if service else None, lambda: len(running), sampler_every)
+    watched = next((svc["zoo"] for _, svc in arms if svc), None)
+    sampler = ZooSampler(watched, lambda: len(running), sampler_every)
     t0 = time.time()
-    waiting = list(todo)
     env = {**os.environ, **node_env}
 
-    def arrival(j: Job) -> float | None:
+    def arrival(arm: str, j: Job) -> float | None:
         if j.after is None:
             return t0 + j.arrival_s - first
-        if j.after in done:
-            return max(done[j.after], t0) + j.arrival_s
+        if (arm, j.after) in done:
+            return max(done[(arm, j.after)], t0) + j.arrival_s
         return None  # its predecessor has not ended yet
 
     try:
@@ -210,23 +220,24 @@ def drive(jobs: list[Job], *, arm: str, address: str, workdir: str, service: dic
                 result = _result(r)
                 # the job's Tune directory (its checkpoints) served its run and its registrations: the result holds
                 # what the reading needs, and 300 jobs' checkpoints would take gigabytes
-                shutil.rmtree(os.path.join(root, "tune", r.job.name), ignore_errors=True)
-                done[r.job.index] = float(result.get("ended", time.time()))
-                on_done(r.job, result)
-            for j in list(waiting):
-                at = arrival(j)
+                shutil.rmtree(os.path.join(roots[r.arm], "tune", r.job.name), ignore_errors=True)
+                done[(r.arm, r.job.index)] = float(result.get("ended", time.time()))
+                on_done(r.arm, r.job, result)
+            for arm, j in list(waiting):
+                at = arrival(arm, j)
                 if at is None or at > now or len(running) >= max_drivers:
                     continue
-                waiting.remove(j)
+                waiting.remove((arm, j))
+                root = roots[arm]
                 spec = {"job": j.as_dict(), "address": address, "storage": os.path.join(root, "tune"),
-                        "data": dataset_file(data_root, j), "service": service}
+                        "data": dataset_file(data_root, j), "service": services[arm]}
                 spec_path = os.path.join(root, "results", f".{j.name}.spec.json")
                 with open(spec_path, "w") as f:
                     json.dump(spec, f)
                 log = open(os.path.join(root, "logs", f"{j.name}.log"), "w")
                 proc = subprocess.Popen([sys.executable, "-m", "keeper_bench.cluster.job", spec_path,
-                                         result_of[j.index]], stdout=log, stderr=subprocess.STDOUT, env=env)
-                running.append(_Running(j, proc, at, time.time(), result_of[j.index], log))
+                                         result_of(arm, j)], stdout=log, stderr=subprocess.STDOUT, env=env)
+                running.append(_Running(arm, j, proc, at, time.time(), result_of(arm, j), log))
             time.sleep(0.2)
     finally:
         for r in running:  # interrupted: the jobs still running end with this process
