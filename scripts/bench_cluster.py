@@ -60,17 +60,23 @@ from keeper_bench.cluster import reading
 from keeper_bench.cluster.trace import KINDS, QUICK, REPORT, WORKLOADS, Job, Sizes, make_trace, zoo_start_searches
 
 PARTS = ("trace", "zoo-start", "capacity")
-#: Fields of a job's reported rounds kept in the report's json (the full results stay in the work directory).
-_KEPT = ("trial", "t", "val_accuracy", "test_accuracy", "round_steps", "workload", "width", "blocks", "lr", "parent",
-         "same_arch", "warm_s", "warm_phases", "node", "pid", "cache_before", "cache_after", "numba")
+#: Fields of a job's reported rounds kept in the report's json (the full results stay in the work directory), and
+#: those only a trial's first round carries (its warm start's).
+_KEPT = ("trial", "t", "val_accuracy", "test_accuracy", "round_steps")
+_FIRST = ("workload", "width", "blocks", "lr", "parent", "same_arch", "warm_s", "warm_phases", "node", "pid",
+          "cache_before", "cache_after", "numba")
 
 
 def _compact(result: dict) -> dict:
-    """A job's result as the report's json keeps it: its rounds' figures, the first reason of each warmed trial."""
+    """A job's result as the report's json keeps it: its rounds' figures, and each trial's warm start with its first
+    round (its reason cut short)."""
     out = {k: v for k, v in result.items() if k not in ("events", "traceback")}
-    events = []
-    for e in result.get("events") or []:
+    events, seen = [], set()
+    for e in sorted(result.get("events") or [], key=lambda e: e["t"]):
         kept = {k: e.get(k) for k in _KEPT}
+        if e["trial"] not in seen:
+            seen.add(e["trial"])
+            kept.update({k: e.get(k) for k in _FIRST})
         if e.get("warm_phases") not in (None, "{}"):
             reason = e.get("reason") or ""
             kept["reason"] = reason[:300]
@@ -122,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         args.name = "bench_cluster" if (args.size or ("report" if args.jobs >= 100 else "quick")) == "report" \
             else "bench_cluster_quick"
     json_path = os.path.join(args.out, f"{args.name}.json")
+    if (args.report or args.resume) and not os.path.exists(json_path):
+        p.error(f"no run to {'report' if args.report else 'resume'} at {json_path}: give the run's --jobs (or --name) "
+                "and --out")
     if args.report:
         with open(json_path) as f:
             state = json.load(f)
