@@ -7,8 +7,12 @@ Invariants:
       with ``record_again`` (a Tune trial that trained the same weights again), recorded on the stored model;
     * after every successful registration the registering team's models fit its byte budget (in a zoo without
       teams: the zoo's blobs fit ``capacity_bytes``); eviction holds the team's models of least value per byte
-      (value = accuracy plus decayed parent hits, by every team), losers of near-duplicate pairs first, and never
-      touches another team's model;
+      (value = accuracy relative to the best model of its task interface, plus decayed parent hits by every team),
+      losers of near-duplicate pairs first, and never touches another team's model;
+    * accuracies are compared only within a task interface (the graph's inputs and outputs past the batch axis,
+      :func:`interface_of`): a language model's next-token accuracy of 0.3 is not an outlier beside image
+      classifiers at 0.95, nor the first model to evict; records of earlier versions, which have no interface,
+      count as peers of every model;
     * every write is checked by the zoo's team rules (:class:`keeper.teams.Access`) before anything is read or
       stored, and recorded in the store's audit log after it happened; a refused write changes nothing;
     * ``remove`` and eviction move a model to the holding area (:mod:`keeper.store.holding`), from where
@@ -25,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -73,6 +78,34 @@ class ZooConfig:
     noise: float = DEFAULT_NOISE
     seed: int = 0
     retention_s: float = 7 * 24 * 3600.0   # a removed or evicted model is held this long (a team table may say)
+
+
+def interface_of(proto: Any) -> str:
+    """A model's task interface: a digest of its graph inputs' and outputs' element types and shapes past the batch
+    axis (a symbolic dimension as ``?``). Models trained for one task share it; accuracies across interfaces (an
+    image classifier's, a language model's next-token accuracy) are measured on different scales, so admission and
+    eviction compare a model only with models of its interface."""
+    weights = {i.name for i in proto.graph.initializer}
+
+    def spec(values: Any) -> list:
+        out = []
+        for v in values:
+            if v.name in weights:  # an initializer listed among the inputs (older exporters)
+                continue
+            t = v.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else "?" for d in t.shape.dim][1:]
+            out.append([int(t.elem_type), dims])
+        return out
+
+    text = json.dumps([spec(proto.graph.input), spec(proto.graph.output)], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _peer(rec: ModelRecord, interface: str | None) -> bool:
+    """Whether ``rec`` is compared with a model of ``interface`` (a record without one, stored by an earlier
+    version, is compared with every model)."""
+    theirs = rec.summary.get("interface")
+    return interface is None or theirs is None or theirs == interface
 
 
 class Zoo:
@@ -337,7 +370,8 @@ class Zoo:
             if alias and name not in self.store:  # a second listing of the stored model: its team's to make
                 self.access.check_change(principal, same[0], "alias")
                 owner, private = same[0].owner, same[0].private
-        self._check_outlier(acc, name)
+        interface = interface_of(proto)
+        self._check_outlier(acc, name, interface)
         self._check_implausible(acc, name, graph)
         size = len(blob) + (0 if wpath is None else os.path.getsize(wpath))
         cap = self.access.budget(owner, self.config.capacity_bytes, {r.owner for r in self.store.records()})
@@ -352,7 +386,8 @@ class Zoo:
         if wpath is not None:
             extras[WEIGHTS_EXTRA] = wpath
         rec, created = self.store.put(name, blob, accuracy=acc, num_params=graph.total_params,
-                                      summary=dict(graph.summary(), **({"lineage": lineage} if lineage else {})),
+                                      summary=dict(graph.summary(), interface=interface,
+                                                   **({"lineage": lineage} if lineage else {})),
                                       extras=extras,
                                       content_extras=(WEIGHTS_EXTRA,) if wpath is not None else (),
                                       known_checksums={WEIGHTS_EXTRA: wsum} if wsum is not None else None,
@@ -399,9 +434,9 @@ class Zoo:
         self._log("update", rec, principal, accuracy=acc, before=stored.accuracy)
         return rec
 
-    def _check_outlier(self, acc: float, name: str) -> None:
+    def _check_outlier(self, acc: float, name: str, interface: str | None = None) -> None:
         z = self.config.outlier_z
-        accs = np.array([r.accuracy for r in self.store.records()])
+        accs = np.array([r.accuracy for r in self.store.records() if _peer(r, interface)])
         if z is None or len(accs) < self.config.outlier_min_models:
             return
         mean, std = float(accs.mean()), float(accs.std())
@@ -409,8 +444,9 @@ class Zoo:
         # "3 std" outlier, although it is as useful a parent as any
         if std > 0 and (acc - mean) / std < -z and mean - acc >= self.config.outlier_min_gap:
             raise AdmissionError(f"model {name!r}: accuracy {acc:.4f} is more than {z} std below the zoo mean "
-                                 f"{mean:.4f} (std {std:.4f}) and at least {self.config.outlier_min_gap} below it; it "
-                                 "would not be a useful parent. Set outlier_z=None to admit it anyway")
+                                 f"{mean:.4f} (std {std:.4f}, over its {len(accs)} models with this model's inputs "
+                                 f"and outputs) and at least {self.config.outlier_min_gap} below it; it would not be "
+                                 "a useful parent. Set outlier_z=None to admit it anyway")
 
     def _check_implausible(self, acc: float, name: str, graph: LayerGraph) -> None:
         """In a zoo with teams, refuse an accuracy above every model of its architecture by more than the team
@@ -494,11 +530,14 @@ class Zoo:
         """
         return self.guard.gc(self.config.retention_s, min_age_s, client)
 
-    def value(self, rec: ModelRecord, now: float | None = None) -> float:
-        """Eviction value: accuracy plus parent hits decayed with the configured half-life."""
+    def value(self, rec: ModelRecord, now: float | None = None, best: float | None = None) -> float:
+        """Eviction value: accuracy plus parent hits decayed with the configured half-life; with ``best`` (the best
+        accuracy among the model's peers, the models of its task interface), the accuracy relative to it, so models
+        of tasks measured on other scales compete on equal terms."""
         now = time.time() if now is None else now
         age = max(0.0, now - float(rec.summary.get("hit_time", rec.created)))
-        return rec.accuracy + rec.hits * 0.5 ** (age / self.config.hit_half_life_s)
+        accuracy = rec.accuracy / best if best else rec.accuracy
+        return accuracy + rec.hits * 0.5 ** (age / self.config.hit_half_life_s)
 
     def _evict(self, protect: str, principal: Principal | None = None) -> list[str]:
         """Hold the least valuable models of ``protect``'s team until the team fits its budget
@@ -518,8 +557,16 @@ class Zoo:
         principal = principal or self._principal(None, "evicting", protect, team, write=False)
         losers = self._near_duplicate_losers(protect, recs)
         now = time.time()
+        best: dict[str | None, float] = {}
+        for r in recs.values():
+            key = r.summary.get("interface")
+            best[key] = max(best.get(key, 0.0), r.accuracy)
+
+        def value(n: str) -> float:
+            return self.value(recs[n], now, best.get(recs[n].summary.get("interface")))
+
         order = sorted((n for n in recs if n != protect),
-                       key=lambda n: (n not in losers, self.value(recs[n], now) / max(recs[n].nbytes, 1), n))
+                       key=lambda n: (n not in losers, value(n) / max(recs[n].nbytes, 1), n))
         evicted = []
         for n in order:
             if total <= cap:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -215,6 +216,36 @@ def test_a_kept_export_is_checked_against_the_module_before_use():
     assert export_cache.stats()["misses"] == before["misses"] + 1
     want = _fresh(_model(1), X, False)
     assert (got.onnx, got.keys) == (want.onnx, want.keys)
+
+
+def test_processes_missing_one_architecture_at_once_trace_it_once(monkeypatch):
+    """Trials a job starts at once on a node (each its own process) export one architecture once: who misses an
+    entry another is tracing waits for its entry (threads here: a file lock excludes them as it does processes)."""
+    import importlib
+    import threading
+
+    export_module = importlib.import_module("keeper.torch_support.export")  # the package's `export` is a function
+    real, traced = export_module._traced_graph, []
+
+    def slow_trace(*args):
+        traced.append(1)
+        time.sleep(0.3)  # long enough for the other caller to miss the entry too
+        return real(*args)
+
+    monkeypatch.setattr(export_module, "_traced_graph", slow_trace)
+    results = {}
+
+    def trial(seed: int) -> None:
+        results[seed] = _export(_model(seed), X, None)
+
+    threads = [threading.Thread(target=trial, args=(seed,)) for seed in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(traced) == 1 and export_cache.stats()["disk_hits"] == 1
+    want = _fresh(_model(1), X, None)
+    assert (results[1].onnx, results[1].keys) == (want.onnx, want.keys)
 
 
 @pytest.mark.parametrize("damage", ["truncated onnx", "garbage graph", "garbage json"])

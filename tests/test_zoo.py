@@ -214,6 +214,20 @@ def test_outlier_filter(tmp_path):
     assert "fair" in zoo
 
 
+def test_accuracies_are_compared_within_a_task_interface(tmp_path):
+    """A zoo several teams share holds tasks whose accuracies live on other scales (a language model's next-token
+    accuracy beside image classifiers'): a model is an outlier only among models of its own inputs and outputs."""
+    zoo = Zoo(str(tmp_path / "zoo"))
+    for i, a in enumerate([0.80, 0.82, 0.84, 0.86, 0.88]):
+        zoo.register(mlp_onnx(PARENT, i), a, name=f"m{i}")
+    assert zoo.register(conv2d_onnx(8, 1), 0.3, name="other-task").accuracy == 0.3
+    assert zoo.register(mlp_onnx([24, 4], 2), 0.3, name="other-outputs").accuracy == 0.3  # 4 classes, not 10
+    with pytest.raises(AdmissionError, match="std below the zoo mean"):
+        zoo.register(mlp_onnx(PARENT, 91), 0.1, name="poor")
+    assert "poor" not in zoo
+    assert len({r.summary["interface"] for r in zoo}) == 3
+
+
 def test_a_tight_zoo_does_not_refuse_a_model_a_little_below_it(tmp_path):
     # std 0.002: 0.94 is 15 std below the mean but only 2 points; 0.80 is both far in std and in points
     zoo = Zoo(str(tmp_path / "zoo"))
@@ -275,13 +289,26 @@ def test_near_duplicate_of_a_better_newcomer_is_evicted_first(tmp_path):
 
 
 def test_without_near_duplicates_the_lowest_value_per_byte_goes(tmp_path):
-    low, high, newcomer = conv2d_onnx(32, 0), mlp_onnx(PARENT, 1), mlp_onnx([32, 16, 10], 2)
+    low, high, newcomer = mlp_onnx([64, 10], 0), mlp_onnx(PARENT, 1), mlp_onnx([32, 16, 10], 2)  # one task
     assert 0.5 / len(low) < 0.8 / len(high)
     zoo = Zoo(str(tmp_path / "zoo"), ZooConfig(capacity_bytes=len(low) + len(high) + len(newcomer) - 1))
     zoo.register(low, 0.5, name="low")
     zoo.register(high, 0.8, name="high")
     zoo.register(newcomer, 0.6, name="newcomer")
     assert zoo.names() == ["high", "newcomer"]
+
+
+def test_eviction_weighs_a_models_accuracy_against_its_own_tasks(tmp_path):
+    """The only model of a task measured on a lower scale is its task's best: it is not the first to go because its
+    accuracy is below another task's, while a model well below the best of its own task is."""
+    best, worse, other, newcomer = (mlp_onnx(PARENT, 0), mlp_onnx([20, 10], 1), mlp_onnx([24, 4], 2),
+                                    mlp_onnx([32, 16, 10], 3))
+    assert 0.3 / len(other) < 0.5 / len(worse), "by raw accuracy per byte the other task's model would go"
+    zoo = Zoo(str(tmp_path / "zoo"), ZooConfig(capacity_bytes=sum(map(len, (best, worse, other, newcomer))) - 1))
+    for blob, acc, name in ((best, 0.9, "best"), (worse, 0.5, "worse"), (other, 0.3, "other"),
+                            (newcomer, 0.85, "newcomer")):
+        zoo.register(blob, acc, name=name)
+    assert zoo.names() == ["best", "newcomer", "other"]
 
 
 # ---------------------------------------------------------------------------------------------- warm

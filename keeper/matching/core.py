@@ -39,10 +39,19 @@ except ImportError as exc:
     _dpcore = None
     MISSING_REASON = MISSING_REASON or str(exc)
 
-if _dpcore is None:
-    # numba is imported only when the extension is missing: importing it costs a fresh process a fraction of a second
-    from keeper.matching.kernels import cached as _nb_cached, dp_batch as _nb_batch, dp_pairs as _nb_pairs, \
-        dp_value as _nb_value
+_kernels: list[Any] = []
+
+
+def _numba() -> Any:
+    """:mod:`keeper.matching.kernels`, imported at the first alignment of a process that runs them, not when this
+    module is imported: importing numba costs a fresh process seconds, and most processes that import keeper never
+    align (a Tune trial warms along the alignment the service's choice carries), so their import stays light."""
+    if not _kernels:
+        from keeper.matching import kernels
+
+        _kernels.append(kernels)
+    return _kernels[0]
+
 
 #: "c" or "numba": which implementation this process uses.
 IMPLEMENTATION = "c" if _dpcore is not None else "numba"
@@ -61,7 +70,7 @@ def _say_numba() -> None:
     if where is None:
         cost = (f"no cache directory is writable here, so every process compiles them (1-4 s); set {kernel_cache.ENV} "
                 "to a writable directory")
-    elif all(_nb_cached().values()):
+    elif all(_numba().cached().values()):
         cost = f"this machine compiled them before; each process loads them from {where} (about 0.5 s)"
     else:
         cost = (f"this process compiles them now (1-4 s, once per machine: later processes load them from {where} "
@@ -79,7 +88,7 @@ def dp_value(cls_c: np.ndarray, shp_c: np.ndarray, vec_c: np.ndarray, cls_p: np.
     int64 scratch, used by the numba kernel)."""
     if _dpcore is None:
         _say_numba()
-        return int(_nb_value(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row))
+        return int(_numba().dp_value(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, row))
     out = np.zeros(1, dtype=np.int64)
     _dpcore.dp_batch(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, np.array([0, cls_p.shape[0]], dtype=np.int64), out)
     return int(out[0])
@@ -91,7 +100,7 @@ def dp_batch(cls_c: np.ndarray, shp_c: np.ndarray, vec_c: np.ndarray, cls_p: np.
     ``offsets[k]:offsets[k+1]``), written into ``out``."""
     if _dpcore is None:
         _say_numba()
-        _nb_batch(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, offsets, out)
+        _numba().dp_batch(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, offsets, out)
         return
     _dpcore.dp_batch(cls_c, shp_c, vec_c, cls_p, shp_p, vec_p, offsets, out)
 
@@ -101,7 +110,7 @@ def dp_pairs(*arrays: Any) -> tuple[int, np.ndarray]:
     edge, context, feeds, then the parent's); ``pairs[i]`` is the parent layer of child layer ``i`` or -1."""
     if _dpcore is None:
         _say_numba()
-        v, pairs = _nb_pairs(*arrays)
+        v, pairs = _numba().dp_pairs(*arrays)
         return int(v), pairs
     pairs = np.empty(arrays[0].shape[0], dtype=np.int64)
     return int(_dpcore.dp_pairs(*arrays, pairs)), pairs

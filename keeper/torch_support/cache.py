@@ -256,16 +256,37 @@ def cached_export(module: torch.nn.Module, args: Any, exporter: str, export: Cal
         with _lock:
             _counts["stale"] += 1
     else:
-        found = cache_files.load(key, module)
-        if found is not None and _baked_digest(module, found[4]) == found[5]:
-            onnx, keys, apart, graph, baked, digest = found
-            result = Exported(onnx, keys, apart, graph)
+        found = _from_disk(key, module)
+        if found is not None:
+            return found
+        # another trial process of this node may be tracing this architecture now: wait for its entry
+        with cache_files.exporting(key):
+            found = _from_disk(key, module)
+            if found is not None:
+                return found
             with _lock:
-                _counts["disk_hits"] += 1
-                _remember(key, (result, baked, digest))
-            return _copy(result)
-        with _lock:
-            _counts["misses"] += 1
+                _counts["misses"] += 1
+            return _export_and_keep(key, module, export, apart_keys)
+    return _export_and_keep(key, module, export, apart_keys)
+
+
+def _from_disk(key: str, module: torch.nn.Module) -> Any:
+    """A copy of the disk cache's entry ``key`` when it is the module's (remembered in the process too), else
+    None."""
+    found = cache_files.load(key, module)
+    if found is None or _baked_digest(module, found[4]) != found[5]:
+        return None
+    onnx, keys, apart, graph, baked, digest = found
+    result = Exported(onnx, keys, apart, graph)
+    with _lock:
+        _counts["disk_hits"] += 1
+        _remember(key, (result, baked, digest))
+    return _copy(result)
+
+
+def _export_and_keep(key: str, module: torch.nn.Module, export: Callable[[], Any],
+                     apart_keys: Callable[[Any], set[str]]) -> Any:
+    """``export()``, remembered in the process and kept on disk."""
     result = export()
     apart = apart_keys(result)
     every = [k for k, _ in module.named_parameters(remove_duplicate=False)]

@@ -13,16 +13,21 @@ Invariants:
       overwritten by a fresh export;
     * writes are atomic (a temp file renamed into place): a reader sees a whole entry or none, and two processes
       exporting one architecture at once both succeed;
+    * a process that misses an entry another process of the node is exporting waits for it (:func:`exporting`, a
+      file lock per entry, held only while that export runs) instead of tracing it again: the trials a job starts at
+      once on a node trace each architecture once, not once per trial;
     * the cache is an optimisation: no failure to read or write it fails a warm start (a write that fails is
       reported once per process as a warning).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,12 +36,20 @@ import torch
 
 from keeper.store.stored import graph_blob, graph_from_blob
 
-__all__ = ["directory", "load", "save", "ENV"]
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; concurrent processes may then export one architecture each
+    fcntl = None
+
+__all__ = ["directory", "exporting", "load", "save", "ENV", "LOCK_WAIT_S"]
 
 #: Environment variable naming the cache directory; ``off`` (or ``0``) disables the disk cache.
 ENV = "KEEPER_ARCH_CACHE"
 _FORMAT = 1
 _warned = False
+#: The longest a process waits for another's export of the same entry before exporting it itself (an export that
+#: falls back to the dynamo exporter takes seconds; a holder that dies releases its lock at once).
+LOCK_WAIT_S = 120.0
 
 
 def directory() -> Path | None:
@@ -105,6 +118,38 @@ def save(key: str, module: torch.nn.Module, result: Any, baked: tuple[str, ...],
             _warned = True
             warnings.warn(f"keeper could not keep an architecture export in {root} ({e}); each new process will "
                           f"export again. Set {ENV} to a writable directory, or to 'off'.", stacklevel=3)
+
+
+@contextlib.contextmanager
+def exporting(key: str, wait_s: float = LOCK_WAIT_S):
+    """Hold this node's lock on entry ``key`` while the caller exports it and saves it: a process that misses the
+    same entry meanwhile waits here, then finds the entry on disk (the caller looks again once inside). Best-effort:
+    without a cache directory, where file locks are unavailable, or once ``wait_s`` runs out, the caller goes on
+    without the lock (at worst a second trace, never a failure)."""
+    root = directory()
+    fd = None
+    if root is not None and fcntl is not None:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(root / f".{key}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError:
+            fd = None
+    try:
+        deadline = time.monotonic() + wait_s
+        while fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            except OSError:  # a filesystem without locks
+                break
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 def _sha(data: bytes) -> str:
