@@ -7,8 +7,8 @@ then answers each command line on stdin (``{"phase": str, "n": int}``) with one 
 ``{"phase", "registered": {name: checksum}, "warmed": int, "parents": int, "failures": [str], "slowest_s"}``.
 For each of the ``n`` steps it sends a registration of a model of its own (unique content, its own name) and a warm
 of a child at once, then waits for both, each within the service's bounds; any exception (a timeout included) is a
-failure, named. Torch is not imported (the models are built with ``onnx.helper``), so a driver starts in about a
-second.
+failure, named. Torch is not imported (the models are built with ``onnx.helper``, in :mod:`onnx_mlp`), so a driver
+starts in about a second.
 """
 
 from __future__ import annotations
@@ -18,26 +18,12 @@ import sys
 import time
 import zlib
 
-import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx_mlp import mlp_onnx
 
 
 def mlp(widths: list[int], seed: int, in_dim: int = 16) -> bytes:
-    """A Gemm/Relu chain with weights of std 0.1 drawn with ``seed`` (as ``nets.mlp_onnx``, without torch)."""
-    rng = np.random.default_rng(seed)
-    nodes, inits, x, d = [], [], "x", in_dim
-    for i, w in enumerate(widths):
-        inits += [numpy_helper.from_array((rng.standard_normal((w, d)) * 0.1).astype(np.float32), f"fc{i}.weight"),
-                  numpy_helper.from_array((rng.standard_normal(w) * 0.1).astype(np.float32), f"fc{i}.bias")]
-        nodes.append(helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [f"h{i}"], transB=1,
-                                      name=f"fc{i}"))
-        x, d = f"h{i}", w
-        if i < len(widths) - 1:
-            nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
-            x = f"r{i}"
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, in_dim])],
-                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, d])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    """A Gemm/Relu chain with weights of std 0.1 drawn with ``seed``."""
+    return mlp_onnx(widths, seed, in_dim, scale=0.1)
 
 
 def phase(handle, config, driver: int, name: str, n: int) -> dict:

@@ -28,6 +28,7 @@ from torch import nn
 
 from keeper_bench import families
 from hf_growth import quiet  # noqa: F401 (the tests' nets.quiet)
+from onnx_mlp import mlp_onnx  # noqa: F401 (the tests' nets.mlp_onnx)
 
 EXPORTERS = ("torchscript", "dynamo")
 MODES = ("eval", "keep")
@@ -333,24 +334,6 @@ def trained_like(model: nn.Module, x: torch.Tensor, seed: int = 0) -> nn.Module:
                 m.weight.uniform_(0.5, 1.5)
                 m.bias.uniform_(-0.3, 0.3)
     return model.eval()
-
-
-def mlp_onnx(widths: Sequence[int], seed: int = 0, in_dim: int = 16, scale: float = 0.3) -> bytes:
-    """A Gemm/Relu chain with random weights of std ``scale`` (other seeds: other bytes, same architecture)."""
-    rng = np.random.default_rng(seed)
-    nodes, inits, x, d = [], [], "x", in_dim
-    for i, w in enumerate(widths):
-        inits += [numpy_helper.from_array((rng.standard_normal((w, d)) * scale).astype(np.float32), f"fc{i}.weight"),
-                  numpy_helper.from_array((rng.standard_normal(w) * 0.1).astype(np.float32), f"fc{i}.bias")]
-        nodes.append(helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [f"h{i}"], transB=1,
-                                      name=f"fc{i}"))
-        x, d = f"h{i}", w
-        if i < len(widths) - 1:
-            nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
-            x = f"r{i}"
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, in_dim])],
-                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, d])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
 def cnn_onnx(blocks: Sequence[tuple], in_channels: int = 3, size: int = 4, head: Sequence[int] = (12, 6),
