@@ -299,7 +299,7 @@ class KeeperCallback(Callback):
         record is then taken in, not sent again); False where the zoo cannot say."""
         name = self._name(trial)
         try:
-            record = store_for(self.config.zoo_uri, fresh=True).record(name)
+            record = store_for(self.config.zoo_uri).record(name)  # a name not cached is looked up in the files
         except Exception:  # not there, or the zoo unreadable from here: hand it over again (idempotent by content)
             return False
         self._registered.add(trial.trial_id)
