@@ -287,12 +287,24 @@ class KeeperCallback(Callback):
         training = training_of(self._curves.get(tid, ()), str(trial.storage.experiment_dir_name)).as_dict()
         handle = self._service()
         if self.wait_for_registration:
-            handle.expect.remote(name)  # before the next trial asks: actor calls arrive in milliseconds
+            self._announce(handle, name)
         future = self._thread().submit(_register, handle, name, checkpoint, trial.storage.storage_filesystem,
                                    trial.storage.trial_fs_path, accuracy, self.model_builder, dict(trial.config),
                                    self.config.timeouts.register_s, self.config.zoo_uri, training,
                                    self.client.to_wire())
         self._pending[tid] = _Pending(future, name, time.perf_counter())
+
+    def _announce(self, handle: Any, name: str) -> None:
+        """Announce ``name``'s registration and wait for the front door to take it in: the trial Tune starts next
+        asks from another process, and two processes' calls to one threaded actor keep no order (a service still
+        booting holds both queued, then runs them in any order). Milliseconds on a live service; a service still
+        starting is waited for, at most ``timeouts.start_s``, whose ping is checked anyway."""
+        try:
+            ray.get(handle.expect.remote(name), timeout=self.config.timeouts.start_s)
+        except Exception as exc:  # never fail the experiment here; the registration reports its own failure
+            logger.warning("keeper: the service did not take in the announcement of %s within timeouts.start_s "
+                           "(%g s): %s; a trial starting now may not wait for it", name,
+                           self.config.timeouts.start_s, exc)
 
     def _landed(self, trial: Any) -> bool:
         """Whether a registration handed over before a restore reached the zoo after the state was saved (its
