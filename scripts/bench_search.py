@@ -122,32 +122,33 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--device cuda: torch sees no CUDA device here; use --device cpu (or auto)")
 
     workdir = os.path.abspath(args.workdir or os.path.join(args.out, "tmp", "bench_search"))
-    ray.init(address="local", num_cpus=2, num_gpus=1 if args.device == "cuda" else 0, include_dashboard=False,
-             log_to_driver=False)
     t0 = time.perf_counter()
-    try:
-        for seed in range(args.seeds):
-            for workload in workloads:
-                known = state["settings"].get(workload)
-                run = PbtRun(**known) if known is not None else settings(workload, args)
-                state["settings"][workload] = asdict(run)
-                for arm in arms:
-                    key = f"{workload}/{arm}/{seed}"
-                    if key in state["runs"] and arm not in rerun:
-                        continue
+    for seed in range(args.seeds):
+        for workload in workloads:
+            known = state["settings"].get(workload)
+            run = PbtRun(**known) if known is not None else settings(workload, args)
+            state["settings"][workload] = asdict(run)
+            for arm in arms:
+                key = f"{workload}/{arm}/{seed}"
+                if key in state["runs"] and arm not in rerun:
+                    continue
+                # a fresh Ray per arm: nothing one arm leaves (a worker, a held CPU) reaches the next
+                ray.init(address="local", num_cpus=2, num_gpus=1 if args.device == "cuda" else 0,
+                         include_dashboard=False, log_to_driver=False)
+                try:
                     load = LoadSampler(every=10.0)
                     out = run_arm(arm, run, seed, workdir, pbt_interval=args.pbt_interval,
                                   shrink=args.shrink if uses_keeper(arm) else None)
                     load.stop()
-                    out["load"] = load.summary()
-                    out["shrink_arg"] = args.shrink
-                    out["commit"] = _commit()
-                    state["runs"][key] = out
-                    print(f"{key}: {out['wall_s']:.0f} s, {len(out['errors'])} errors, load {out['load']['mean']:.1f}",
-                          flush=True)
-                    _write(args.out, name, state, done=False)
-    finally:
-        ray.shutdown()
+                finally:
+                    ray.shutdown()
+                out["load"] = load.summary()
+                out["shrink_arg"] = args.shrink
+                out["commit"] = _commit()
+                state["runs"][key] = out
+                print(f"{key}: {out['wall_s']:.0f} s, {len(out['errors'])} errors, load {out['load']['mean']:.1f}",
+                      flush=True)
+                _write(args.out, name, state, done=False)
     state["versions"] = f"torch {torch.__version__}, ray {ray.__version__}"
     state["wall_min"] = state.get("wall_min", 0.0) + (time.perf_counter() - t0) / 60
     _write(args.out, name, state, done=True)
