@@ -61,6 +61,7 @@ class GraphOnlyManager(ZooManager):
                 if bulk:  # the re-fit below places them; skip k alignments each
                     self._arrays[n], self._accuracy[n] = a, float(acc)
                     self._pending.append(n)
+                    self._number(n)
                     self._t_added.add(n)
                     self._changes += 1
                     self._dirty = True

@@ -48,7 +48,7 @@ def check_view(mgr: ZooManager) -> None:
 
 def test_view_table_changes_equal_a_fresh_build():
     rng = np.random.default_rng(0)
-    entries = {f"m{i:03d}": (float(i), bool(i % 2), True, i, i % 3, i, rng.integers(0, 9, 64)) for i in range(60)}
+    entries = {f"m{i:03d}": (float(i), bool(i % 2), True, i, i % 3, i, rng.integers(0, 9, 64), i) for i in range(60)}
     table = ViewTable.build({k: v for k, v in entries.items() if k < "m030"})
     later = {k: v for k, v in entries.items() if k >= "m030"}
     table = table.changed(later, ["m003", "m017"])
@@ -69,6 +69,7 @@ def test_arrivals_removals_and_compactions_keep_the_view_exact(tmp_path, monkeyp
     mgr.add_graph_only([f"g{i:03d}" for i in range(40)], [linear_arrays(rng) for _ in range(40)])
     check_view(mgr)
     live = [f"g{i:03d}" for i in range(40)]
+    first = dict(zip(mgr.view().names.tolist(), mgr.view().ident.tolist()))
     for step in range(12):  # one or two arrivals, sometimes a removal, a publish after each
         names = [f"a{step:02d}{j}" for j in range(1 + step % 2)]
         mgr.add_graph_only(names, [linear_arrays(rng) for _ in names])
@@ -77,5 +78,15 @@ def test_arrivals_removals_and_compactions_keep_the_view_exact(tmp_path, monkeyp
             gone = live.pop(int(rng.integers(len(live))))
             mgr.remove(gone)
         check_view(mgr)
+        now = dict(zip(mgr.view().names.tolist(), mgr.view().ident.tolist()))
+        # compactions move models between shards, never change what identifies their registration
+        assert all(now[n] == first[n] for n in now if n in first)
+        first.update(now)
     assert mgr.stats()["fits"] >= 2  # arrivals past recluster_stale x N re-fitted the index on the way
     assert len(mgr._shards) <= 3 + 1
+    assert len(set(first.values())) == len(first), "every registration has its own number"
+    # a name registered again after its removal is another registration: the front door's caches must miss
+    mgr.remove(live[0])
+    mgr.add_graph_only([live[0]], [linear_arrays(rng)])
+    again = dict(zip(mgr.view().names.tolist(), mgr.view().ident.tolist()))[live[0]]
+    assert again > max(first.values())

@@ -60,7 +60,7 @@ class ClusteringConfig:
     k: int | None = None              # None: round(sqrt(N))
     clusters_to_probe: int = 5        # clusters whose members a query scores after the medoids
     early_stop: float = 1.0           # a medoid scoring this probes its cluster alone (1.0: lossless, see yaml)
-    brute_force_below: int = 64       # smaller zoos are scored whole
+    brute_force_below: int = 512      # smaller zoos are scored whole, and no index is fitted for them
     recluster_stale: float = 0.2      # re-cluster in the background once adds/removes since the fit exceed this x N
     recluster_drift: float = 1.5      # ... or once arrivals sit this much farther from their medoid than the fit's
     fit_sample: int = 1000            # k-medoids runs on at most this many models; the rest join their nearest medoid

@@ -45,6 +45,7 @@ from keeper.actors.matcher import Matcher
 from keeper.actors.metrics import QueryClock, ServiceMetrics
 from keeper.actors.pool import MatcherPool
 from keeper.actors.remote import Demand, demand_of, get, shortfall
+from keeper.actors.snapshot import View
 from keeper.actors.viewfeed import ViewFeed
 from keeper.actors.viewsearch import SearchState, batches, plan
 from keeper.choice.candidates import (AssessedPairs, Assessable, ParentFacts, architecture_digest, assess_found,
@@ -215,14 +216,20 @@ class FrontDoor:
         content is stored once: again under its name and accuracy it is the stored record, so retries are safe;
         under other terms it is refused, or recorded on its model with ``record_again``; ``lineage``: how the model
         was obtained (``WarmResult.lineage()``); ``team``, ``private``: as for :meth:`keeper.zoo.Zoo.register`;
-        ``client``: who registers (:meth:`keeper.teams.Client.to_wire`), checked by the manager.
+        ``client``: who registers (:meth:`keeper.teams.Client.to_wire`), checked by the manager. A registration
+        announced under ``name`` (:meth:`expect`) settles here, registered or refused, once the view holds the
+        outcome: a choice waiting for it goes on without the registrar's own ``settled`` round trip.
         """
-        rec = self._manager_call("register", self.config.timeouts.register_s,
-                                 _as_bytes(model, weights_apart=weights is not None), accuracy, name, weights,
-                                 lineage, record_again, client, team, private)
-        with self._stats_lock:
-            self.registers += 1
-        self._views.after_write()  # the caller's next query sees the model
+        try:
+            rec = self._manager_call("register", self.config.timeouts.register_s,
+                                     _as_bytes(model, weights_apart=weights is not None), accuracy, name, weights,
+                                     lineage, record_again, client, team, private)
+            with self._stats_lock:
+                self.registers += 1
+            self._views.after_write()  # the caller's next query sees the model
+        finally:
+            if name is not None:
+                self._inflight.settle(name)
         return rec
 
     def remove(self, name: str, client: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -417,18 +424,17 @@ class FrontDoor:
             p = pos[name]
             return ParentFacts(float(view.accuracy[p]), view.is_clean(p), int(view.params[p]))
 
-        def version(name: str) -> tuple:  # a new registration under a name lands in a new shard (ids never reused)
-            return name, view.shards[int(view.shard[pos[name]])], int(view.row[pos[name]])
+        def version(name: str) -> tuple:
+            return _version(view, name, pos[name])
 
         return assess_found(found, graph, floor, facts, lambda n: self._parent(version(n)), child, self._assessed,
                             lambda n: (digest, *version(n)))
 
     def _training(self, name: str) -> Training | None:
         """How the zoo model ``name`` was trained (its record's learning-curve summary), read from the store once
-        per version of the model (a new registration under a name lands in a new shard)."""
+        per version of the model (:func:`_version`)."""
         view = self._refresh().view
-        p = view.positions([name])[0]
-        version = (name, view.shards[int(view.shard[p])], int(view.row[p]))
+        version = _version(view, name, int(view.positions([name])[0]))
         with self._stats_lock:
             if version in self._trainings:
                 return self._trainings[version]
@@ -440,8 +446,8 @@ class FrontDoor:
         return found
 
     def _parent(self, version: tuple) -> Assessable:
-        """The graph, match arrays and layer roles of the zoo model ``version`` = (name, shard id, row), read from the
-        store once (a bounded LRU kept across views: a model that stays in its shard keeps its entry)."""
+        """The graph, match arrays and layer roles of the zoo model ``version`` (:func:`_version`, its name first),
+        read from the store once (a bounded LRU kept across views)."""
         with self._stats_lock:
             hit = self._parents.get(version)
             if hit is not None:
@@ -532,6 +538,15 @@ class FrontDoor:
         out = np.zeros(pos.shape[0], dtype=np.float64)
         out[np.concatenate(order)] = np.concatenate([np.asarray(r[0], dtype=np.float64) for r in results])
         return out
+
+
+def _version(view: View, name: str, position: int) -> tuple:
+    """What identifies one registration of ``name`` across views, for the caches of what is read or assessed from
+    its graph: its registration number in the manager's incarnation, which compaction leaves alone (else its
+    shard and row: a new registration under a name lands in a new shard, whose ids are never reused)."""
+    if view.ident is not None:
+        return name, view.incarnation, int(view.ident[position])
+    return name, view.shards[int(view.shard[position])], int(view.row[position])
 
 
 def _without_secret(client: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -87,6 +87,8 @@ class ZooManager:
         self._clean: dict[str, bool] = {}  # lineage without a warm across block structures (see Zoo.register)
         self._private: dict[str, str] = {}  # private model -> its team
         self._loc: dict[str, tuple[str, int]] = {}   # name -> (shard id, row)
+        self._ident: dict[str, int] = {}             # name -> its registration number (View.ident)
+        self._idents = 0
         self._shards: dict[str, Shard] = {}
         self._retired: dict[str, Shard] = {}         # the generation before the last compaction
         self._pending: list[str] = []                # added, not yet in a shard
@@ -125,12 +127,14 @@ class ZooManager:
                 if rec.private:
                     self._private[rec.name] = rec.owner
                 self._pending.append(rec.name)
+                self._number(rec.name)
             self._dirty = True
             self._publish()
             self._maybe_refit(force=True)
 
     def _added(self, name: str, arrays: MatchArrays, accuracy: float, clean: bool = True) -> None:
         self._arrays[name] = arrays
+        self._number(name)
         self._accuracy[name] = accuracy
         self._clean[name] = clean
         self._pending.append(name)
@@ -144,12 +148,18 @@ class ZooManager:
             self._drift[1] += 1
         self._dirty = True
 
+    def _number(self, name: str) -> None:
+        """Give ``name`` a new registration number (View.ident): the caches keyed on it then hold for it alone."""
+        self._idents += 1
+        self._ident[name] = self._idents
+
     def _removed(self, name: str) -> None:
         self._arrays.pop(name, None)
         self._accuracy.pop(name, None)
         self._clean.pop(name, None)
         self._private.pop(name, None)
         self._loc.pop(name, None)
+        self._ident.pop(name, None)
         if name in self._pending:
             self._pending.remove(name)
         if name in self._t_added:
@@ -401,13 +411,13 @@ class ZooManager:
             clean=t.clean, params=t.params, shard=shard.astype(np.int32), row=t.row, sigs=t.sigs,
             shards=tuple(self._sid_of[int(x)] for x in serials.tolist()),
             labels=t.labels if index is not None else None, medoids=t.medoid_positions(index), uri=self.zoo.uri,
-            private=dict(self._private))
+            private=dict(self._private), ident=t.ident)
         self._dirty = False
 
     def _entry(self, name: str) -> Entry:
         sid, row = self._loc[name]
         return (self._accuracy[name], self._weighted(name), self._clean.get(name, True), self._arrays[name].total,
-                self._serial[sid], row, self._shards[sid].sigs[row])
+                self._serial[sid], row, self._shards[sid].sigs[row], self._ident[name])
 
     def _weighted(self, name: str) -> bool:
         """Whether ``name`` has stored weights (every model this class holds has; subclasses may hold others)."""

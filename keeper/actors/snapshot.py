@@ -91,6 +91,10 @@ class View:
     uri: str = ""
     clean: np.ndarray | None = None  # bool (n,): lineage clean (see keeper.zoo.Zoo.register); None: all clean
     private: Mapping[str, str] = field(default_factory=dict)  # private model -> its team (usually few)
+    # int64 (n,): each model's registration number within the manager's incarnation (the first part of ``key``):
+    # the same while the model lives, whatever compaction moves; a model registered again under its name gets a
+    # new one. None: not known (caches then key on shard and row)
+    ident: np.ndarray | None = None
 
     def is_clean(self, position: int) -> bool:
         return True if self.clean is None else bool(self.clean[position])
@@ -98,6 +102,11 @@ class View:
     @property
     def n(self) -> int:
         return int(self.names.shape[0])
+
+    @property
+    def incarnation(self) -> str:
+        """The manager incarnation that published this view (``ident`` numbers are unique within it)."""
+        return self.key.rsplit("-", 1)[0]
 
     @property
     def clusters(self) -> int:
@@ -115,8 +124,9 @@ class View:
                    uri=uri)
 
 
-#: One model's entry in a :class:`ViewTable`: (accuracy, weighted, clean, params, shard serial, row, signature).
-Entry = tuple[float, bool, bool, int, int, int, np.ndarray]
+#: One model's entry in a :class:`ViewTable`: (accuracy, weighted, clean, params, shard serial, row, signature,
+#: registration number).
+Entry = tuple[float, bool, bool, int, int, int, np.ndarray, int]
 
 
 @dataclass(frozen=True)
@@ -139,17 +149,18 @@ class ViewTable:
     row: np.ndarray
     sigs: np.ndarray     # (n, SIGNATURE_SIZE), Fortran order
     labels: np.ndarray   # int32
+    ident: np.ndarray    # int64: registration numbers (see View.ident)
 
     @classmethod
     def build(cls, entries: dict[str, Entry], labels: dict[str, int] | None = None) -> "ViewTable":
         """A table of ``entries`` (name -> Entry); ``labels`` name -> cluster (absent: -1)."""
         names = sorted(entries)
-        cols = list(zip(*(entries[n] for n in names))) if names else [()] * 7
+        cols = list(zip(*(entries[n] for n in names))) if names else [()] * 8
         sigs = np.asfortranarray(np.stack(cols[6]) if names else np.zeros((0, SIGNATURE_SIZE), np.int64))
         return cls(np.array(names, dtype=str), np.array(cols[0], np.float64), np.array(cols[1], bool),
                    np.array(cols[2], bool), np.array(cols[3], np.int64), np.array(cols[4], np.int64),
                    np.array(cols[5], np.int64), sigs,
-                   np.array([(labels or {}).get(n, -1) for n in names], np.int32))
+                   np.array([(labels or {}).get(n, -1) for n in names], np.int32), np.array(cols[7], np.int64))
 
     def changed(self, added: dict[str, Entry], removed: Sequence[str],
                 labels: dict[str, int] | None = None) -> "ViewTable":
