@@ -20,8 +20,6 @@ from keeper.errors import ConfigError, KeeperError
 from keeper.tune_integration import ARCHITECTURE_FILE, KeeperCallback, warm_start
 from keeper.tune_integration.checkpoint import checkpoint_onnx
 from keeper.zoo import Zoo
-from keeper_bench.families import build, default_spec, example_input
-from keeper_bench.workload import evaluate, mnist1d_dataset, train
 
 # starts Ray on loopback once (conftest's local_ray); `-m "not ray"` leaves these out
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]

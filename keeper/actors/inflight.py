@@ -1,9 +1,11 @@
 """Registrations in flight: models announced to the front door whose registration has not settled yet.
 
 A Tune trial that ends is announced (``FrontDoor.expect``) the moment the driver hands its checkpoint to the
-registrar, without waiting for it; a trial that starts after that asks for its parent and may wait for the
-announced registrations to settle, so it can inherit from the trial that just ended, while Tune's driver goes on
-scheduling. The wait is the trial's, never the driver's, and it is bounded.
+registrar: the driver waits for the announcement to be taken in (a trial started next asks from another process,
+and two processes' calls keep no order), never for the registration; a trial that starts after that asks for its
+parent and may wait for the announced registrations to settle, so it can inherit from the trial that just ended,
+while Tune's driver goes on scheduling. The wait for a registration is the trial's, never the driver's, and it is
+bounded.
 
 Invariants: a choice waits only for registrations announced before it arrived; every wait ends by its deadline
 and names what was still in flight; an announcement that never settles (its registrar died) is forgotten after

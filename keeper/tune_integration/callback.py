@@ -77,7 +77,8 @@ class KeeperCallback(Callback):
             checkpoints of trials that never called ``warm_start``.
         wait_for_registration: a trial's parent choice waits for the registrations of the trials that ended
             before it started (at most ``timeouts.arrival_s``), so it can inherit from them (True); False never
-            waits. Either way the driver does not wait.
+            waits. Either way the driver does not wait for a registration (only for the front door to take in
+            its announcement: milliseconds once the service is up).
         name_prefix: prefix of the zoo names (default: the experiment's directory name and ``-``); the
             trial id follows it.
 
