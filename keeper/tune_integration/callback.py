@@ -300,12 +300,12 @@ class KeeperCallback(Callback):
         asks from another process, and two processes' calls to one threaded actor keep no order (a service still
         booting holds both queued, then runs them in any order). Milliseconds on a live service; a service still
         starting is waited for, at most ``timeouts.start_s``, whose ping is checked anyway."""
+        need = demand_of(f"the front door {self.config.name!r} taking in the announcement of {name} "
+                         "(timeouts.start_s)", "keeper", self.config.actor_options("keeper"), handle)
         try:
-            ray.get(handle.expect.remote(name), timeout=self.config.timeouts.start_s)
+            get(handle.expect.remote(name), self.config.timeouts.start_s, need)
         except Exception as exc:  # never fail the experiment here; the registration reports its own failure
-            logger.warning("keeper: the service did not take in the announcement of %s within timeouts.start_s "
-                           "(%g s): %s; a trial starting now may not wait for it", name,
-                           self.config.timeouts.start_s, exc)
+            logger.warning("keeper: %s; a trial starting now may not wait for it", exc)
 
     def _landed(self, trial: Any) -> bool:
         """Whether a registration handed over before a restore reached the zoo after the state was saved (its
