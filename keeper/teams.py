@@ -43,6 +43,7 @@ import getpass
 import hashlib
 import hmac
 import json
+import math
 import os
 import secrets as _secrets
 import socket
@@ -578,7 +579,8 @@ class Access:
             tokens = min(float(table.rate_burst), tokens + (now - then) * table.rate_per_s)
             if tokens < 1.0:
                 self._buckets[principal.team] = (tokens, now)
-                wait = (1.0 - tokens) / table.rate_per_s if table.rate_per_s > 0 else float("inf")
+                # rounded up: "retry in 0.0 s" would read as "now", which is refused again
+                wait = math.ceil(10 * (1.0 - tokens) / table.rate_per_s) / 10 if table.rate_per_s > 0 else math.inf
                 raise RateLimitedError(
                     f"registering model {name or '(unnamed)'!r} for team {principal.team!r}: the team sent more than "
                     f"{table.rate_burst} registrations in a burst (then {table.rate_per_s:g} per second); nothing was "
