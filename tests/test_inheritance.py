@@ -62,6 +62,25 @@ def test_a_converged_parent_from_elsewhere_goes_to_one_trial_per_search_and_says
     assert rule.apply(dataclasses.replace(_choice(), parent=None), "new", lambda n: converged).withheld is None
 
 
+def test_a_parent_of_this_search_below_its_cold_trials_first_report_gives_nothing():
+    rule = Inheritances()
+    improving = Training("s", 8, 0.5, True)  # would be inherited by every trial without the first-report test
+    assert rule.apply(_choice(), "s", lambda name: improving).parent == "p", "no cold trial has reported yet"
+    for bad in (float("nan"), float("inf")):
+        rule.observe_cold_start("s", bad)
+    assert rule.apply(_choice(), "s", lambda name: improving).parent == "p", "non-finite reports are ignored"
+    rule.observe_cold_start("s", 0.95)
+    rule.observe_cold_start("s", 0.60)  # the best first report counts, not the last
+    below = rule.apply(_choice(), "s", lambda name: improving)
+    assert below.parent is None and below.withheld == "p" and below.qualified == 0
+    assert "first result (0.950)" in reason_of(below) and "(0.900)" in reason_of(below)
+    # another search's parent may be on another task, and another search's cold reports are not this one's
+    assert rule.apply(_choice(), "s", lambda name: Training("t", 8, 0.5, True)).parent == "p"
+    assert rule.apply(_choice(), "u", lambda name: Training("u", 8, 0.5, True)).parent == "p"
+    rule.observe_cold_start("u", 0.90)  # equal is not below
+    assert rule.apply(_choice(), "u", lambda name: Training("u", 8, 0.5, True)).parent == "p"
+
+
 def _mlp(width: int, seed: int):
     import torch
 

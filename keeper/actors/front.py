@@ -187,6 +187,12 @@ class FrontDoor:
         """``name``'s announced registration is over, registered or refused."""
         self._inflight.settle(name)
 
+    def observe_cold_start(self, search: str, accuracy: float) -> None:
+        """A trial of ``search`` that started cold first reported ``accuracy`` (the zoo's terms; the Tune callback
+        sends it): later trials of that search inherit from no parent below the best such report
+        (:mod:`keeper.choice.inheritance`)."""
+        self._inheritances.observe_cold_start(search, accuracy)
+
     def hit(self, name: str, client: dict[str, Any] | None = None) -> None:
         """Count one use of ``name`` as a parent by ``client``'s team (fire and forget: a lost hit only ages a model
         sooner). The secret stays here: a hit needs none."""

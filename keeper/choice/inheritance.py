@@ -19,6 +19,12 @@ the parent's own architecture. The rule:
   holds that model from its first report; every later trial that would restart it starts cold, so the search
   keeps exploring.
 
+And above all of these, for a trial of a search: **a parent trained by this very search whose accuracy is below what
+the search's trials that started cold report at their first result**: nothing; the child starts cold. Such a trial
+reaches past the parent within one report of its own training, so the parent's function is a head start of less
+than one report, and a trial that takes it is judged at its first rung (ASHA, PBT) on the parent's function, not on
+its configuration. (Only this search's parents: another search's accuracy may be on another task.)
+
 A model without a recorded curve (registered outside Tune) counts as converged: a trained model handed to the zoo
 is usually finished.
 
@@ -114,7 +120,8 @@ class Inheritance:
 
 
 def decide(parent: str, training: Training | None, search: str, first_in_search: bool,
-           same_architecture: bool = True) -> Inheritance:
+           same_architecture: bool = True, parent_accuracy: float | None = None,
+           cold_first: float | None = None) -> Inheritance:
     """The rule of the module docstring for one trial of ``search`` whose best parent is ``parent``.
 
     Args:
@@ -122,9 +129,18 @@ def decide(parent: str, training: Training | None, search: str, first_in_search:
         search: the asking trial's search; "" outside a search (every start then inherits: nothing to explore).
         first_in_search: no trial of ``search`` has inherited ``parent``'s converged function yet.
         same_architecture: the child is the parent's own architecture (a restart).
+        parent_accuracy: the parent's accuracy in the zoo (None: not known; the first-report test is skipped).
+        cold_first: the best first report (in the zoo's accuracy terms) of this search's trials that started cold;
+            None while none has reported (the first-report test is skipped).
     """
     if not search:
         return Inheritance(True, f"{parent!r} gives its function (outside a search, nothing to explore)")
+    if (parent_accuracy is not None and cold_first is not None and parent_accuracy < cold_first
+            and training is not None and training.search == search):
+        return Inheritance(False, f"{parent!r} ({parent_accuracy:.3f}) is below what this search's trials that "
+                                  f"started cold report at their first result ({cold_first:.3f}): its function is a "
+                                  "head start of less than one report, so the child starts cold and its "
+                                  "configuration is judged on its own training")
     if not same_architecture:
         return Inheritance(True, f"the child is another architecture than {parent!r}: it starts from its function, "
                                  "a head start")
@@ -150,7 +166,16 @@ class Inheritances:
 
     def __init__(self) -> None:
         self._taken: set[tuple[str, str]] = set()
+        self._cold_first: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    def observe_cold_start(self, search: str, accuracy: float) -> None:
+        """A trial of ``search`` that started cold first reported ``accuracy`` (the zoo's terms): the best such
+        report of each search is what the rule compares parents with."""
+        if not search or not isinstance(accuracy, (int, float)) or not math.isfinite(accuracy):
+            return
+        with self._lock:
+            self._cold_first[search] = max(float(accuracy), self._cold_first.get(search, -math.inf))
 
     def apply(self, choice: "ParentChoice", search: str,
               training: Callable[[str], Training | None]) -> "ParentChoice":
@@ -163,7 +188,8 @@ class Inheritances:
         same = best is not None and best.preserved and best.score >= 1.0 - 1e-9
         with self._lock:
             key = (search, choice.parent)
-            verdict = decide(choice.parent, trained, search, key not in self._taken, same)
+            verdict = decide(choice.parent, trained, search, key not in self._taken, same,
+                             None if best is None else best.accuracy, self._cold_first.get(search))
             if verdict.whole and search and (trained is None or trained.improving is False):
                 self._taken.add(key)
         if verdict.whole:

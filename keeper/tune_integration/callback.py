@@ -117,6 +117,8 @@ class KeeperCallback(Callback):
         self._errored: set[str] = set()
         self._curves: dict[str, list[float]] = {}
         self._checked_start: set[str] = set()
+        self._cold_first: dict[str, float] = {}  # per search, the best first report of its trials started cold
+        self._cold_sent: dict[str, float] = {}  # what the front door has been told of it
         self._pending: dict[str, _Pending] = {}
         self._handle: Any = None
         self._deferred = False
@@ -164,6 +166,9 @@ class KeeperCallback(Callback):
         if self._launching is not None and self._launching.done():
             with self._clock():
                 self._service()
+        if self._handle is not None and self._cold_first != self._cold_sent:
+            with self._clock():
+                self._send_cold_starts()
         if self._starting is not None:
             with self._clock():
                 self._check_started()
@@ -180,7 +185,7 @@ class KeeperCallback(Callback):
     def get_state(self) -> dict | None:
         return {"registered": sorted(self._registered), "pending": sorted(self._pending),
                 "errored": sorted(self._errored), "outcomes": dict(self.outcomes), "models": dict(self.models),
-                "curves": {tid: list(v) for tid, v in self._curves.items()}}
+                "curves": {tid: list(v) for tid, v in self._curves.items()}, "cold_first": dict(self._cold_first)}
 
     def set_state(self, state: dict) -> None:
         self._registered = set(state.get("registered", ()))
@@ -188,6 +193,7 @@ class KeeperCallback(Callback):
         self.outcomes = dict(state.get("outcomes", {}))
         self.models = dict(state.get("models", {}))
         self._curves = {str(k): [float(x) for x in v] for k, v in dict(state.get("curves", {})).items()}
+        self._cold_first = {str(k): float(v) for k, v in dict(state.get("cold_first", {})).items()}
         # a registration the driver had not seen settle before it stopped is handed over again when its trial
         # is seen finished (registration is idempotent by content: nothing is stored twice)
         self._resubmit = set(state.get("pending", ()))
@@ -254,14 +260,30 @@ class KeeperCallback(Callback):
                       f"{self.config.zoo_uri!r})", "keeper", self.config.actor_options("keeper"), self._handle))
 
     def _check_first_report(self, trial: Any, result: dict) -> None:
-        """One warning when a trial started from its parent's whole function first reports far below it."""
+        """A trial's first report: one warning when it started from its parent's whole function and reports far
+        below it; when it started cold, its search's best cold first report (the bar a parent must pass for later
+        trials of the search to inherit from it, :mod:`keeper.choice.inheritance`)."""
         value = result.get(self.metric)
         if not _finite(value):
             return
+        accuracy = self._accuracy(float(value))
         lineage = _read_json(trial.storage.storage_filesystem, f"{trial.storage.trial_fs_path}/{LINEAGE_FILE}")
-        why = advice.lost_inheritance(trial.trial_id, lineage, self._accuracy(float(value)), self.metric)
+        if not (lineage or {}).get("parent") and math.isfinite(accuracy):
+            search = str(trial.storage.experiment_dir_name)
+            self._cold_first[search] = max(accuracy, self._cold_first.get(search, -math.inf))
+            if self._handle is not None:
+                self._send_cold_starts()
+        why = advice.lost_inheritance(trial.trial_id, lineage, accuracy, self.metric)
         if why is not None:
             logger.warning("keeper: %s", why)
+
+    def _send_cold_starts(self) -> None:
+        """Tell the front door each search's best cold first report it has not heard (fire and forget: a lost
+        one only lets a later trial inherit a weaker parent, as before the rule)."""
+        for search, accuracy in self._cold_first.items():
+            if self._cold_sent.get(search) != accuracy:
+                self._handle.observe_cold_start.remote(search, accuracy)
+                self._cold_sent[search] = accuracy
 
     def _submit(self, trial: Any) -> None:
         """Hand a finished trial's best checkpoint over for registration (announced to the front door first)."""
@@ -287,6 +309,7 @@ class KeeperCallback(Callback):
         name = self._name(trial)
         training = training_of(self._curves.get(tid, ()), str(trial.storage.experiment_dir_name)).as_dict()
         handle = self._service()
+        self._send_cold_starts()  # before the announcement, which the trial Tune starts next waits for
         if self.wait_for_registration:
             self._announce(handle, name)
         future = self._thread().submit(_register, handle, name, checkpoint, trial.storage.storage_filesystem,
