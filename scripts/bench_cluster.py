@@ -94,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the trace's seed (tenants, kinds, arrivals, job seeds)")
     p.add_argument("--size", choices=("quick", "report"), help="the jobs' budgets (default: report from 100 jobs)")
     p.add_argument("--gap", type=float, help="mean seconds between arrivals (default: the size's)")
+    p.add_argument("--steps", type=int, help="training steps per trial (default: the size's)")
+    p.add_argument("--round-steps", type=int, help="steps between reports (default: the size's)")
     p.add_argument("--nodes", type=int, default=3, help="nodes of the loopback cluster, the head included (2-4)")
     p.add_argument("--node-cpus", type=float, default=1.0, help="logical CPUs per node (they share the real cores)")
     p.add_argument("--max-drivers", type=int, default=6, help="job processes at once per arm; later arrivals wait")
@@ -145,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
         report = (args.size or ("report" if args.jobs >= 100 else "quick")) == "report"
         sizes = REPORT if report else QUICK
-        if args.gap is not None:
-            sizes = Sizes(**{**sizes.as_dict(), "gap_s": args.gap})
+        given = {"gap_s": args.gap, "steps": args.steps, "round_steps": args.round_steps}
+        sizes = Sizes(**{**sizes.as_dict(), **{k: v for k, v in given.items() if v is not None}})
+        if sizes.steps % sizes.round_steps:
+            raise SystemExit(f"--steps {sizes.steps} is not a whole number of rounds of {sizes.round_steps} steps")
         settings = {"jobs": args.jobs, "seed": args.seed, "sizes": sizes.as_dict(), "size": "report" if report
                     else "quick", "nodes": args.nodes, "node_cpus": args.node_cpus, "max_drivers": args.max_drivers,
                     "together": args.together,
