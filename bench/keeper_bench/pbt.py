@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ARMS", "BudgetStopper", "PbtRun", "Timeline", "draws", "member_spec", "run_arm"]
+__all__ = ["ARMS", "BudgetStopper", "PbtRun", "Timeline", "draws", "member_spec", "restarts_parent",
+           "run_arm"]
 
 ARMS = ("random", "asha-keeper", "pbt", "keeper-pbt")
 KEEPER_ARMS = ("asha-keeper", "keeper-pbt")
@@ -210,6 +211,13 @@ def _accuracy(run: PbtRun, model: Any, data: dict, split: str) -> float:
             return float((model(data[f"x_{split}"]).argmax(1) == data[f"y_{split}"]).float().mean())
         w = data[f"windows_{split}"]
         return float((model(w[:, :-1]).argmax(-1) == w[:, 1:]).float().mean())
+
+
+def restarts_parent(warm: Any) -> bool:
+    """Whether a warm start restarted its parent: the child is the parent's own architecture (every weight given,
+    the function kept whole or shrunk and perturbed). A shrink from a wider parent also gives every weight (score
+    1.0) but keeps no function: it is a transfer, not a restart."""
+    return bool(warm.parent) and warm.score >= 1.0 and (bool(warm.preserved) or warm.shrink < 1.0)
 
 
 def _report_round(metrics: dict, model: Any, opt: Any, meta: dict) -> None:

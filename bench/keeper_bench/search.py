@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from keeper_bench.pbt import (PbtRun, _accuracy, _build, _dataset, _read_checkpoint, _report_round, _train_round,
-                              draws, make_optimizer, member_spec)
+                              draws, make_optimizer, member_spec, restarts_parent)
 
 __all__ = ["ARMS", "Lifecycle", "best_model", "cost_line", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
            "summarize", "twins", "uses_keeper"]
@@ -103,7 +103,7 @@ def _member(arm: str, run: PbtRun, seed: int, service: dict, data_ref: Any, shri
             if meta is None or meta["arch"] != arch:  # a resume keeps its optimizer state: no restart ramp
                 factor = warm_lr(opt, warm, total_steps=run.steps, scheduler=sched, ramp=ramp)
             info.update(parent=warm.parent or "", preserved=bool(warm.preserved), reason=warm.reason or "",
-                        same_arch=bool(warm.parent) and warm.score >= 1.0, shrink=warm.shrink)
+                        same_arch=restarts_parent(warm), shrink=warm.shrink)
 
         elif state is not None:  # Tune's PBT: a clone or a resume; the config is the checkpoint's architecture
             model.load_state_dict(state)

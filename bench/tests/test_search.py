@@ -49,3 +49,27 @@ def test_the_cost_line_splits_a_search_s_overhead_into_per_search_and_per_trial(
     fixed, per_trial = cost_line([10, 30, 60], [3.0 + 0.25 * n for n in (10, 30, 60)])
     assert fixed == pytest.approx(3.0) and per_trial == pytest.approx(0.25)
     assert cost_line([32, 32], [8.0, 9.0]) == (0.0, pytest.approx(8.5 / 32))
+
+
+def test_a_restart_is_a_parent_of_the_child_s_own_architecture_not_a_shrink_that_gives_every_weight(tmp_path):
+    """keeper_bench.pbt.restarts_parent on real warm starts from an embedded zoo: the same architecture is a
+    restart; a narrower child of a wider parent is given every weight (score 1.0) but not the function, so it is
+    not one, nor is a cold start."""
+    import torch
+
+    from keeper import Zoo
+    from keeper.torch_support import register, warm_start
+    from keeper_bench.pbt import restarts_parent
+
+    def mlp(width: int) -> torch.nn.Module:
+        torch.manual_seed(width)
+        return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
+
+    x, zoo = torch.zeros(1, 8), Zoo(str(tmp_path / "zoo"))
+    cold = warm_start(mlp(32), x, zoo)
+    assert cold.parent is None and not restarts_parent(cold)
+    register(mlp(32), x, zoo, 0.9, "wide")
+    same, narrow = warm_start(mlp(32), x, zoo), warm_start(mlp(16), x, zoo)
+    assert same.parent == "wide" and restarts_parent(same)
+    assert narrow.parent == "wide" and narrow.score >= 1.0 and not narrow.preserved, narrow
+    assert not restarts_parent(narrow)

@@ -57,7 +57,8 @@ def dataset_file(root: str, job: Job) -> str:
 
 def _trainable(job: Job, service: dict | None, data_ref: Any):
     """The trial function both arms run (see the module docstring)."""
-    from keeper_bench.pbt import _accuracy, _build, _report_round, _train_round, make_optimizer, member_spec
+    from keeper_bench.pbt import (_accuracy, _build, _report_round, _train_round, make_optimizer, member_spec,
+                                  restarts_parent)
 
     run = job.run()
     table = {int(t["index"]): t for t in job.trials}
@@ -88,7 +89,7 @@ def _trainable(job: Job, service: dict | None, data_ref: Any):
             info["warm_s"] = time.perf_counter() - t
             info["cache_after"] = json.dumps(cache.stats())
             factor = warm_lr(opt, warm, total_steps=run.steps, scheduler=sched)
-            info.update(parent=warm.parent or "", same_arch=bool(warm.parent) and warm.score >= 1.0,
+            info.update(parent=warm.parent or "", same_arch=restarts_parent(warm),
                         reason=warm.reason or "", warm_phases=json.dumps(dict(warm.seconds)))
         info["numba"] = "numba" in sys.modules
         data = ray.get(data_ref)
