@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from keeper.choice.inheritance import LATE_GAIN, Inheritances, Training, decide, training_of
+from keeper.choice.inheritance import LATE_GAIN, MIN_REPORTS, PLATEAU_GAIN, Inheritances, Training, decide, training_of
 from keeper.choice.selection import reason_of
 from keeper.choice.selection import Candidate, ParentChoice
 
@@ -22,9 +22,31 @@ def test_a_curve_still_climbing_is_improving_and_a_flat_one_converged():
 
 
 def test_training_round_trips_through_a_record():
-    t = training_of([0.1, 0.5, 0.6, 0.6], "exp-1")
-    assert Training.from_dict(t.as_dict()) == t
+    t = training_of([0.1, 0.5, 0.6, 0.6], "exp-1", started_cold=True)
+    assert Training.from_dict(t.as_dict()) == t and t.first == 0.1 and t.started_cold is True
     assert Training.from_dict(None) is None
+    old = {"search": "s", "reports": 6, "late_gain": 0.0, "improving": False}  # a record from before first / cold
+    assert Training.from_dict(old).first is None and Training.from_dict(old).started_cold is None
+
+
+def test_a_cold_parent_at_its_plateau_by_its_first_report_gives_its_own_architecture_nothing():
+    """A trial trained from scratch reaches such a parent within one report: a restart gives less than that. Only a
+    curve long enough to tell, only a parent that started cold, only its own architecture, only inside a search."""
+    flat = training_of([0.985, 0.99, 0.99, 0.99, 0.99, 0.99], "earlier", started_cold=True)
+    verdict = decide("p", flat, "new", True, parent_accuracy=0.99)
+    assert not verdict.whole and "plateau by its first report (0.985, then 0.990" in verdict.why
+    assert decide("p", flat, "new", True, same_architecture=False, parent_accuracy=0.99).whole, "a head start"
+    assert decide("p", flat, "", True, parent_accuracy=0.99).whole, "outside a search"
+    climbed = training_of([0.6, 0.9, 0.95, 0.96, 0.96, 0.96], "earlier", started_cold=True)
+    assert climbed.improving is False and decide("p", climbed, "new", True, parent_accuracy=0.96).whole
+    warmed = dataclasses.replace(flat, started_cold=False)  # its first report is its own parent's, not cold
+    assert decide("p", warmed, "new", True, parent_accuracy=0.99).whole
+    unknown = dataclasses.replace(flat, started_cold=None)
+    assert decide("p", unknown, "new", True, parent_accuracy=0.99).whole
+    cut = training_of([0.99] * (MIN_REPORTS - 1), "earlier", started_cold=True)  # an early-stopped trial
+    assert decide("p", cut, "new", True, parent_accuracy=0.99).whole
+    gained = training_of([0.95, 0.96, 0.96, 0.96], "earlier", started_cold=True)
+    assert 0.96 - 0.95 >= PLATEAU_GAIN - 1e-12 and decide("p", gained, "new", True, parent_accuracy=0.96).whole
 
 
 @pytest.mark.parametrize("training, search, first, whole", [

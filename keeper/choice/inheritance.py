@@ -19,6 +19,13 @@ the parent's own architecture. The rule:
   holds that model from its first report; every later trial that would restart it starts cold, so the search
   keeps exploring.
 
+* **A parent of the child's own architecture that started cold and was at its plateau by its first report** (its
+  training gained less than :data:`PLATEAU_GAIN` of accuracy after it, over a curve long enough to tell): nothing;
+  the child starts cold. A trial of that architecture trained from scratch reaches the parent within one report of
+  its own, so a restart is a head start of less than one report, and fresh optimizer state on a converged model
+  costs it more than that (measured: such restarts report below their cold twins at their first result and end
+  below them).
+
 And above all of these, for a trial of a search: **a parent trained by this very search whose accuracy is below what
 the search's trials that started cold report at their first result**: nothing; the child starts cold. Such a trial
 reaches past the parent within one report of its own training, so the parent's function is a head start of less
@@ -43,12 +50,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 if TYPE_CHECKING:
     from keeper.choice.selection import ParentChoice
 
-__all__ = ["Training", "Inheritance", "Inheritances", "decide", "training_of", "LATE_GAIN", "MIN_REPORTS"]
+__all__ = ["Training", "Inheritance", "Inheritances", "decide", "training_of", "LATE_GAIN", "MIN_REPORTS",
+           "PLATEAU_GAIN"]
 
 #: share of a curve's total gain its second half must add for the curve to count as still improving
 LATE_GAIN = 0.2
 #: fewer reports than this cannot tell a plateau from a climb: the parent counts as still improving
 MIN_REPORTS = 4
+#: accuracy a curve must gain after its first report for that report not to count as its plateau already
+PLATEAU_GAIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -62,31 +72,43 @@ class Training:
             reports were seen).
         improving: True when the curve was still climbing at its end, False when it had flattened, None when
             there were too few reports to tell.
+        first: its first report (None when unknown).
+        started_cold: whether its trial started from its own initialisation (None when unknown: a record made
+            before keeper kept it, or a model registered outside Tune).
     """
 
     search: str = ""
     reports: int = 0
     late_gain: float | None = None
     improving: bool | None = None
+    first: float | None = None
+    started_cold: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"search": self.search, "reports": self.reports, "late_gain": self.late_gain,
-                "improving": self.improving}
+                "improving": self.improving, "first": self.first, "started_cold": self.started_cold}
+
+    def plateau_at_first_report(self, accuracy: float | None) -> bool:
+        """Whether this training, of a model now at ``accuracy``, started cold and was at its plateau by its first
+        report: it gained less than :data:`PLATEAU_GAIN` after it, over at least :data:`MIN_REPORTS` reports."""
+        return (self.started_cold is True and self.first is not None and accuracy is not None
+                and self.reports >= MIN_REPORTS and accuracy - self.first < PLATEAU_GAIN)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "Training | None":
         """The record's ``training`` entry, or None for a model registered without one."""
         if not d:
             return None
-        late = d.get("late_gain")
-        improving = d.get("improving")
+        late, improving, first, cold = d.get("late_gain"), d.get("improving"), d.get("first"), d.get("started_cold")
         return cls(search=str(d.get("search") or ""), reports=int(d.get("reports") or 0),
                    late_gain=None if late is None else float(late),
-                   improving=None if improving is None else bool(improving))
+                   improving=None if improving is None else bool(improving),
+                   first=None if first is None else float(first), started_cold=None if cold is None else bool(cold))
 
 
-def training_of(values: Sequence[float], search: str = "") -> Training:
-    """The verdict on a learning curve: ``values`` are the metric of each report, in order, higher better.
+def training_of(values: Sequence[float], search: str = "", started_cold: bool | None = None) -> Training:
+    """The verdict on a learning curve: ``values`` are the metric of each report, in order, higher better (the
+    zoo's accuracy terms); ``started_cold`` says whether the trial started from its own initialisation.
 
     The curve is still improving when the best report of its second half beats the best of its first half by at
     least :data:`LATE_GAIN` of its total gain (best report minus first report); a curve that gained nothing has
@@ -100,14 +122,15 @@ def training_of(values: Sequence[float], search: str = "") -> Training:
     """
     vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     n = len(vals)
+    first = vals[0] if vals else None
     if n < MIN_REPORTS:
-        return Training(search, n, None, None)
+        return Training(search, n, None, None, first, started_cold)
     half = n // 2
     total = max(vals) - vals[0]
     if total <= 0.0:
-        return Training(search, n, None, False)
+        return Training(search, n, None, False, first, started_cold)
     late = (max(vals[half:]) - max(vals[:half])) / total
-    return Training(search, n, late, late >= LATE_GAIN)
+    return Training(search, n, late, late >= LATE_GAIN, first, started_cold)
 
 
 @dataclass(frozen=True)
@@ -144,6 +167,11 @@ def decide(parent: str, training: Training | None, search: str, first_in_search:
     if not same_architecture:
         return Inheritance(True, f"the child is another architecture than {parent!r}: it starts from its function, "
                                  "a head start")
+    if training is not None and training.plateau_at_first_report(parent_accuracy):
+        return Inheritance(False, f"{parent!r} started cold and was at its plateau by its first report "
+                                  f"({training.first:.3f}, then {parent_accuracy:.3f} at best): a trial of its "
+                                  "architecture trained from scratch gets there within one report, so the child "
+                                  "starts cold and its configuration is judged on its own training")
     if training is not None and training.improving is not False:
         how = ("was still improving when its training stopped" if training.improving
                else f"reported {training.reports} result(s), too few to tell a plateau")

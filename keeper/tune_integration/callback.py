@@ -118,6 +118,7 @@ class KeeperCallback(Callback):
         self._curves: dict[str, list[float]] = {}
         self._checked_start: set[str] = set()
         self._cold_first: dict[str, float] = {}  # per search, the best first report of its trials started cold
+        self._started_cold: dict[str, bool] = {}  # per trial, whether it started from its own initialisation
         self._cold_sent: dict[str, float] = {}  # what the front door has been told of it
         self._pending: dict[str, _Pending] = {}
         self._handle: Any = None
@@ -185,7 +186,8 @@ class KeeperCallback(Callback):
     def get_state(self) -> dict | None:
         return {"registered": sorted(self._registered), "pending": sorted(self._pending),
                 "errored": sorted(self._errored), "outcomes": dict(self.outcomes), "models": dict(self.models),
-                "curves": {tid: list(v) for tid, v in self._curves.items()}, "cold_first": dict(self._cold_first)}
+                "curves": {tid: list(v) for tid, v in self._curves.items()}, "cold_first": dict(self._cold_first),
+                "started_cold": dict(self._started_cold)}
 
     def set_state(self, state: dict) -> None:
         self._registered = set(state.get("registered", ()))
@@ -194,6 +196,7 @@ class KeeperCallback(Callback):
         self.models = dict(state.get("models", {}))
         self._curves = {str(k): [float(x) for x in v] for k, v in dict(state.get("curves", {})).items()}
         self._cold_first = {str(k): float(v) for k, v in dict(state.get("cold_first", {})).items()}
+        self._started_cold = {str(k): bool(v) for k, v in dict(state.get("started_cold", {})).items()}
         # a registration the driver had not seen settle before it stopped is handed over again when its trial
         # is seen finished (registration is idempotent by content: nothing is stored twice)
         self._resubmit = set(state.get("pending", ()))
@@ -268,6 +271,7 @@ class KeeperCallback(Callback):
             return
         accuracy = self._accuracy(float(value))
         lineage = _read_json(trial.storage.storage_filesystem, f"{trial.storage.trial_fs_path}/{LINEAGE_FILE}")
+        self._started_cold[trial.trial_id] = not (lineage or {}).get("parent")
         if not (lineage or {}).get("parent") and math.isfinite(accuracy):
             search = str(trial.storage.experiment_dir_name)
             self._cold_first[search] = max(accuracy, self._cold_first.get(search, -math.inf))
@@ -307,7 +311,8 @@ class KeeperCallback(Callback):
             logger.warning("keeper: %s", why)
             return
         name = self._name(trial)
-        training = training_of(self._curves.get(tid, ()), str(trial.storage.experiment_dir_name)).as_dict()
+        training = training_of(self._curves.get(tid, ()), str(trial.storage.experiment_dir_name),
+                               self._started_cold.get(tid)).as_dict()
         handle = self._service()
         self._send_cold_starts()  # before the announcement, which the trial Tune starts next waits for
         if self.wait_for_registration:
