@@ -133,3 +133,19 @@ def test_the_embedded_zoo_applies_the_rule_from_the_curves_its_models_were_regis
     result = zoo.warm(_mlp(16, 4))
     assert result.parent == "climbing" and "outside a search" in result.reason
     assert Training.from_dict(zoo.store.record("climbing").summary["lineage"]["training"]).improving is True
+
+
+def test_past_a_parent_below_the_cold_first_report_the_next_candidate_above_it_is_chosen():
+    """Only parents below the bar are passed over: the next qualifying candidate that clears it (and the rest of the
+    rule) is the parent, the ones passed over leave the candidates; with none above it the child starts cold."""
+    weak, strong = Candidate(name="weak", score=1.0, accuracy=0.80), Candidate(name="strong", score=0.9, accuracy=0.95)
+    choice = ParentChoice("weak", 1.0, "zoo", 0.0, 0, candidates=(weak, strong), qualified=2, models=2)
+    rule = Inheritances()
+    rule.observe_cold_start("s", 0.90)
+    mine = Training("s", 8, 0.5, True)
+    got = rule.apply(choice, "s", lambda name: mine)
+    assert got.parent == "strong" and got.score == 0.9 and got.withheld is None and got.ranked() == (strong,)
+    assert "'weak' ranked above it but below" in reason_of(got) and "(0.900)" in reason_of(got)
+    rule.observe_cold_start("s", 0.99)
+    none = rule.apply(choice, "s", lambda name: mine)
+    assert none.parent is None and none.withheld == "weak" and "(0.800)" in reason_of(none)

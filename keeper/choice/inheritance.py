@@ -140,6 +140,7 @@ class Inheritance:
 
     whole: bool
     why: str
+    below_first: bool = False  # withheld by the first-report test: a later candidate above the bar may serve
 
 
 def decide(parent: str, training: Training | None, search: str, first_in_search: bool,
@@ -163,7 +164,7 @@ def decide(parent: str, training: Training | None, search: str, first_in_search:
         return Inheritance(False, f"{parent!r} ({parent_accuracy:.3f}) is below what this search's trials that "
                                   f"started cold report at their first result ({cold_first:.3f}): its function is a "
                                   "head start of less than one report, so the child starts cold and its "
-                                  "configuration is judged on its own training")
+                                  "configuration is judged on its own training", below_first=True)
     if not same_architecture:
         return Inheritance(True, f"the child is another architecture than {parent!r}: it starts from its function, "
                                  "a head start")
@@ -211,17 +212,39 @@ class Inheritances:
         withheld (no parent, no candidate left to probe); ``training(name)`` reads a model's :class:`Training`."""
         if choice.parent is None:
             return choice
-        trained = training(choice.parent)
-        best = next((c for c in choice.candidates if c.name == choice.parent), None)
-        same = best is not None and best.preserved and best.score >= 1.0 - 1e-9
+        ranked = list(choice.ranked())
+        start = next((i for i, c in enumerate(ranked) if c.name == choice.parent), None)
+        # the chosen parent first, then (only past parents below the search's cold first report) the next
+        # qualifying candidates in rank order: a weaker parent gives nothing, a stronger one may still
+        order = [choice.parent] + ([c.name for c in ranked[start + 1:]] if start is not None else [])
+        first_verdict = None
         with self._lock:
-            key = (search, choice.parent)
-            verdict = decide(choice.parent, trained, search, key not in self._taken, same,
-                             None if best is None else best.accuracy, self._cold_first.get(search))
-            if verdict.whole and search and (trained is None or trained.improving is False):
-                self._taken.add(key)
-        if verdict.whole:
+            for name in order:
+                trained = training(name)
+                cand = next((c for c in choice.candidates if c.name == name), None)
+                same = cand is not None and cand.preserved and cand.score >= 1.0 - 1e-9
+                key = (search, name)
+                verdict = decide(name, trained, search, key not in self._taken, same,
+                                 None if cand is None else cand.accuracy, self._cold_first.get(search))
+                first_verdict = first_verdict or verdict
+                if verdict.whole:
+                    if search and (trained is None or trained.improving is False):
+                        self._taken.add(key)
+                    break
+                if not verdict.below_first:
+                    break
+        if verdict.whole and name == choice.parent:
             return dataclasses.replace(choice, rule=verdict.why)
+        if verdict.whole:  # a later candidate, past parents below the bar (dropped, so no probe picks them)
+            kept = ranked[start + order.index(name):]
+            rest = [c for c in choice.candidates if c not in ranked]
+            skipped = ", ".join(repr(n) for n in order[:order.index(name)])
+            return dataclasses.replace(choice, parent=name, score=cand.score, candidates=tuple(kept + rest),
+                                       qualified=len(kept),
+                                       rule=f"{skipped} ranked above it but below what this search's trials that "
+                                            f"started cold report at their first result "
+                                            f"({self._cold_first.get(search, 0.0):.3f}), a head start of less than "
+                                            f"one report; {verdict.why}")
         return dataclasses.replace(choice, parent=None, score=0.0, qualified=0, withheld=choice.parent,
-                                   rule=verdict.why)
+                                   rule=first_verdict.why)
 
