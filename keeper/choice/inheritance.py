@@ -213,38 +213,37 @@ class Inheritances:
         if choice.parent is None:
             return choice
         ranked = list(choice.ranked())
-        start = next((i for i, c in enumerate(ranked) if c.name == choice.parent), None)
+        best = next((c for c in choice.candidates if c.name == choice.parent), None)
         # the chosen parent first, then (only past parents below the search's cold first report) the next
         # qualifying candidates in rank order: a weaker parent gives nothing, a stronger one may still
-        order = [choice.parent] + ([c.name for c in ranked[start + 1:]] if start is not None else [])
-        first_verdict = None
-        with self._lock:
-            for name in order:
-                trained = training(name)
-                cand = next((c for c in choice.candidates if c.name == name), None)
-                same = cand is not None and cand.preserved and cand.score >= 1.0 - 1e-9
+        order = [best] + (ranked[ranked.index(best) + 1:] if best in ranked else [])
+        names = [choice.parent] + [c.name for c in order[1:]]
+        first = None
+        for at, (name, cand) in enumerate(zip(names, order)):
+            trained = training(name)  # outside the lock: it may read the store
+            same = cand is not None and cand.preserved and cand.score >= 1.0 - 1e-9
+            with self._lock:
                 key = (search, name)
                 verdict = decide(name, trained, search, key not in self._taken, same,
                                  None if cand is None else cand.accuracy, self._cold_first.get(search))
-                first_verdict = first_verdict or verdict
-                if verdict.whole:
-                    if search and (trained is None or trained.improving is False):
-                        self._taken.add(key)
-                    break
-                if not verdict.below_first:
-                    break
-        if verdict.whole and name == choice.parent:
+                if verdict.whole and search and (trained is None or trained.improving is False):
+                    self._taken.add(key)
+            if first is None:
+                first = verdict
+            if verdict.whole or not verdict.below_first:
+                break
+        if not verdict.whole:
+            return dataclasses.replace(choice, parent=None, score=0.0, qualified=0, withheld=choice.parent,
+                                       rule=first.why)
+        if at == 0:
             return dataclasses.replace(choice, rule=verdict.why)
-        if verdict.whole:  # a later candidate, past parents below the bar (dropped, so no probe picks them)
-            kept = ranked[start + order.index(name):]
-            rest = [c for c in choice.candidates if c not in ranked]
-            skipped = ", ".join(repr(n) for n in order[:order.index(name)])
-            return dataclasses.replace(choice, parent=name, score=cand.score, candidates=tuple(kept + rest),
-                                       qualified=len(kept),
-                                       rule=f"{skipped} ranked above it but below what this search's trials that "
-                                            f"started cold report at their first result "
-                                            f"({self._cold_first.get(search, 0.0):.3f}), a head start of less than "
-                                            f"one report; {verdict.why}")
-        return dataclasses.replace(choice, parent=None, score=0.0, qualified=0, withheld=choice.parent,
-                                   rule=first_verdict.why)
+        # a later candidate, past parents below the bar (dropped, so no probe picks them)
+        kept = order[at:]
+        rest = [c for c in choice.candidates if c not in ranked]
+        skipped = ", ".join(repr(n) for n in names[:at])
+        return dataclasses.replace(choice, parent=name, score=cand.score, candidates=tuple(kept + rest),
+                                   qualified=len(kept),
+                                   rule=f"{skipped} ranked above it but below what this search's trials that started "
+                                        f"cold report at their first result ({self._cold_first.get(search, 0.0):.3f}),"
+                                        f" a head start of less than one report; {verdict.why}")
 

@@ -271,8 +271,9 @@ class KeeperCallback(Callback):
             return
         accuracy = self._accuracy(float(value))
         lineage = _read_json(trial.storage.storage_filesystem, f"{trial.storage.trial_fs_path}/{LINEAGE_FILE}")
-        self._started_cold[trial.trial_id] = not (lineage or {}).get("parent")
-        if not (lineage or {}).get("parent") and math.isfinite(accuracy):
+        cold = not (lineage or {}).get("parent")
+        self._started_cold[trial.trial_id] = cold
+        if cold and math.isfinite(accuracy):
             search = str(trial.storage.experiment_dir_name)
             self._cold_first[search] = max(accuracy, self._cold_first.get(search, -math.inf))
             if self._handle is not None:
