@@ -43,7 +43,7 @@ import numpy as np
 from keeper_bench.pbt import (PbtRun, _accuracy, _build, _dataset, _read_checkpoint, _report_round, _train_round,
                               draws, make_optimizer, member_spec, restarts_parent)
 
-__all__ = ["ARMS", "Lifecycle", "best_model", "cost_line", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
+__all__ = ["ARMS", "Lifecycle", "best_model", "best_models", "best_test", "cost_line", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
            "summarize", "twins", "uses_keeper"]
 
 ARMS = ("fifo", "fifo+keeper", "fifo+keeper-shrink", "asha", "asha+keeper", "asha+copy", "pbt", "pbt+keeper",
@@ -320,9 +320,26 @@ def final_by_trial(events: list[dict]) -> dict[str, dict]:
     return last
 
 
+def best_models(events: list[dict]) -> list[dict]:
+    """The models the search may end with: the last rounds of every trial tied at the best validation accuracy (a
+    validation split of a few hundred examples often cannot tell the best trials apart; the search's pick among
+    them is arbitrary)."""
+    finals = list(final_by_trial(events).values())
+    top = max(e["val_accuracy"] for e in finals)
+    return [e for e in finals if e["val_accuracy"] == top]
+
+
 def best_model(events: list[dict]) -> dict:
-    """The model the search ends with: the trial whose last round has the best validation accuracy."""
-    return max(final_by_trial(events).values(), key=lambda e: e["val_accuracy"])
+    """The model the search ends with: the trial whose last round has the best validation accuracy (of tied ones,
+    the first to start)."""
+    return best_models(events)[0]
+
+
+def best_test(events: list[dict]) -> float:
+    """The test accuracy of the search's final pick, in expectation over the tied trials it might pick: their mean
+    (a pick by trial order would let one example of validation decide the figure)."""
+    tied = best_models(events)
+    return sum(e["test_accuracy"] for e in tied) / len(tied)
 
 
 def start_gaps(trials: dict[str, dict], concurrency: int = 2) -> list[float]:
@@ -363,7 +380,8 @@ def summarize(run: dict, target: float, concurrency: int = 2) -> dict:
     gaps = start_gaps(run["trials"], concurrency)
     return {"reached": hit is not None, "wall_to_target_s": hit["wall_s"] if hit else None,
             "steps_to_target": hit["population_steps"] if hit else None,
-            "best_test": best["test_accuracy"], "best_val": best["val_accuracy"],
+            "best_test": best_test(events), "best_val": best["val_accuracy"],
+            "best_tied": len(best_models(events)),
             "best_arch": f"w{best['width']}/b{best['blocks']}", "best_lr": best["lr"],
             "best_parent": best["parent"], "max_test": max(e["test_accuracy"] for e in events),
             "steps": events[-1]["population_steps"] if events else 0, "wall_s": run["wall_s"],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from keeper_bench.search import best_model, cost_line, start_gaps, summarize, twins
+from keeper_bench.search import best_model, best_models, best_test, cost_line, start_gaps, summarize, twins
 
 
 def _event(trial: str, steps: int, wall: float, val: float, test: float, parent: str = "", **more) -> dict:
@@ -33,6 +33,15 @@ def test_a_search_is_read_at_its_first_round_at_the_target_and_at_its_own_final_
     assert start_gaps(trials) == [pytest.approx(0.5)], "c started 0.5 s after a's end freed a slot"
     missed = summarize(_run(events, trials, wall=20.0), target=0.9)
     assert not missed["reached"] and missed["wall_to_target_s"] is None and missed["steps"] == 200
+
+
+def test_trials_tied_at_the_best_validation_accuracy_count_the_mean_of_their_test_accuracies():
+    events = [_event("a", 50, 5.0, 0.99, 0.98), _event("b", 50, 6.0, 0.99, 0.96), _event("c", 50, 7.0, 0.95, 0.99)]
+    assert [e["trial"] for e in best_models(events)] == ["a", "b"] and best_model(events)["trial"] == "a"
+    assert best_test(events) == pytest.approx(0.97), "the pick between a and b is arbitrary: their mean"
+    r = summarize(_run(events, {t: {"starts": [0.0], "ends": [8.0], "index": i} for i, t in enumerate("abc")},
+                       wall=10.0), target=0.5)
+    assert r["best_test"] == pytest.approx(0.97) and r["best_tied"] == 2
 
 
 def test_warmed_trials_are_set_against_the_same_draw_trained_cold():
