@@ -3,7 +3,8 @@ how much sooner the search holds a model as good as the cold search's best, and 
 
 Arms (keeper_bench.search), on each workload and seed, at the same budget of trials x steps training steps, two
 trials at a time on a 2-CPU Ray with keeper's shipped defaults: fifo / fifo+keeper (every draw trained for its
-steps), asha / asha+keeper (ASHA, grace one round, reduction 3, up to 3x the draws, stopped at the budget), pbt
+steps), asha / asha+keeper (ASHA, grace one round, reduction 3, up to 3x the draws, stopped at the budget),
+keeperasha (asha+keeper under KeeperASHA: warmed trials compared with warmed ones, cold with cold), pbt
 (Tune's PBT over the learning rate; an exploit takes the clone's whole config) / pbt+keeper (KeeperPBT over the
 learning rate, width and depth). The keeper arms add exactly what a user adds: KeeperCallback and one warm_start
 line (with warm_lr over the schedule); draw i (architecture, learning rate, initial weights, data order) is the
@@ -51,8 +52,8 @@ from keeper_bench.search import ARMS, cost_line, scheduler_of, summarize, twins,
 WORKLOADS = ("mnist1d", "lm", "digits")
 SCHEDULERS = ("fifo", "asha", "pbt")
 #: (cold arm, keeper arm) read against each other
-PAIRS = (("fifo", "fifo+keeper"), ("fifo", "fifo+keeper-shrink"), ("asha", "asha+keeper"), ("pbt", "pbt+keeper"),
-         ("pbt", "keeperpbt"))
+PAIRS = (("fifo", "fifo+keeper"), ("fifo", "fifo+keeper-shrink"), ("asha", "asha+keeper"), ("asha", "keeperasha"),
+         ("pbt", "pbt+keeper"), ("pbt", "keeperpbt"))
 #: warm_start's phases (WarmResult.seconds)
 PHASES = ("trace", "choose", "inherit", "load", "save")
 

@@ -21,6 +21,8 @@ Arms (:data:`ARMS`), each at the same budget of ``population x steps`` training 
         ``pbt_interval`` rounds, quantile 0.25: Tune's ``PopulationBasedTraining`` over the learning rate (an
         exploit takes the clone's whole config, architecture included, as Tune's PBT does), without and with
         keeper (``KeeperCallback`` and the ``warm_start`` line, which also restores the clone).
+    keeperasha: asha+keeper under :class:`keeper.tune_integration.KeeperASHA` (warmed trials compared with warmed
+        ones, cold with cold) instead of Tune's ASHA.
     keeperpbt: :class:`keeper.tune_integration.KeeperPBT` over the learning rate, the width and the depth (members
         keep their own, mutated architectures): another search than pbt's, reported beside it.
 
@@ -46,19 +48,19 @@ from keeper_bench.pbt import (PbtRun, _accuracy, _build, _dataset, _read_checkpo
 __all__ = ["ARMS", "Lifecycle", "best_model", "best_models", "best_test", "cost_line", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
            "summarize", "twins", "uses_keeper"]
 
-ARMS = ("fifo", "fifo+keeper", "fifo+keeper-shrink", "asha", "asha+keeper", "asha+copy", "pbt", "pbt+keeper",
-        "keeperpbt")
+ARMS = ("fifo", "fifo+keeper", "fifo+keeper-shrink", "asha", "asha+keeper", "keeperasha", "asha+copy", "pbt",
+        "pbt+keeper", "keeperpbt")
 #: warm_start's shrink in the arms named ``...-shrink`` (the others take keeper's default)
 SHRINK_ARM = 0.5
 
 
 def scheduler_of(arm: str) -> str:
     """``"fifo"``, ``"asha"`` or ``"pbt"``."""
-    return "pbt" if arm == "keeperpbt" else arm.split("+")[0]
+    return {"keeperpbt": "pbt", "keeperasha": "asha"}.get(arm, arm.split("+")[0])
 
 
 def uses_keeper(arm: str) -> bool:
-    return "+keeper" in arm or arm == "keeperpbt"
+    return "+keeper" in arm or arm in ("keeperpbt", "keeperasha")
 
 
 def _copy_path(workdir: str, run: PbtRun, seed: int, index: int) -> str:
@@ -198,11 +200,11 @@ def _scheduler(arm: str, run: PbtRun, pbt_interval: int) -> Any:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
 
-    from keeper.tune_integration import KeeperPBT
+    from keeper.tune_integration import KeeperASHA, KeeperPBT
 
     kind = scheduler_of(arm)
     if kind == "asha":
-        return ASHAScheduler(time_attr="training_iteration", max_t=run.rounds, grace_period=1, reduction_factor=3)
+        return (KeeperASHA if arm == "keeperasha" else ASHAScheduler)(time_attr="training_iteration", max_t=run.rounds, grace_period=1, reduction_factor=3)
     if kind != "pbt":
         return None
     common = {"time_attr": "training_iteration", "perturbation_interval": pbt_interval, "quantile_fraction": 0.25,

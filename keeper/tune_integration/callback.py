@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import logging
 import math
 import re
@@ -51,8 +50,8 @@ from keeper.actors.remote import demand_of, get
 from keeper.choice.inheritance import training_of
 from keeper.errors import ConfigError
 from keeper.store import store_for, zoo_is_empty
-from keeper.torch_support.trial import LINEAGE_FILE
 from keeper.tune_integration import advice
+from keeper.tune_integration.checkpoint import trial_lineage
 
 __all__ = ["KeeperCallback"]
 
@@ -270,7 +269,7 @@ class KeeperCallback(Callback):
         if not _finite(value):
             return
         accuracy = self._accuracy(float(value))
-        lineage = _read_json(trial.storage.storage_filesystem, f"{trial.storage.trial_fs_path}/{LINEAGE_FILE}")
+        lineage = trial_lineage(trial)
         cold = not (lineage or {}).get("parent")
         self._started_cold[trial.trial_id] = cold
         if cold and math.isfinite(accuracy):
@@ -420,16 +419,6 @@ def _register(handle: Any, name: str, checkpoint: Any, storage_fs: Any, trial_fs
     finally:
         handle.settled.remote(name)
     return record, time.thread_time() - t0
-
-
-def _read_json(fs: Any, path: str, cap: int = 65536) -> dict | None:
-    try:
-        with fs.open_input_file(path) as f:
-            data = f.read(cap + 1)
-        out = json.loads(data) if len(data) <= cap else None
-    except (FileNotFoundError, OSError, ValueError):
-        return None
-    return out if isinstance(out, dict) else None
 
 
 def _done(ref: Any) -> bool:

@@ -29,7 +29,7 @@ from keeper.torch_support.templates import architecture_template, find_template,
 from keeper.torch_support.trial import LINEAGE_FILE, read_template
 from keeper.weights import weights_bytes
 
-__all__ = ["CHECKPOINT_FILES", "checkpoint_onnx", "checkpoint_model", "register_trial"]
+__all__ = ["CHECKPOINT_FILES", "checkpoint_onnx", "checkpoint_model", "register_trial", "trial_lineage"]
 
 #: The weight files the callback reads (see :mod:`keeper.torch_support.layouts` for where).
 CHECKPOINT_FILES = WEIGHT_FILES
@@ -159,6 +159,22 @@ def _read_lineage(storage_fs: Any, path: str, what: str) -> dict | None:
                              "remove the file to register the trial as trained from its own init, and let only "
                              "warm_start write files named keeper-* into trial directories")
     return lineage
+
+
+def trial_lineage(trial: Any) -> dict | None:
+    """The lineage ``warm_start`` left in a running Tune trial's directory, or None where there is none or it
+    cannot be read (the callback and :class:`~keeper.tune_integration.asha.KeeperASHA` then count the trial as
+    started from its own initialisation; registration reads it strictly, :func:`_read_lineage`)."""
+    storage = getattr(trial, "storage", None)
+    if storage is None:
+        return None
+    try:
+        with storage.storage_filesystem.open_input_file(f"{storage.trial_fs_path}/{LINEAGE_FILE}") as f:
+            data = f.read(_LINEAGE_CAP + 1)
+        out = json.loads(data) if len(data) <= _LINEAGE_CAP else None
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
 
 
 _LINEAGE_CAP = 64 * 1024
