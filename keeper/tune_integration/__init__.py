@@ -9,8 +9,6 @@
 
 - :class:`KeeperPBT`: Tune's population-based training whose exploit step may cross architectures (the
   ``warm_start`` line restores a cloned checkpoint of any architecture onto the trial's own).
-- :class:`KeeperASHA`: Tune's ASHA comparing warmed trials with warmed ones and cold trials with cold ones, so
-  trials ahead only by their parents' training do not stop the configurations that train best from scratch.
 
 Checkpoint layouts the callback reads (keeper's own, Ray Train's, the Hugging Face Trainer's, ``save_pretrained``
 folders, Lightning's) are listed in :mod:`keeper.torch_support.layouts`.
@@ -24,12 +22,11 @@ from typing import Any
 from keeper.torch_support import warm_lr, warm_start
 from keeper.torch_support.trial import ARCHITECTURE_FILE
 
-__all__ = ["KeeperCallback", "KeeperPBT", "KeeperASHA", "warm_start", "warm_lr", "CHECKPOINT_FILES", "ARCHITECTURE_FILE"]
+__all__ = ["KeeperCallback", "KeeperPBT", "warm_start", "warm_lr", "CHECKPOINT_FILES", "ARCHITECTURE_FILE"]
 
 # The driver's half is imported on first use: a trial process imports this package for warm_start and must not pay
 # for the service's modules (the launcher, the front door, the manager) or the checkpoint readers.
 _LAZY = {"KeeperCallback": "keeper.tune_integration.callback", "KeeperPBT": "keeper.tune_integration.pbt",
-         "KeeperASHA": "keeper.tune_integration.asha",
          "CHECKPOINT_FILES": "keeper.tune_integration.checkpoint"}
 
 

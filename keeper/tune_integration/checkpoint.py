@@ -163,8 +163,7 @@ def _read_lineage(storage_fs: Any, path: str, what: str) -> dict | None:
 
 def trial_lineage(trial: Any) -> dict | None:
     """The lineage ``warm_start`` left in a running Tune trial's directory, or None where there is none or it
-    cannot be read (the callback and :class:`~keeper.tune_integration.asha.KeeperASHA` then count the trial as
-    started from its own initialisation; registration reads it strictly, :func:`_read_lineage`)."""
+    cannot be read (the callback then counts the trial as started from its own initialisation; registration reads it strictly, :func:`_read_lineage`)."""
     storage = getattr(trial, "storage", None)
     if storage is None:
         return None

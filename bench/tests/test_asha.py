@@ -11,7 +11,7 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from keeper.errors import ConfigError
 from keeper.torch_support.trial import LINEAGE_FILE
-from keeper.tune_integration import KeeperASHA
+from keeper_bench.asha import KeeperASHA
 
 
 def _trial(tmp_path, tid: str, parent: str | None) -> SimpleNamespace:

@@ -1,4 +1,5 @@
-"""``KeeperASHA``: Tune's asynchronous successive halving, reading warmed trials fairly.
+"""``KeeperASHA``: Tune's asynchronous successive halving with warmed trials compared only with warmed ones: a
+scheduler the search benchmark measures against Tune's ASHA (its ``keeperasha`` arm), not part of keeper.
 
 ASHA compares trials at equal training time: at each rung a trial continues only if its metric is in the top
 ``1 / reduction_factor`` of those recorded there. A trial that keeper warmed is not at the start of its training
@@ -15,6 +16,11 @@ its cold trials meet the cutoffs they would meet without keeper. A trial whose d
 ``warm_start`` line, or a trainable outside keeper) counts as cold.
 
 Everything else is Tune's ``ASHAScheduler`` (same arguments, brackets, ``max_t``, ``stop_last_trials``).
+
+Measured (reports/search_rule/bench_search.md, 3 seeds per workload): no better than Tune's ASHA with keeper where
+trials converge (digits: the cold best no sooner, the final model within noise), and worse where warm starts pay
+(the language models: the whole search 0.84x against 1.00x, as its cold trials take rungs from warmed ones that
+were better), so keeper ships none: Tune's ASHA with ``KeeperCallback`` is what the README shows.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class KeeperASHA(ASHAScheduler):
     each other (see the module docstring).
 
     Example:
+        >>> from keeper_bench.asha import KeeperASHA
         >>> asha = KeeperASHA(time_attr="training_iteration", max_t=8, grace_period=1,  # doctest: +SKIP
         ...                   reduction_factor=3)
         >>> tune.Tuner(trainable, tune_config=tune.TuneConfig(scheduler=asha, metric="accuracy", mode="max"),
