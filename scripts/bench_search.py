@@ -257,9 +257,13 @@ def _markdown(state: dict, done: bool) -> str:
     out += ["", "## Warmed trials against their cold twins (FIFO)", "",
             ("Each warmed FIFO trial against the same draw trained cold for the same steps: fifo+keeper with keeper's "
              "default (a same-architecture parent's whole function), fifo+keeper-shrink with warm_start(shrink=0.5) "
-             "(shrink and perturb)."), "",
+             "(shrink and perturb). Training CPU: the CPU seconds of every draw's training rounds (the same steps of "
+             "the same architectures in both arms), keeper's arm over the cold arm: how fast the machine ran the same "
+             "work in each, keeper's own processes and calls apart (above 1: the keeper arm's training ran slower)."),
+            "",
             "| workload | seed | arm | warmed trials | ended below their cold twin | by more than 1 point | mean final "
-            "difference | worst |", "|---|---|---|---|---|---|---|---|"]
+            "difference | worst | training CPU, keeper / cold | search wall, cold / keeper |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for key, run in sorted(state["runs"].items()):
         workload, arm, seed = key.split("/")
         cold = state["runs"].get(f"{workload}/fifo/{seed}")
@@ -267,7 +271,8 @@ def _markdown(state: dict, done: bool) -> str:
             continue
         t, t1 = twins(cold, run), twins(cold, run, margin=0.01)
         out.append(f"| {workload} | {seed} | {arm} | {t['warmed']} | {t['below']} | {t1['below']} | "
-                   f"{t['mean_diff']:+.3f} | {t['worst_diff']:+.3f} |")
+                   f"{t['mean_diff']:+.3f} | {t['worst_diff']:+.3f} | {t['training_cpu_ratio']:.2f} | "
+                   f"{cold['wall_s'] / run['wall_s']:.2f}x |")
     return "\n".join(out) + "\n"
 
 

@@ -21,7 +21,7 @@ Arms (:data:`ARMS`), each at the same budget of ``population x steps`` training 
         ``pbt_interval`` rounds, quantile 0.25: Tune's ``PopulationBasedTraining`` over the learning rate (an
         exploit takes the clone's whole config, architecture included, as Tune's PBT does), without and with
         keeper (``KeeperCallback`` and the ``warm_start`` line, which also restores the clone).
-    keeperasha: asha+keeper under :class:`keeper.tune_integration.KeeperASHA` (warmed trials compared with warmed
+    keeperasha: asha+keeper under :class:`keeper_bench.asha.KeeperASHA` (warmed trials compared with warmed
         ones, cold with cold) instead of Tune's ASHA.
     keeperpbt: :class:`keeper.tune_integration.KeeperPBT` over the learning rate, the width and the depth (members
         keep their own, mutated architectures): another search than pbt's, reported beside it.
@@ -200,7 +200,8 @@ def _scheduler(arm: str, run: PbtRun, pbt_interval: int) -> Any:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
 
-    from keeper.tune_integration import KeeperASHA, KeeperPBT
+    from keeper.tune_integration import KeeperPBT
+    from keeper_bench.asha import KeeperASHA
 
     kind = scheduler_of(arm)
     if kind == "asha":
@@ -416,9 +417,22 @@ def twins(cold: dict, warm: dict, margin: float = 0.0) -> dict:
         index = {tid: t["index"] for tid, t in run["trials"].items()}
         return {index[tid]: e for tid, e in final_by_trial(run["events"]).items()}
 
+    def training_cpu(run: dict) -> dict[int, float]:
+        index = {tid: t["index"] for tid, t in run["trials"].items()}
+        out: dict[int, float] = {}
+        for e in run["events"]:
+            out[index[e["trial"]]] = out.get(index[e["trial"]], 0.0) + float(e.get("round_cpu_s", 0.0))
+        return out
+
     c, w = by_index(cold), by_index(warm)
     pairs = [(c[i], w[i]) for i in sorted(set(c) & set(w)) if w[i]["parent"]]
     diffs = [b["test_accuracy"] - a["test_accuracy"] for a, b in pairs]
+    cc, wc = training_cpu(cold), training_cpu(warm)
+    same = sorted(set(cc) & set(wc))
     return {"warmed": len(pairs), "below": sum(d < -margin for d in diffs),
             "mean_diff": float(sum(diffs) / len(diffs)) if diffs else 0.0,
-            "worst_diff": float(min(diffs)) if diffs else 0.0}
+            "worst_diff": float(min(diffs)) if diffs else 0.0,
+            # the same draws' training rounds (the same steps of the same architectures), CPU-s in each arm: how
+            # fast the machine ran each arm's training, apart from keeper
+            "training_cpu_ratio": (sum(wc[i] for i in same) / sum(cc[i] for i in same)
+                                   if same and sum(cc[i] for i in same) else float("nan"))}
