@@ -177,17 +177,22 @@ def test_the_copy_bound_restarts_each_cold_trained_model_from_its_final_weights(
     # exactly; one that started from the shared initial weights would read the untrained accuracy instead.
     from dataclasses import replace
 
-    from keeper_bench.nas import run_arm
+    from keeper_bench.nas import copy_bound_start, run_arm
     from keeper_bench.workload import evaluate, mnist1d_dataset
 
     specs = [{**default_spec("mlp"), "widths": [32]}, {**default_spec("mlp"), "widths": [24, 12]}]
     run = NasRun(steps=60, eval_every=20, num_samples=1200, concurrency=2, precise_bn=False)
     cold = run_arm("cold", specs, run, str(tmp_path), seed=0)
     copy = run_arm("copy", specs, replace(run, lr=0.0), str(tmp_path), seed=0)
-    # the same copies under keeper's recipe (a factor on a zero rate: the plumbing, not the recipe, is checked)
-    copy_recipe = run_arm("copy-recipe", specs, replace(run, lr=0.0), str(tmp_path), seed=0)
     data = mnist1d_dataset(seed=run.data_seed, num_samples=run.num_samples)
-    for c, k in [*zip(cold, copy), *zip(cold, copy_recipe)]:
+    # the same copies under keeper's recipe start from the same weights, and carry a restart's recipe (copy-recipe
+    # trials run the copy arm's trainable; its start is what differs)
+    for c in cold:
+        model = build(specs[c.index])
+        info = copy_bound_start("copy-recipe", model, str(tmp_path / "states-copy-recipe-s0"), 0, c.index, 60)
+        assert info["parent"] == f"cold-s0-{c.index}" and info["recipe"]["start"] < 1.0, info
+        assert evaluate(model, data) == c.final_accuracy
+    for c, k in zip(cold, copy):
         torch.manual_seed(c.index)  # every arm's initial weights for seed 0 (keeper_bench.nas)
         untrained = evaluate(build(specs[c.index]), data)
         assert untrained != c.final_accuracy  # the check below tells the two starts apart
