@@ -19,12 +19,12 @@ the parent's own architecture. The rule:
   holds that model from its first report; every later trial that would restart it starts cold, so the search
   keeps exploring.
 
-* **A parent of the child's own architecture that started cold and was at its plateau by its first report** (its
-  training gained less than :data:`PLATEAU_GAIN` of accuracy after it, over a curve long enough to tell): nothing;
-  the child starts cold. A trial of that architecture trained from scratch reaches the parent within one report of
-  its own, so a restart is a head start of less than one report, and fresh optimizer state on a converged model
-  costs it more than that (measured: such restarts report below their cold twins at their first result and end
-  below them).
+* **A parent that started cold and was at its plateau by the middle of its training** (a report within
+  :data:`PLATEAU_GAIN` of its best came in the first half of its reports, over a curve long enough to tell):
+  nothing, whatever the child's architecture; the child starts cold. Training from scratch got there in half a
+  budget, so the parent's function is a head start of at most that, and a child that takes it ends in the parent's
+  basin rather than its own: such children (restarts and growths alike) ended below their cold twins, while
+  trials whose training still gains through its second half, where a head start pays, never meet this test.
 
 And above all of these, for a trial of a search: **a parent trained by this very search whose accuracy is below what
 the search's trials that started cold report at their first result**: nothing; the child starts cold. Such a trial
@@ -59,6 +59,8 @@ LATE_GAIN = 0.2
 MIN_REPORTS = 4
 #: accuracy a curve must gain after its first report for that report not to count as its plateau already
 PLATEAU_GAIN = 0.01
+# metrics reported in float32 (a share of images) differ from their decimal by up to ~1e-8
+_FLOAT32_SLACK = 1e-6
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class Training:
         first: its first report (None when unknown).
         started_cold: whether its trial started from its own initialisation (None when unknown: a record made
             before keeper kept it, or a model registered outside Tune).
+        flat_from: the first report (1-based) within :data:`PLATEAU_GAIN` of the curve's best (None when unknown:
+            no curve, or a record made before keeper kept it).
     """
 
     search: str = ""
@@ -83,16 +87,25 @@ class Training:
     improving: bool | None = None
     first: float | None = None
     started_cold: bool | None = None
+    flat_from: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"search": self.search, "reports": self.reports, "late_gain": self.late_gain,
-                "improving": self.improving, "first": self.first, "started_cold": self.started_cold}
+                "improving": self.improving, "first": self.first, "started_cold": self.started_cold,
+                "flat_from": self.flat_from}
 
-    def plateau_at_first_report(self, accuracy: float | None) -> bool:
-        """Whether this training, of a model now at ``accuracy``, started cold and was at its plateau by its first
-        report: it gained less than :data:`PLATEAU_GAIN` after it, over at least :data:`MIN_REPORTS` reports."""
-        return (self.started_cold is True and self.first is not None and accuracy is not None
-                and self.reports >= MIN_REPORTS and accuracy - self.first < PLATEAU_GAIN)
+    def plateau_by(self, accuracy: float | None) -> int | None:
+        """The report (1-based) by which this training, of a model now at ``accuracy``, was at its plateau, when it
+        started cold and that report is in the first half of at least :data:`MIN_REPORTS`; None otherwise. A record
+        made before ``flat_from`` was kept is read at its first report (``accuracy`` less than
+        :data:`PLATEAU_GAIN` above it)."""
+        if self.started_cold is not True or self.reports < MIN_REPORTS:
+            return None
+        if self.flat_from is not None:
+            return self.flat_from if self.flat_from <= self.reports // 2 else None
+        if self.first is not None and accuracy is not None and accuracy - self.first < PLATEAU_GAIN:
+            return 1
+        return None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "Training | None":
@@ -100,10 +113,12 @@ class Training:
         if not d:
             return None
         late, improving, first, cold = d.get("late_gain"), d.get("improving"), d.get("first"), d.get("started_cold")
+        flat = d.get("flat_from")
         return cls(search=str(d.get("search") or ""), reports=int(d.get("reports") or 0),
                    late_gain=None if late is None else float(late),
                    improving=None if improving is None else bool(improving),
-                   first=None if first is None else float(first), started_cold=None if cold is None else bool(cold))
+                   first=None if first is None else float(first), started_cold=None if cold is None else bool(cold),
+                   flat_from=None if flat is None else int(flat))
 
 
 def training_of(values: Sequence[float], search: str = "", started_cold: bool | None = None) -> Training:
@@ -112,7 +127,9 @@ def training_of(values: Sequence[float], search: str = "", started_cold: bool | 
 
     The curve is still improving when the best report of its second half beats the best of its first half by at
     least :data:`LATE_GAIN` of its total gain (best report minus first report); a curve that gained nothing has
-    converged; fewer than :data:`MIN_REPORTS` reports cannot tell.
+    converged; fewer than :data:`MIN_REPORTS` reports cannot tell. ``flat_from`` is the first report less than
+    :data:`PLATEAU_GAIN` below the best (a gain of exactly :data:`PLATEAU_GAIN`, as one image in a hundred read in
+    float32, is a gain).
 
     Example:
         >>> training_of([0.2, 0.5, 0.7, 0.8, 0.85, 0.9]).improving
@@ -123,14 +140,15 @@ def training_of(values: Sequence[float], search: str = "", started_cold: bool | 
     vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     n = len(vals)
     first = vals[0] if vals else None
+    flat = next((i + 1 for i, v in enumerate(vals) if max(vals) - v < PLATEAU_GAIN - _FLOAT32_SLACK), None)
     if n < MIN_REPORTS:
-        return Training(search, n, None, None, first, started_cold)
+        return Training(search, n, None, None, first, started_cold, flat)
     half = n // 2
     total = max(vals) - vals[0]
     if total <= 0.0:
-        return Training(search, n, None, False, first, started_cold)
+        return Training(search, n, None, False, first, started_cold, flat)
     late = (max(vals[half:]) - max(vals[:half])) / total
-    return Training(search, n, late, late >= LATE_GAIN, first, started_cold)
+    return Training(search, n, late, late >= LATE_GAIN, first, started_cold, flat)
 
 
 @dataclass(frozen=True)
@@ -165,14 +183,18 @@ def decide(parent: str, training: Training | None, search: str, first_in_search:
                                   f"started cold report at their first result ({cold_first:.3f}): its function is a "
                                   "head start of less than one report, so the child starts cold and its "
                                   "configuration is judged on its own training", below_first=True)
+    by = None if training is None else training.plateau_by(parent_accuracy)
+    if by is not None:
+        at = (f"its first report ({training.first:.3f}, then {parent_accuracy:.3f} at best)"
+              if by == 1 and training.first is not None and parent_accuracy is not None
+              else f"report {by} of {training.reports}")
+        return Inheritance(False, f"{parent!r} started cold and was at its plateau by {at}: training from scratch "
+                                  "gets there within half a budget, and a child that takes its function ends in its "
+                                  "basin, so the child starts cold and its configuration is judged on its own "
+                                  "training")
     if not same_architecture:
         return Inheritance(True, f"the child is another architecture than {parent!r}: it starts from its function, "
                                  "a head start")
-    if training is not None and training.plateau_at_first_report(parent_accuracy):
-        return Inheritance(False, f"{parent!r} started cold and was at its plateau by its first report "
-                                  f"({training.first:.3f}, then {parent_accuracy:.3f} at best): a trial of its "
-                                  "architecture trained from scratch gets there within one report, so the child "
-                                  "starts cold and its configuration is judged on its own training")
     if training is not None and training.improving is not False:
         how = ("was still improving when its training stopped" if training.improving
                else f"reported {training.reports} result(s), too few to tell a plateau")
