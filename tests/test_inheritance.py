@@ -64,6 +64,28 @@ def test_a_cold_parent_at_its_plateau_by_the_middle_of_its_training_gives_any_ch
     assert decide("p", old, "new", True, parent_accuracy=0.96 + PLATEAU_GAIN + 0.03).whole
 
 
+def test_a_lossy_transfer_from_a_cold_parent_cut_early_gives_nothing():
+    """A parent trained for a few reports from scratch, carried onto a child by a transform that loses part of its
+    function, is a start cold training passes at once; a restart or an exact growth continues its training."""
+    cut = training_of([0.317], "other", started_cold=True)
+    lossy = decide("p", cut, "new", True, same_architecture=False, parent_accuracy=0.317, preserved=False)
+    assert not lossy.whole and "reported 1 result(s)" in lossy.why and "loses part" in lossy.why
+    assert decide("p", cut, "new", True, same_architecture=False, preserved=True).whole, "an exact growth"
+    assert decide("p", cut, "new", True, same_architecture=True).whole, "a restart continues it"
+    assert decide("p", dataclasses.replace(cut, started_cold=False), "new", True, same_architecture=False,
+                  preserved=False).whole, "a warmed parent carries more than its own reports"
+    long = training_of([0.2, 0.3, 0.4, 0.5], "other", started_cold=True)
+    assert decide("p", long, "new", True, same_architecture=False, preserved=False).whole
+    assert decide("p", cut, "", True, same_architecture=False, preserved=False).whole, "outside a search"
+    # through the rule's source: the candidate's own assessment says whether the transform keeps the function
+    rule = Inheritances()
+    shrink = Candidate(name="p", score=0.9, accuracy=0.317, preserved=False)
+    choice = ParentChoice("p", 0.9, "zoo", 0.0, 0, candidates=(shrink,), qualified=1, models=1)
+    out = rule.apply(choice, "new", lambda name: cut)
+    assert out.parent is None and out.withheld == "p" and "loses part" in reason_of(out)
+    assert rule.apply(_choice(), "new", lambda name: cut).parent == "p", "a preserved candidate keeps it"
+
+
 @pytest.mark.parametrize("training, search, first, whole", [
     (Training("a", 8, 0.4, True), "b", False, True),       # still improving: every trial inherits
     (Training("a", 2, None, None), "a", False, True),      # too few reports (a trial cut early): improving

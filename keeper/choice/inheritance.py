@@ -25,6 +25,12 @@ the parent's own architecture. The rule:
   budget, so the parent's function is a head start of at most that, and a child that takes it ends in the parent's
   basin rather than its own: such children (restarts and growths alike) ended below their cold twins, while
   trials whose training still gains through its second half, where a head start pays, never meet this test.
+* **A parent that started cold and reported fewer than** :data:`MIN_REPORTS` **results** (a trial an early-stopping
+  scheduler cut), **to a child it does not carry its function onto whole** (a shrink, a partial transfer): nothing;
+  the child starts cold. Its function is a few reports of training from scratch, and a transform that loses part of
+  it leaves the child a start that cold training passes within its first report (measured: a shrink from a trial
+  cut after one report started below its cold twin and ended 6 points below it). A restart or a growth that keeps
+  its function whole continues that training, as for any parent still improving.
 
 And above all of these, for a trial of a search: **a parent trained by this very search whose accuracy is below what
 the search's trials that started cold report at their first result**: nothing; the child starts cold. Such a trial
@@ -163,7 +169,7 @@ class Inheritance:
 
 def decide(parent: str, training: Training | None, search: str, first_in_search: bool,
            same_architecture: bool = True, parent_accuracy: float | None = None,
-           cold_first: float | None = None) -> Inheritance:
+           cold_first: float | None = None, preserved: bool = True) -> Inheritance:
     """The rule of the module docstring for one trial of ``search`` whose best parent is ``parent``.
 
     Args:
@@ -174,6 +180,7 @@ def decide(parent: str, training: Training | None, search: str, first_in_search:
         parent_accuracy: the parent's accuracy in the zoo (None: not known; the first-report test is skipped).
         cold_first: the best first report (in the zoo's accuracy terms) of this search's trials that started cold;
             None while none has reported (the first-report test is skipped).
+        preserved: the transform carries the parent's function onto the child whole (a restart, an exact growth).
     """
     if not search:
         return Inheritance(True, f"{parent!r} gives its function (outside a search, nothing to explore)")
@@ -192,6 +199,11 @@ def decide(parent: str, training: Training | None, search: str, first_in_search:
                                   "gets there within half a budget, and a child that takes its function ends in its "
                                   "basin, so the child starts cold and its configuration is judged on its own "
                                   "training")
+    if (not preserved and training is not None and training.started_cold is True
+            and 0 < training.reports < MIN_REPORTS):
+        return Inheritance(False, f"{parent!r} started cold and reported {training.reports} result(s) (a trial cut "
+                                  "early): its function is a few reports of training, and the transform onto the "
+                                  "child loses part of it, so the child starts cold")
     if not same_architecture:
         return Inheritance(True, f"the child is another architecture than {parent!r}: it starts from its function, "
                                  "a head start")
@@ -247,7 +259,8 @@ class Inheritances:
             with self._lock:
                 key = (search, name)
                 verdict = decide(name, trained, search, key not in self._taken, same,
-                                 None if cand is None else cand.accuracy, self._cold_first.get(search))
+                                 None if cand is None else cand.accuracy, self._cold_first.get(search),
+                                 preserved=cand is None or bool(cand.preserved))
                 if verdict.whole and search and (trained is None or trained.improving is False):
                     self._taken.add(key)
             if first is None:
