@@ -77,6 +77,9 @@ def test_a_lossy_transfer_from_a_cold_parent_cut_early_gives_nothing():
     long = training_of([0.2, 0.3, 0.4, 0.5], "other", started_cold=True)
     assert decide("p", long, "new", True, same_architecture=False, preserved=False).whole
     assert decide("p", cut, "", True, same_architecture=False, preserved=False).whole, "outside a search"
+    # a parent of the child's own search is held to the search's cold first reports instead (its whole budget may
+    # be one report: a Trainer search of one epoch)
+    assert decide("p", cut, "other", True, same_architecture=False, preserved=False).whole, "this very search"
     # through the rule's source: the candidate's own assessment says whether the transform keeps the function
     rule = Inheritances()
     shrink = Candidate(name="p", score=0.9, accuracy=0.317, preserved=False)

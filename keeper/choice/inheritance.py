@@ -25,11 +25,13 @@ the parent's own architecture. The rule:
   budget, so the parent's function is a head start of at most that, and a child that takes it ends in the parent's
   basin rather than its own: such children (restarts and growths alike) ended below their cold twins, while
   trials whose training still gains through its second half, where a head start pays, never meet this test.
-* **A parent that started cold and reported fewer than** :data:`MIN_REPORTS` **results** (a trial an early-stopping
-  scheduler cut), **to a child it does not carry its function onto whole** (a shrink, a partial transfer): nothing;
-  the child starts cold. Its function is a few reports of training from scratch, and a transform that loses part of
-  it leaves the child a start that cold training passes within its first report (measured: a shrink from a trial
-  cut after one report started below its cold twin and ended 6 points below it). A restart or a growth that keeps
+* **A parent from another search that started cold and reported fewer than** :data:`MIN_REPORTS` **results** (a
+  trial an early-stopping scheduler cut), **to a child it does not carry its function onto whole** (a shrink, a
+  partial transfer): nothing; the child starts cold. (A parent of the child's own search is held to that search's
+  first reports instead, below; a trial whose whole budget is one report looks the same from its curve.) Its
+  function is a few reports of training from scratch, and a transform that loses part of it leaves the child a
+  start that cold training passes within its first report (measured: a shrink from a trial cut after one report
+  started below its cold twin and ended 6 points below it). A restart or a growth that keeps
   its function whole continues that training, as for any parent still improving.
 
 And above all of these, for a trial of a search: **a parent trained by this very search whose accuracy is below what
@@ -199,7 +201,7 @@ def decide(parent: str, training: Training | None, search: str, first_in_search:
                                   "gets there within half a budget, and a child that takes its function ends in its "
                                   "basin, so the child starts cold and its configuration is judged on its own "
                                   "training")
-    if (not preserved and training is not None and training.started_cold is True
+    if (not preserved and training is not None and training.started_cold is True and training.search != search
             and 0 < training.reports < MIN_REPORTS):
         return Inheritance(False, f"{parent!r} started cold and reported {training.reports} result(s) (a trial cut "
                                   "early): its function is a few reports of training, and the transform onto the "
