@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from keeper.choice.inheritance import LATE_GAIN, MIN_REPORTS, PLATEAU_GAIN, Inheritances, Training, decide, training_of
@@ -56,7 +57,7 @@ def test_a_cold_parent_at_its_plateau_by_the_middle_of_its_training_gives_any_ch
     cut = training_of([0.99] * (MIN_REPORTS - 1), "earlier", started_cold=True)  # an early-stopped trial
     assert decide("p", cut, "new", True, parent_accuracy=0.99).whole
     # one image in a hundred, read in float32, is a gain: a curve still rising by it is not at its plateau
-    f32 = [float(__import__("numpy").float32(x)) for x in (0.95, 0.96, 0.97, 0.98, 0.99, 0.99)]
+    f32 = [float(np.float32(x)) for x in (0.95, 0.96, 0.97, 0.98, 0.99, 0.99)]
     assert training_of(f32, started_cold=True).flat_from == 5
     # a record from before flat_from was kept: read at its first report against the model's accuracy
     old = dataclasses.replace(flat, flat_from=None)
@@ -64,7 +65,7 @@ def test_a_cold_parent_at_its_plateau_by_the_middle_of_its_training_gives_any_ch
     assert decide("p", old, "new", True, parent_accuracy=0.96 + PLATEAU_GAIN + 0.03).whole
 
 
-def test_a_lossy_transfer_from_a_cold_parent_cut_early_gives_nothing():
+def test_a_lossy_transfer_from_another_searchs_cold_parent_cut_early_gives_nothing():
     """A parent trained for a few reports from scratch, carried onto a child by a transform that loses part of its
     function, is a start cold training passes at once; a restart or an exact growth continues its training."""
     cut = training_of([0.317], "other", started_cold=True)

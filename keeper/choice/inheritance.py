@@ -31,8 +31,8 @@ the parent's own architecture. The rule:
   first reports instead, below; a trial whose whole budget is one report looks the same from its curve.) Its
   function is a few reports of training from scratch, and a transform that loses part of it leaves the child a
   start that cold training passes within its first report (measured: a shrink from a trial cut after one report
-  started below its cold twin and ended 6 points below it). A restart or a growth that keeps
-  its function whole continues that training, as for any parent still improving.
+  started below its cold twin and ended 6 points below it). A restart or a growth that keeps its function whole
+  continues that training, as for any parent still improving.
 
 And above all of these, for a trial of a search: **a parent trained by this very search whose accuracy is below what
 the search's trials that started cold report at their first result**: nothing; the child starts cold. Such a trial
@@ -65,7 +65,7 @@ __all__ = ["Training", "Inheritance", "Inheritances", "decide", "training_of", "
 LATE_GAIN = 0.2
 #: fewer reports than this cannot tell a plateau from a climb: the parent counts as still improving
 MIN_REPORTS = 4
-#: accuracy a curve must gain after its first report for that report not to count as its plateau already
+#: accuracy below a curve's best within which a report counts as at its plateau
 PLATEAU_GAIN = 0.01
 # metrics reported in float32 (a share of images) differ from their decimal by up to ~1e-8
 _FLOAT32_SLACK = 1e-6
@@ -148,11 +148,12 @@ def training_of(values: Sequence[float], search: str = "", started_cold: bool | 
     vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     n = len(vals)
     first = vals[0] if vals else None
-    flat = next((i + 1 for i, v in enumerate(vals) if max(vals) - v < PLATEAU_GAIN - _FLOAT32_SLACK), None)
+    best = max(vals, default=None)
+    flat = next((i + 1 for i, v in enumerate(vals) if best - v < PLATEAU_GAIN - _FLOAT32_SLACK), None)
     if n < MIN_REPORTS:
         return Training(search, n, None, None, first, started_cold, flat)
     half = n // 2
-    total = max(vals) - vals[0]
+    total = best - vals[0]
     if total <= 0.0:
         return Training(search, n, None, False, first, started_cold, flat)
     late = (max(vals[half:]) - max(vals[:half])) / total
