@@ -285,7 +285,7 @@ def _parts(table: dict, state: dict, concurrency: int = 2) -> list[str]:
             "phase: trace, parent choice with its wait for registrations in flight, inherit, load, the files a "
             "trial leaves), the driver's registration thread's CPU (reading checkpoints, filling templates) and "
             "the CPU of keeper's actors (by class, boot and imports included). keeper boots no process for a "
-            "search on an empty zoo until its first trial reports, and its trials import no service code."), "",
+            "search on an empty zoo until its first trial ends, and its trials import no service code."), "",
            "| workload | arm | seeds | hooks | warm_start (trace / choose / inherit / load / save) | registration "
            "thread | actors' CPU | total | share of the wall time |", "|---|---|---|---|---|---|---|---|---|"]
     for workload in state["settings"]:

@@ -2,8 +2,9 @@
 
 It finds or starts the keeper service, and registers every finished trial's trained model with its best metric
 and its learning curve (what :mod:`keeper.choice.inheritance` reads to decide what later trials inherit). The
-service starts with the experiment when the zoo holds models; on an empty zoo it starts once the first trials
-train, so nothing of keeper's competes with their start (their ``warm_start`` finds the zoo empty without it). The
+service starts with the experiment when the zoo holds models; on an empty zoo it starts when the first trial ends,
+the first time there is a model to register, so nothing of keeper's competes with the first trials (their
+``warm_start`` finds the zoo empty without it) and the boot takes the core that trial leaves. The
 heavy part of a registration (reading the checkpoint, filling the architecture template) runs in a thread of the
 driver, where torch is loaded already, so no process of keeper's imports it again, and Tune's loop never waits for
 it. A trial that starts after another ended can still inherit from it: the driver announces each registration to
@@ -122,7 +123,6 @@ class KeeperCallback(Callback):
         self._pending: dict[str, _Pending] = {}
         self._handle: Any = None
         self._deferred = False
-        self._launching: concurrent.futures.Future | None = None
         self._starting: tuple[Any, float] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.hook_s = 0.0
@@ -135,7 +135,9 @@ class KeeperCallback(Callback):
                 return
             if zoo_is_empty(self.config.zoo_uri):
                 # nothing for the first trials to inherit: they find the zoo empty on their own, and the service
-                # boots once they train, not beside their start (every process it boots takes a core from them)
+                # boots at the first registration (_service), on the core the ended trial leaves, not beside the
+                # first trials (every process it boots takes CPU from them, and on a search whose first trials
+                # hold its best, delays that best by as much)
                 self._deferred = True
                 return
             self._launch()
@@ -145,11 +147,6 @@ class KeeperCallback(Callback):
             value = result.get(self.metric)
             if _finite(value):
                 self._curves.setdefault(trial.trial_id, []).append(self._accuracy(float(value)))
-            if self._deferred:
-                # started in the registration thread: making the named actors takes a few Ray calls, which
-                # Tune's loop does not wait for; a trial starting meanwhile still finds the zoo empty
-                self._deferred = False
-                self._launching = self._thread().submit(start, self.config, wait=False)
             if trial.trial_id not in self._checked_start:
                 self._checked_start.add(trial.trial_id)
                 self._check_first_report(trial, result)
@@ -163,9 +160,6 @@ class KeeperCallback(Callback):
             self._submit(trial)
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
-        if self._launching is not None and self._launching.done():
-            with self._clock():
-                self._service()
         if self._handle is not None and self._cold_first != self._cold_sent:
             with self._clock():
                 self._send_cold_starts()
@@ -230,18 +224,14 @@ class KeeperCallback(Callback):
         self._starting = (self._handle.ping.remote(), time.monotonic())
 
     def _service(self) -> Any:
-        if self._handle is None and self._launching is not None:  # started in the background: take it in
-            launching, self._launching = self._launching, None
-            self._handle = launching.result(timeout=self.config.timeouts.start_s)
-            self._starting = (self._handle.ping.remote(), time.monotonic())
+        """The service's handle, started now if it is not yet (a deferred start: the first registration)."""
         if self._handle is None:
             self._deferred = False
             self._launch()
         return self._handle
 
     def _thread(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The driver's one thread for keeper's work that Tune's loop must not wait for (registrations, a deferred
-        start); one thread, so the start comes before the registrations that need it."""
+        """The driver's one thread for keeper's work that Tune's loop must not wait for (registrations)."""
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="keeper-register")
         return self._pool
