@@ -75,7 +75,6 @@ def test_the_callback_warns_once_from_the_lineage_the_trial_left(tmp_path, caplo
     trial = SimpleNamespace(trial_id="t3", storage=SimpleNamespace(storage_filesystem=pyarrow.fs.LocalFileSystem(),
                                                                    trial_fs_path=str(tmp_path)))
     cb = KeeperCallback(metric="acc", mode="max", zoo=str(tmp_path / "zoo"))
-    cb._deferred = False  # the service is never started here: only the first-report check runs
     with caplog.at_level(logging.WARNING, logger="keeper.tune_integration.callback"):
         cb.on_trial_result(0, [], trial, {"acc": 0.80})
         cb.on_trial_result(1, [], trial, {"acc": 0.60})

@@ -122,7 +122,6 @@ class KeeperCallback(Callback):
         self._cold_sent: dict[str, float] = {}  # what the front door has been told of it
         self._pending: dict[str, _Pending] = {}
         self._handle: Any = None
-        self._deferred = False
         self._starting: tuple[Any, float] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.hook_s = 0.0
@@ -138,7 +137,6 @@ class KeeperCallback(Callback):
                 # boots at the first registration (_service), on the core the ended trial leaves, not beside the
                 # first trials (every process it boots takes CPU from them, and on a search whose first trials
                 # hold its best, delays that best by as much)
-                self._deferred = True
                 return
             self._launch()
 
@@ -226,7 +224,6 @@ class KeeperCallback(Callback):
     def _service(self) -> Any:
         """The service's handle, started now if it is not yet (a deferred start: the first registration)."""
         if self._handle is None:
-            self._deferred = False
             self._launch()
         return self._handle
 
