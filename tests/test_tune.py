@@ -400,3 +400,46 @@ def test_a_trial_lineage_file_is_read_as_json_and_a_malformed_one_refused(tmp_pa
         (tmp_path / "keeper-lineage.json").write_text(bad)
         with pytest.raises(AdmissionError, match="trial t: .*keeper-lineage.json.*remove the file"):
             _read_lineage(fs, path, "trial t")
+
+
+def test_a_choice_made_while_the_service_boots_waits_for_the_registration_noted_before_it(service):
+    """The driver never waits for the service: it notes a trial's registration in Ray's key-value store and goes on.
+    A trial that asks for its parent while the front door still boots (its call queued with the driver's) still
+    waits for that registration, because the front door reads the notes at the choice."""
+    import threading
+    import time
+
+    import keeper.actors as ka
+    from keeper.actors import notices
+    from keeper.actors.config import load_config
+    from onnx_mlp import mlp_onnx
+
+    cfg = load_config(service)
+    handle = ka.start(service, wait=False)  # still booting: every call queues
+    key = notices.announce(cfg.name, cfg.namespace, "first")
+    assert [n.name for n in notices.arriving(cfg.name, cfg.namespace, 60.0)] == ["first"]
+    t0 = time.monotonic()
+    choice = handle.choose.remote(mlp_onnx([48, 16, 10], seed=2))
+
+    def register_later():  # the registration lands a second after the service answers, as a checkpoint read late
+        ray.get(handle.ping.remote(), timeout=120)
+        time.sleep(1.0)
+        ray.get(handle.register.remote(mlp_onnx([32, 16, 10], seed=1), 0.9, "first"), timeout=120)
+        notices.withdraw(key, cfg.namespace)
+
+    thread = threading.Thread(target=register_later)
+    thread.start()
+    chosen = ray.get(choice, timeout=120)
+    thread.join()
+    assert chosen.parent == "first", f"the choice waited for the noted registration: {chosen}"
+    assert time.monotonic() - t0 >= 1.0
+    assert notices.arriving(cfg.name, cfg.namespace, 60.0) == []
+    # a note whose writer died is dropped once older than the reader's bound
+    notices.announce(cfg.name, cfg.namespace, "lost")
+    time.sleep(0.1)
+    assert notices.arriving(cfg.name, cfg.namespace, 0.05) == []
+    assert notices.arriving(cfg.name, cfg.namespace, 60.0) == []
+    notices.set_cold_bar(cfg.name, cfg.namespace, "search-a", 0.75)
+    assert notices.cold_bar(cfg.name, cfg.namespace, "search-a") == 0.75
+    notices.clear_cold_bar(cfg.name, cfg.namespace, "search-a")
+    assert notices.cold_bar(cfg.name, cfg.namespace, "search-a") is None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import math
 import os
 import threading
@@ -39,6 +40,7 @@ import numpy as np
 import ray
 from ray.exceptions import RayError
 
+from keeper.actors import notices
 from keeper.actors.config import ServiceConfig
 from keeper.actors.inflight import InFlight
 from keeper.actors.matcher import Matcher
@@ -61,6 +63,8 @@ from keeper.teams import Access, Client, Principal
 from keeper.warm import WarmResult, warm
 
 __all__ = ["FrontDoor"]
+
+logger = logging.getLogger(__name__)
 
 #: Cached parent choices (per zoo view and child architecture); a new view makes old entries unreachable.
 _CHOICE_CACHE = 1024
@@ -162,6 +166,7 @@ class FrontDoor:
         t0 = time.perf_counter()
         try:
             graph = LayerGraph.from_arrays(model) if isinstance(model, dict) else as_graph(model)
+            self._read_notices(search)
             late = self._inflight.wait(self.config.timeouts.arrival_s)
             if fresh:
                 self._refresh(force=True)
@@ -178,20 +183,9 @@ class FrontDoor:
         self._count(time.perf_counter() - t0, ok=True, timed=False)
         return choice
 
-    def expect(self, name: str) -> None:
-        """Announce that model ``name`` is being registered (a Tune trial that just ended): choices made from now
-        on wait for it, at most ``timeouts.arrival_s``, so a trial that starts next can inherit from it."""
-        self._inflight.announce(name)
-
     def settled(self, name: str) -> None:
         """``name``'s announced registration is over, registered or refused."""
         self._inflight.settle(name)
-
-    def observe_cold_start(self, search: str, accuracy: float) -> None:
-        """A trial of ``search`` that started cold first reported ``accuracy`` (the zoo's terms; the Tune callback
-        sends it): later trials of that search inherit from no parent below the best such report
-        (:mod:`keeper.choice.inheritance`)."""
-        self._inheritances.observe_cold_start(search, accuracy)
 
     def hit(self, name: str, client: dict[str, Any] | None = None) -> None:
         """Count one use of ``name`` as a parent by ``client``'s team (fire and forget: a lost hit only ages a model
@@ -223,7 +217,7 @@ class FrontDoor:
         under other terms it is refused, or recorded on its model with ``record_again``; ``lineage``: how the model
         was obtained (``WarmResult.lineage()``); ``team``, ``private``: as for :meth:`keeper.zoo.Zoo.register`;
         ``client``: who registers (:meth:`keeper.teams.Client.to_wire`), checked by the manager. A registration
-        announced under ``name`` (:meth:`expect`) settles here, registered or refused, once the view holds the
+        announced under ``name`` (:mod:`keeper.actors.notices`) settles here, registered or refused, once the view holds the
         outcome: a choice waiting for it goes on without the registrar's own ``settled`` round trip.
         """
         try:
@@ -331,6 +325,21 @@ class FrontDoor:
         return int(self._manager_call("pid", self.config.timeouts.control_s))
 
     # ------------------------------------------------------------------------------------------- internals
+    def _read_notices(self, search: str) -> None:
+        """Take in what the Tune drivers noted before the asking trial started (:mod:`keeper.actors.notices`):
+        the registrations announced to this service, and ``search``'s best cold first report. A store that cannot
+        be read leaves the choice to what the front door knows already (it never fails the choice)."""
+        try:
+            for note in notices.arriving(self.config.name, self.config.namespace, self.config.timeouts.register_s):
+                self._inflight.admit(note.name, note.announced)
+            bar = notices.cold_bar(self.config.name, self.config.namespace, search) if search else None
+        except Exception as exc:  # the GCS unreachable for a moment: a later choice reads them again
+            logger.warning("keeper: the drivers' notices could not be read (%s); this parent choice does not wait "
+                           "for registrations announced in them", exc)
+            return
+        if bar is not None:
+            self._inheritances.observe_cold_start(search, bar)
+
     def _manager_call(self, method: str, timeout_s: float, *args: Any) -> Any:
         need = demand_of(f"the zoo manager's {method}", "zoo_manager", self.config.actor_options("zoo_manager"),
                          self.manager)

@@ -1,15 +1,14 @@
 """Registrations in flight: models announced to the front door whose registration has not settled yet.
 
-A Tune trial that ends is announced (``FrontDoor.expect``) the moment the driver hands its checkpoint to the
-registrar: the driver waits for the announcement to be taken in (a trial started next asks from another process,
-and two processes' calls keep no order), never for the registration; a trial that starts after that asks for its
-parent and may wait for the announced registrations to settle, so it can inherit from the trial that just ended,
-while Tune's driver goes on scheduling. The wait for a registration is the trial's, never the driver's, and it is
-bounded.
+A Tune trial that ends is announced the moment the driver hands its checkpoint to the registrar
+(:mod:`keeper.actors.notices`: the driver never waits for the service); a trial that starts after that asks for
+its parent, the front door admits the announcements it reads then, and the choice may wait for them to settle, so
+the trial can inherit from the trial that just ended while Tune's driver goes on scheduling. The wait for a
+registration is the trial's, never the driver's, and it is bounded.
 
 Invariants: a choice waits only for registrations announced before it arrived; every wait ends by its deadline
 and names what was still in flight; an announcement that never settles (its registrar died) is forgotten after
-``ttl_s``.
+``ttl_s``; an announcement read after its registration settled is not admitted again.
 """
 
 from __future__ import annotations
@@ -32,15 +31,27 @@ class InFlight:
         self._cond = threading.Condition()
         self._seq = 0
         self._pending: dict[str, tuple[int, float]] = {}  # name -> (sequence number, announced at)
+        self._settled: dict[str, float] = {}  # name -> wall time it settled (kept ttl_s)
 
     def announce(self, name: str) -> None:
         with self._cond:
             self._seq += 1
             self._pending[name] = (self._seq, time.monotonic())
 
+    def admit(self, name: str, announced: float) -> None:
+        """An announcement read from the driver's notices, made at wall time ``announced``: pending from now on,
+        unless it is pending already or its registration settled after it was made (the notice was read before
+        the registrar withdrew it)."""
+        with self._cond:
+            if name in self._pending or self._settled.get(name, -float("inf")) >= announced:
+                return
+            self._seq += 1
+            self._pending[name] = (self._seq, time.monotonic() - max(0.0, time.time() - announced))
+
     def settle(self, name: str) -> None:
         """``name``'s registration is over (registered or refused); unknown names are ignored."""
         with self._cond:
+            self._settled[name] = time.time()
             if self._pending.pop(name, None) is not None:
                 self._cond.notify_all()
 
@@ -69,3 +80,6 @@ class InFlight:
         now = time.monotonic()
         for name in [n for n, (_, t) in self._pending.items() if now - t > self.ttl_s]:
             del self._pending[name]
+        wall = time.time()
+        for name in [n for n, t in self._settled.items() if wall - t > self.ttl_s]:
+            del self._settled[name]

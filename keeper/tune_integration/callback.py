@@ -4,12 +4,13 @@ It finds or starts the keeper service, and registers every finished trial's trai
 and its learning curve (what :mod:`keeper.choice.inheritance` reads to decide what later trials inherit). The
 service starts with the experiment when the zoo holds models; on an empty zoo it starts when the first trial ends,
 the first time there is a model to register, so nothing of keeper's competes with the first trials (their
-``warm_start`` finds the zoo empty without it) and the boot takes the core that trial leaves. The
-heavy part of a registration (reading the checkpoint, filling the architecture template) runs in a thread of the
-driver, where torch is loaded already, so no process of keeper's imports it again, and Tune's loop never waits for
-it. A trial that starts after another ended can still inherit from it: the driver announces each registration to
-the front door, and a parent choice waits for the registrations announced before it (in the trial, at most
-``timeouts.arrival_s``).
+``warm_start`` finds the zoo empty without it). Tune's loop never waits for the service: not for its boot (a trial
+that Tune holds at its report while the loop waits would lose that time), not for a registration. The heavy part
+of a registration (reading the checkpoint, filling the architecture template) runs in a thread of the driver, where
+torch is loaded already, so no process of keeper's imports it again. A trial that starts after another ended can
+still inherit from it: the driver notes each registration, and each search's best cold first report, in Ray's
+key-value store (:mod:`keeper.actors.notices`) before Tune starts the next trial, and a parent choice reads them and
+waits for the registrations noted before it (in the trial, at most ``timeouts.arrival_s``).
 
 Invariants:
 - A trial is registered at most once, across ``Tuner.restore`` too (the registered set is the callback's
@@ -44,6 +45,7 @@ from typing import Any, Callable, NamedTuple
 import ray
 from ray.tune import Callback
 
+from keeper.actors import notices
 from keeper.actors.config import load_config
 from keeper.teams import Client
 from keeper.actors.launcher import find, start
@@ -77,8 +79,8 @@ class KeeperCallback(Callback):
             checkpoints of trials that never called ``warm_start``.
         wait_for_registration: a trial's parent choice waits for the registrations of the trials that ended
             before it started (at most ``timeouts.arrival_s``), so it can inherit from them (True); False never
-            waits. Either way the driver does not wait for a registration (only for the front door to take in
-            its announcement: milliseconds once the service is up).
+            waits. Either way the driver waits for neither the registration nor the service (the announcement
+            is one write to Ray's key-value store).
         name_prefix: prefix of the zoo names (default: the experiment's directory name and ``-``); the
             trial id follows it.
 
@@ -119,7 +121,7 @@ class KeeperCallback(Callback):
         self._checked_start: set[str] = set()
         self._cold_first: dict[str, float] = {}  # per search, the best first report of its trials started cold
         self._started_cold: dict[str, bool] = {}  # per trial, whether it started from its own initialisation
-        self._cold_sent: dict[str, float] = {}  # what the front door has been told of it
+        self._cold_sent: dict[str, float] = {}  # what the notices say of it
         self._pending: dict[str, _Pending] = {}
         self._handle: Any = None
         self._starting: tuple[Any, float] | None = None
@@ -134,7 +136,7 @@ class KeeperCallback(Callback):
                 return
             if zoo_is_empty(self.config.zoo_uri):
                 # nothing for the first trials to inherit: they find the zoo empty on their own, and the service
-                # boots at the first registration (_service), on the core the ended trial leaves, not beside the
+                # boots at the first registration (_service), when the ended trial leaves a core, not beside the
                 # first trials (every process it boots takes CPU from them, and on a search whose first trials
                 # hold its best, delays that best by as much)
                 return
@@ -158,9 +160,6 @@ class KeeperCallback(Callback):
             self._submit(trial)
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
-        if self._handle is not None and self._cold_first != self._cold_sent:
-            with self._clock():
-                self._send_cold_starts()
         if self._starting is not None:
             with self._clock():
                 self._check_started()
@@ -173,6 +172,9 @@ class KeeperCallback(Callback):
             self._collect(wait=True)
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
+            for search in self._cold_sent:
+                with contextlib.suppress(Exception):  # a bar left behind is only read by a search of that name
+                    notices.clear_cold_bar(self.config.name, self.config.namespace, search)
 
     def get_state(self) -> dict | None:
         return {"registered": sorted(self._registered), "pending": sorted(self._pending),
@@ -262,18 +264,21 @@ class KeeperCallback(Callback):
         if cold and math.isfinite(accuracy):
             search = str(trial.storage.experiment_dir_name)
             self._cold_first[search] = max(accuracy, self._cold_first.get(search, -math.inf))
-            if self._handle is not None:
-                self._send_cold_starts()
+            self._send_cold_starts()
         why = advice.lost_inheritance(trial.trial_id, lineage, accuracy, self.metric)
         if why is not None:
             logger.warning("keeper: %s", why)
 
     def _send_cold_starts(self) -> None:
-        """Tell the front door each search's best cold first report it has not heard (fire and forget: a lost
-        one only lets a later trial inherit a weaker parent, as before the rule)."""
+        """Note each search's best cold first report where the front door reads it (a note that fails only lets a
+        later trial inherit a weaker parent, as without the rule; it is tried again at the next report)."""
         for search, accuracy in self._cold_first.items():
             if self._cold_sent.get(search) != accuracy:
-                self._handle.observe_cold_start.remote(search, accuracy)
+                try:
+                    notices.set_cold_bar(self.config.name, self.config.namespace, search, accuracy)
+                except Exception as exc:
+                    logger.warning("keeper: search %s's best cold first report could not be noted (%s)", search, exc)
+                    continue
                 self._cold_sent[search] = accuracy
 
     def _submit(self, trial: Any) -> None:
@@ -301,26 +306,22 @@ class KeeperCallback(Callback):
         training = training_of(self._curves.get(tid, ()), str(trial.storage.experiment_dir_name),
                                self._started_cold.get(tid)).as_dict()
         handle = self._service()
-        self._send_cold_starts()  # before the announcement, which the trial Tune starts next waits for
-        if self.wait_for_registration:
-            self._announce(handle, name)
+        key = self._announce(name) if self.wait_for_registration else None
         future = self._thread().submit(_register, handle, name, checkpoint, trial.storage.storage_filesystem,
                                    trial.storage.trial_fs_path, accuracy, self.model_builder, dict(trial.config),
                                    self.config.timeouts.register_s, self.config.zoo_uri, training,
-                                   self.client.to_wire())
+                                   self.client.to_wire(), key, self.config.namespace)
         self._pending[tid] = _Pending(future, name, time.perf_counter())
 
-    def _announce(self, handle: Any, name: str) -> None:
-        """Announce ``name``'s registration and wait for the front door to take it in: the trial Tune starts next
-        asks from another process, and two processes' calls to one threaded actor keep no order (a service still
-        booting holds both queued, then runs them in any order). Milliseconds on a live service; a service still
-        starting is waited for, at most ``timeouts.start_s``, whose ping is checked anyway."""
-        need = demand_of(f"the front door {self.config.name!r} taking in the announcement of {name} "
-                         "(timeouts.start_s)", "keeper", self.config.actor_options("keeper"), handle)
+    def _announce(self, name: str) -> bytes | None:
+        """Note ``name``'s registration before Tune starts another trial (which may wait for it); the key that
+        settles it, or None when the note failed (that trial then does not wait for it)."""
         try:
-            get(handle.expect.remote(name), self.config.timeouts.start_s, need)
+            return notices.announce(self.config.name, self.config.namespace, name)
         except Exception as exc:  # never fail the experiment here; the registration reports its own failure
-            logger.warning("keeper: %s; a trial starting now may not wait for it", exc)
+            logger.warning("keeper: the registration of %s could not be announced (%s); a trial starting now will "
+                           "not wait for it", name, exc)
+            return None
 
     def _landed(self, trial: Any) -> bool:
         """Whether a registration handed over before a restore reached the zoo after the state was saved (its
@@ -393,10 +394,10 @@ class _Pending(NamedTuple):
 
 def _register(handle: Any, name: str, checkpoint: Any, storage_fs: Any, trial_fs_path: str, accuracy: float,
               builder: Any, config: dict, timeout_s: float, zoo_uri: str | None, training: dict,
-              client: dict | None = None) -> tuple[dict, float]:
+              client: dict | None, key: bytes | None, namespace: str) -> tuple[dict, float]:
     """The trial's checkpoint registered as ``name`` (in the driver's registration thread): the zoo's record and
-    the thread's CPU seconds; ``name`` is settled at the front door whatever happens, so no parent choice waits for
-    it longer than it runs."""
+    the thread's CPU seconds; the announcement under ``key`` is withdrawn and ``name`` settled at the front door
+    whatever happens, so no parent choice waits for it longer than it runs."""
     from keeper.tune_integration.checkpoint import register_trial
 
     t0 = time.thread_time()
@@ -404,7 +405,10 @@ def _register(handle: Any, name: str, checkpoint: Any, storage_fs: Any, trial_fs
         record = register_trial(handle, checkpoint, storage_fs, trial_fs_path, accuracy, name, builder, config,
                                 timeout_s, zoo_uri, training=training, client=client)
     finally:
-        handle.settled.remote(name)
+        if key is not None:
+            with contextlib.suppress(Exception):  # the front door forgets it after timeouts.register_s anyway
+                notices.withdraw(key, namespace)
+            handle.settled.remote(name)
     return record, time.thread_time() - t0
 
 
