@@ -47,7 +47,8 @@ import numpy as np
 
 from keeper_bench.pbt import PbtRun
 from keeper_bench.reporting import LoadSampler, spread
-from keeper_bench.search import ARMS, cost_line, scheduler_of, summarize, twins, uses_keeper
+from keeper_bench.search import (ARMS, cost_line, scheduler_of, summarize, target_of, twins, uses_keeper,
+                                 wall_to_target)
 
 WORKLOADS = ("mnist1d", "lm", "digits")
 SCHEDULERS = ("fifo", "asha", "pbt")
@@ -166,13 +167,11 @@ def cold_arm(arm: str) -> str:
 def rows(state: dict) -> tuple[dict, dict]:
     """Per (workload, arm, seed) the summary against the best of the same scheduler's cold search on that workload
     and seed (its model's test accuracy minus 1% of it); and those targets, per (workload, cold arm, seed)."""
-    from keeper_bench.search import best_test
-
     targets: dict[tuple[str, str, int], float] = {}
     for key, run in state["runs"].items():
         workload, arm, seed = key.split("/")
         if arm in SCHEDULERS:
-            targets[(workload, arm, int(seed))] = 0.99 * best_test(run["events"])
+            targets[(workload, arm, int(seed))] = target_of(run["events"])
     out: dict[tuple[str, str, int], dict] = {}
     for key, run in state["runs"].items():
         workload, arm, seed = key.split("/")
@@ -222,7 +221,7 @@ def _markdown(state: dict, done: bool) -> str:
             pairs = [(c, k) for c, k in pairs if c and k]
             if not pairs:
                 continue
-            wall = lambda r: r["wall_to_target_s"] if r["reached"] else r["wall_s"]  # noqa: E731
+            wall = wall_to_target
             ratios = [wall(c) / wall(k) for c, k in pairs]
             whole = [c["wall_s"] / k["wall_s"] for c, k in pairs]
             out.append(
@@ -341,7 +340,7 @@ def _copy_bound(table: dict, targets: dict, state: dict) -> list[str]:
             "keeper's saving over the copy's, (cold - keeper) / (cold - copy), in wall time to the target."), "",
            "| workload | seed | asha (s) | asha+keeper (s) | asha+copy (s) | keeper's share of the copy's saving |",
            "|---|---|---|---|---|---|"]
-    wall = lambda r: r["wall_to_target_s"] if r["reached"] else r["wall_s"]  # noqa: E731
+    wall = wall_to_target
     for (workload, seed) in sorted({(w, s) for (w, _, s) in targets}):
         c, k, b = (table.get((workload, a, seed)) for a in ("asha", "asha+keeper", "asha+copy"))
         if not (c and k and b):

@@ -15,11 +15,7 @@ import argparse
 import json
 import statistics
 
-from keeper_bench.search import best_test, summarize
-
-
-def _to_target(summary: dict) -> float:
-    return summary["wall_to_target_s"] if summary["reached"] else summary["wall_s"]
+from keeper_bench.search import summarize, target_of, wall_to_target
 
 
 def main() -> None:
@@ -39,11 +35,11 @@ def main() -> None:
         a, b = first.get(f"{args.arm}/{seed}"), again[f"{args.arm}/{seed}"]
         if a is None:
             raise SystemExit(f"{args.first} holds no run of {args.arm}/{seed}")
-        target = 0.99 * best_test(a["events"])  # the benchmark's target: the cold best's test accuracy less 1%
+        target = target_of(a["events"])
         sa, sb = summarize(a, target), summarize(b, target)
-        sooner.append(_to_target(sa) / _to_target(sb))
+        sooner.append(wall_to_target(sa) / wall_to_target(sb))
         whole.append(a["wall_s"] / b["wall_s"])
-        print(f"| {seed} | {target:.3f} | {_to_target(sa):.1f} | {_to_target(sb):.1f} | {sooner[-1]:.2f} | "
+        print(f"| {seed} | {target:.3f} | {wall_to_target(sa):.1f} | {wall_to_target(sb):.1f} | {sooner[-1]:.2f} | "
               f"{whole[-1]:.2f} | {sa['best_test']:.3f} / {sb['best_test']:.3f} |")
     print(f"\n{args.arm}, {len(seeds)} seeds: sooner {statistics.mean(sooner):.2f}x, whole search "
           f"{statistics.mean(whole):.2f}x (1.00 where the two runs agree)")

@@ -46,22 +46,22 @@ def test_an_announcement_that_never_settles_is_forgotten_after_its_bound():
 
 def test_an_announcement_read_from_the_notices_is_waited_for_unless_it_settled_first():
     inflight = InFlight(ttl_s=60)
-    inflight.admit("a", time.time())
-    inflight.admit("a", time.time())  # read again at the next choice: still one registration
+    inflight.announce("a", time.time())
+    inflight.announce("a", time.time())  # read again at the next choice: still one registration
     assert inflight.pending() == ["a"]
     threading.Timer(0.2, inflight.settle, ("a",)).start()
     assert inflight.wait(10.0) == []
     announced = time.time() - 1.0
     inflight.settle("b")  # settled after it was announced, before the front door read the notice
-    inflight.admit("b", announced)
+    inflight.announce("b", announced)
     assert inflight.pending() == [], "a notice read after its registration settled is not waited for"
-    inflight.admit("b", time.time() + 1.0)  # announced again later (the trial handed over again after a restore)
+    inflight.announce("b", time.time() + 1.0)  # announced again later (the trial handed over again after a restore)
     assert inflight.pending() == ["b"]
 
 
 def test_an_old_notice_keeps_its_age():
     inflight = InFlight(ttl_s=0.5)
-    inflight.admit("old", time.time() - 0.45)  # its registrar has had 0.45 s of its 0.5 already
+    inflight.announce("old", time.time() - 0.45)  # its registrar has had 0.45 s of its 0.5 already
     t0 = time.monotonic()
     assert inflight.wait(5.0) == []
     assert time.monotonic() - t0 < 0.4, "forgotten at the bound counted from the announcement, not the reading"

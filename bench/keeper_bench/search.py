@@ -46,7 +46,7 @@ from keeper_bench.pbt import (PbtRun, _accuracy, _build, _dataset, _read_checkpo
                               draws, make_optimizer, member_spec, restarts_parent)
 
 __all__ = ["ARMS", "Lifecycle", "best_model", "best_models", "best_test", "cost_line", "keeper_actor_cpu", "run_arm", "scheduler_of", "start_gaps",
-           "summarize", "twins", "uses_keeper"]
+           "summarize", "target_of", "twins", "uses_keeper", "wall_to_target"]
 
 ARMS = ("fifo", "fifo+keeper", "fifo+keeper-shrink", "asha", "asha+keeper", "keeperasha", "asha+copy", "pbt",
         "pbt+keeper", "keeperpbt")
@@ -343,6 +343,17 @@ def best_test(events: list[dict]) -> float:
     (a pick by trial order would let one example of validation decide the figure)."""
     tied = best_models(events)
     return sum(e["test_accuracy"] for e in tied) / len(tied)
+
+
+def target_of(events: list[dict]) -> float:
+    """The benchmark's target for a search against this cold run: its best model's test accuracy less 1% of it."""
+    return 0.99 * best_test(events)
+
+
+def wall_to_target(summary: dict) -> float:
+    """A :func:`summarize` row's wall seconds to its target; a search that never reached it counts its whole
+    wall time."""
+    return summary["wall_to_target_s"] if summary["reached"] else summary["wall_s"]
 
 
 def start_gaps(trials: dict[str, dict], concurrency: int = 2) -> list[float]:

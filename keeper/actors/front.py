@@ -331,7 +331,7 @@ class FrontDoor:
         be read leaves the choice to what the front door knows already (it never fails the choice)."""
         try:
             for note in notices.arriving(self.config.name, self.config.namespace, self.config.timeouts.register_s):
-                self._inflight.admit(note.name, note.announced)
+                self._inflight.announce(note.name, note.announced)
             bar = notices.cold_bar(self.config.name, self.config.namespace, search) if search else None
         except Exception as exc:  # the GCS unreachable for a moment: a later choice reads them again
             logger.warning("keeper: the drivers' notices could not be read (%s); this parent choice does not wait "

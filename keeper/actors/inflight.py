@@ -33,20 +33,16 @@ class InFlight:
         self._pending: dict[str, tuple[int, float]] = {}  # name -> (sequence number, announced at)
         self._settled: dict[str, float] = {}  # name -> wall time it settled (kept ttl_s)
 
-    def announce(self, name: str) -> None:
+    def announce(self, name: str, at: float | None = None) -> None:
+        """``name``'s registration was announced at wall time ``at`` (default now; the driver's notice, read by the
+        front door): pending from now on, unless it is pending already or its registration settled after the
+        announcement (the notice was read before the registrar withdrew it)."""
+        at = time.time() if at is None else at
         with self._cond:
-            self._seq += 1
-            self._pending[name] = (self._seq, time.monotonic())
-
-    def admit(self, name: str, announced: float) -> None:
-        """An announcement read from the driver's notices, made at wall time ``announced``: pending from now on,
-        unless it is pending already or its registration settled after it was made (the notice was read before
-        the registrar withdrew it)."""
-        with self._cond:
-            if name in self._pending or self._settled.get(name, -float("inf")) >= announced:
+            if name in self._pending or self._settled.get(name, -float("inf")) >= at:
                 return
             self._seq += 1
-            self._pending[name] = (self._seq, time.monotonic() - max(0.0, time.time() - announced))
+            self._pending[name] = (self._seq, time.monotonic() - max(0.0, time.time() - at))
 
     def settle(self, name: str) -> None:
         """``name``'s registration is over (registered or refused); unknown names are ignored."""

@@ -26,12 +26,10 @@ __all__ = ["Arriving", "announce", "arriving", "cold_bar", "set_cold_bar", "with
 
 
 class Arriving(NamedTuple):
-    """A registration announced and not yet withdrawn: the model's name, when it was announced (wall time), its
-    key."""
+    """A registration announced and not yet withdrawn: the model's name and when it was announced (wall time)."""
 
     name: str
     announced: float
-    key: bytes
 
 
 def _prefix(service: str, kind: str) -> bytes:
@@ -64,7 +62,7 @@ def arriving(service: str, namespace: str, ttl_s: float) -> list[Arriving]:
         if now - announced > ttl_s:
             _kv._internal_kv_del(key, namespace=namespace)
         else:
-            out.append(Arriving(name, announced, key))
+            out.append(Arriving(name, announced))
     return out
 
 

@@ -160,6 +160,9 @@ class KeeperCallback(Callback):
             self._submit(trial)
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
+        if self._cold_first != self._cold_sent:  # a note that failed, or a search restored with its bars
+            with self._clock():
+                self._send_cold_starts()
         if self._starting is not None:
             with self._clock():
                 self._check_started()
@@ -271,7 +274,7 @@ class KeeperCallback(Callback):
 
     def _send_cold_starts(self) -> None:
         """Note each search's best cold first report where the front door reads it (a note that fails only lets a
-        later trial inherit a weaker parent, as without the rule; it is tried again at the next report)."""
+        later trial inherit a weaker parent, as without the rule; it is tried again between Tune's steps)."""
         for search, accuracy in self._cold_first.items():
             if self._cold_sent.get(search) != accuracy:
                 try:
