@@ -16,6 +16,13 @@ import pytest
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Ray Train's placement-group cleaner asks Ray's state API, served by the dashboard, whether its controller lives;
+# the tests' Rays run without a dashboard, so each query waited out its 10-s timeout against whichever cluster
+# /tmp/ray last recorded, and every Ray Train run ended some 15 s after its workers did. A loopback port that
+# refuses at once makes each query fail fast (the cleaner then keeps monitoring, as it does when the API is down).
+os.environ.setdefault("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:1")
+# Ray Train's controller polls its workers every 2 s by default: a run notices its workers' end sooner
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 REAL_HOME = os.path.expanduser("~")
 for _var, _sub in (("HF_HOME", ".cache/huggingface"), ("TORCH_HOME", ".cache/torch")):

@@ -21,25 +21,29 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 from keeper.errors import InvalidModelError, KeeperError
-from keeper.graph import LayerGraph, load_graph
-from keeper.matching import Alignment, align, similarity
-from keeper.warm import WarmResult
-from keeper.zoo import Zoo, ZooConfig
 
 __all__ = ["warm_start", "register", "KeeperCallback", "Zoo", "ZooConfig", "WarmResult", "load_graph",
            "LayerGraph", "similarity", "align", "Alignment", "KeeperError", "InvalidModelError"]
 __version__ = "0.1.0"
 
-# Imported on first use: the torch entry points import torch (seconds in a fresh process), the callback Ray Tune.
+# Imported on first use: the torch entry points import torch (seconds in a fresh process), the callback Ray Tune,
+# and a trial process that imports keeper for warm_start must not load the embedded zoo or the aligner, which only
+# a warm that transforms a parent in that process needs.
 _LAZY = {"warm_start": "keeper.torch_support.start", "register": "keeper.torch_support.start",
-         "KeeperCallback": "keeper.tune_integration.callback"}
+         "KeeperCallback": "keeper.tune_integration.callback", "Zoo": "keeper.zoo", "ZooConfig": "keeper.zoo",
+         "WarmResult": "keeper.warm", "load_graph": "keeper.graph", "LayerGraph": "keeper.graph",
+         "similarity": "keeper.matching", "align": "keeper.matching", "Alignment": "keeper.matching"}
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
+        # a subpackage named as an attribute (``keeper.store.ModelStore`` after ``import keeper``)
+        if not name.startswith("_") and importlib.util.find_spec(f"keeper.{name}") is not None:
+            return importlib.import_module(f"keeper.{name}")
         raise AttributeError(f"module 'keeper' has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value

@@ -37,25 +37,25 @@ import os
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 import numpy as np
 import onnx
 
-from keeper.choice.preservation import Assessment, assess
-from keeper.choice.probe import ProbeReport, ResultScore, probe_choice
 from keeper.choice.selection import SHOWN, ParentChoice, reason_of
 from keeper.errors import InvalidModelError, ModelNotFoundError, PartialWarmWarning
 from keeper.graph import LayerGraph, graph_from_proto
-from keeper.matching import Alignment, align
 from keeper.onnx_safety import MAX_MODEL_BYTES, ModelInput, load_model
 from keeper.onnx_weights import apart_specs, model_weights, write_weights
 from keeper.recipe import Recipe, recipe_for
 from keeper.store import ModelStore, read_parent, stored_weights
-from keeper.transforms import transfer
-from keeper.transforms.compose import Transfer
-from keeper.transforms.shrink import mixer
 from keeper.weights import SafeTensors, SafeTensorsWriter, WeightsInput, save_weights
+
+if TYPE_CHECKING:  # loaded where a parent is transformed or probed: a cold trial's process needs none of them
+    from keeper.choice.preservation import Assessment
+    from keeper.choice.probe import ProbeReport, ResultScore
+    from keeper.matching import Alignment
+    from keeper.transforms.compose import Transfer
 
 __all__ = ["WarmResult", "LoadReport", "ParentSource", "warm", "restore", "restored", "inherit", "inherit_stored",
            "cold_result", "DEFAULT_NOISE"]
@@ -252,6 +252,8 @@ def _warm_chosen(source: ParentSource, choice: ParentChoice, child: ModelInput, 
     ranked = choice.ranked()
     if probe is None or not ranked:
         return _reported(make(choice.parent, out), choice, None, note)
+    from keeper.choice.probe import probe_choice
+
     result, measured = probe_choice(ranked, make, lambda: make(None), probe, choice.probe_top)
     if out is not None:  # the probe ran in memory; the winner is made again into the file
         result = make(result.parent, out)
@@ -362,6 +364,11 @@ def inherit(parent: ModelInput, child: ModelInput, *, parent_weights: WeightsInp
         >>> r = inherit(parent_bytes, child_bytes, noise=0.0)  # doctest: +SKIP
         >>> r.score, r.summary()["operators"]                  # doctest: +SKIP
     """
+    from keeper.choice.preservation import assess
+    from keeper.matching import align
+    from keeper.transforms import transfer
+    from keeper.transforms.shrink import mixer
+
     if not (noise >= 0.0 and np.isfinite(noise)):
         raise ValueError(f"noise must be a finite relative std >= 0, got {noise!r}")
     pproto, pweights, _ = _read(parent, parent_weights, "parent model", child=False)
@@ -438,6 +445,8 @@ def _transfer_to_file(pg, pweights, cg, cweights: Mapping[str, np.ndarray], al, 
     """The transfer with each child tensor written to ``out`` as it is made (through ``mix`` when given); tensors
     no layer reads (not in the LayerGraph) are copied from the child afterwards. ``unset`` tensors the parent does
     not supply are left as zeros in the file (never materialised)."""
+    from keeper.transforms import transfer
+
     specs = {k: (np.asarray(v).dtype, np.shape(v)) for k, v in cweights.items()}
     for refs in cg.tensors:
         for r in refs:

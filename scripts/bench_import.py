@@ -36,7 +36,8 @@ w, c = time.perf_counter(), time.process_time()
 from keeper.tune_integration import warm_start, warm_lr
 wall, cpu = time.perf_counter() - w, time.process_time() - c
 watch = ["keeper.actors.front", "keeper.actors.manager", "keeper.actors.clustering", "keeper.tune_integration.callback",
-         "keeper.tune_integration.checkpoint", "kmedoids", "sklearn", "onnx", "pyarrow", "numba"]
+         "keeper.tune_integration.checkpoint", "keeper.matching", "keeper.transforms", "keeper.zoo", "kmedoids",
+         "sklearn", "onnx", "pyarrow", "numba"]
 print(json.dumps({"base_s": base, "wall_s": wall, "cpu_s": cpu, "loaded": [m for m in watch if m in sys.modules]}))
 """
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
              f"| torch + ray.tune beforehand, wall (s) | {base.min():.2f} | {np.median(base):.2f} | {base.max():.2f} "
              "| (for scale) |", "",
              "Pulled in of the modules watched (the service's actors and clustering, the checkpoint readers, "
-             f"kmedoids, scikit-learn, onnx, pyarrow, numba): {', '.join(loaded) or 'none'}; the rest stay out of a "
+             f"the aligner, the transforms, the embedded zoo, kmedoids, scikit-learn, onnx, pyarrow, numba): {', '.join(loaded) or 'none'}; the rest stay out of a "
              "trial's process."]
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)

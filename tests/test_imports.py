@@ -134,3 +134,18 @@ def test_importing_keeper_imports_neither_torch_nor_ray():
     code = "import sys, keeper; print('torch' in sys.modules, 'ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+def test_a_trial_s_import_leaves_out_what_only_the_service_or_a_transform_needs():
+    """``from keeper.tune_integration import warm_start, warm_lr``, what a Tune trial imports, loads neither the
+    service's actors and clustering nor the driver's callback, nor the aligner, the transforms or the embedded zoo:
+    a trial that starts cold (the first trials on an empty zoo) never needs them, and a warmed one loads them when
+    it transforms its parent."""
+    left_out = ["keeper.actors.front", "keeper.actors.manager", "keeper.actors.clustering",
+                "keeper.tune_integration.callback", "keeper.tune_integration.checkpoint", "keeper.matching",
+                "keeper.transforms", "keeper.choice.candidates", "keeper.choice.preservation", "keeper.zoo",
+                "kmedoids", "sklearn", "numba"]
+    code = ("import sys, json; from keeper.tune_integration import warm_start, warm_lr; "
+            f"print(json.dumps([m for m in {left_out!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

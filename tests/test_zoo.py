@@ -715,7 +715,7 @@ def test_a_warm_aligns_its_pair_once_and_warms_as_the_explicit_transfer_does(tmp
     # the choice aligns and assesses each candidate; the transfer from the chosen one reads that alignment (through
     # the choice's candidate) instead of aligning the pair again, and warms exactly as inherit() does from scratch
     import keeper.choice.candidates as candidates
-    import keeper.warm as warm_module
+    import keeper.matching as matching  # the transfer imports its aligner from here when it runs
     from keeper.warm import inherit
 
     zoo = Zoo(str(tmp_path / "zoo"))
@@ -724,7 +724,7 @@ def test_a_warm_aligns_its_pair_once_and_warms_as_the_explicit_transfer_does(tmp
     child = mlp_onnx(WIDER, seed=5)
     want = inherit(parent, child, parent_name="a", noise=0.0)
     aligned = []
-    for module in (candidates, warm_module):
+    for module in (candidates, matching):
         real = module.align
         monkeypatch.setattr(module, "align", lambda p, c, *a, real=real, **k: aligned.append(1) or real(p, c, *a, **k))
     result = zoo.warm(child, noise=0.0)

@@ -18,12 +18,14 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
 from keeper.choice.selection import SelectionPolicy
 from keeper.errors import ConfigError, KeeperError
 from keeper.store.records import NAME_RE
-from keeper.zoo import ZooConfig
+
+if TYPE_CHECKING:  # the embedded zoo's modules: a trial reads this config and never builds one
+    from keeper.zoo import ZooConfig
 
 __all__ = ["ServiceConfig", "ClusteringConfig", "Timeouts", "ConfigError", "load_config", "ACTOR_KINDS",
            "DEFAULT_CONFIG_PATH"]
@@ -137,6 +139,8 @@ class ServiceConfig:
 
     def zoo_config(self) -> ZooConfig:
         """The embedded zoo's settings (admission, eviction, selection, noise)."""
+        from keeper.zoo import ZooConfig
+
         return ZooConfig(capacity_bytes=self.capacity_bytes, outlier_z=self.outlier_z,
                          outlier_min_models=self.outlier_min_models, outlier_min_gap=self.outlier_min_gap,
                          hit_half_life_s=self.hit_half_life_s,

@@ -10,14 +10,29 @@ Invariant: a choice depends only on the zoo's models and the child's graph (and 
 process made it: the embedded zoo and the service's front door assemble, assess and rank alike.
 """
 
-from keeper.choice.candidates import (AssessedPairs, Assessable, ParentFacts, architecture_digest, assess_candidate,
-                                     assess_found, may_qualify_all)
-from keeper.choice.preservation import Assessment, Roles, assess, layer_roles
-from keeper.choice.probe import ProbeReport, ResultScore, probe_choice
-from keeper.choice.selection import (SHOWN, Candidate, ParentChoice, SelectionPolicy, choose_parent, coverage,
-                                     make_choice, rank_parents, reason_of)
+import importlib
+from typing import Any
 
 __all__ = ["Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "rank_parents", "make_choice", "coverage",
            "reason_of", "SHOWN", "Assessment", "Roles", "assess", "assess_candidate", "layer_roles", "ParentFacts",
            "Assessable", "AssessedPairs", "architecture_digest", "may_qualify_all", "assess_found", "ProbeReport",
            "ResultScore", "probe_choice"]
+
+# Imported on first use: reading a choice (selection) must not load the assessment's aligner and transforms, which
+# a trial process needs only when it transforms a parent.
+_WHERE = {"candidates": ("AssessedPairs", "Assessable", "ParentFacts", "architecture_digest", "assess_candidate",
+                         "assess_found", "may_qualify_all"),
+          "preservation": ("Assessment", "Roles", "assess", "layer_roles"),
+          "probe": ("ProbeReport", "ResultScore", "probe_choice"),
+          "selection": ("SHOWN", "Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "coverage",
+                        "make_choice", "rank_parents", "reason_of")}
+_LAZY = {name: f"keeper.choice.{module}" for module, names in _WHERE.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+

@@ -51,12 +51,14 @@ import json
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
-from keeper.choice.preservation import Assessment
 from keeper.errors import KeeperError
+
+if TYPE_CHECKING:  # the assessment's module loads the aligner; a trial that reads a choice needs neither
+    from keeper.choice.preservation import Assessment
 
 __all__ = ["Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "rank_parents", "coverage", "make_choice",
            "reason_of", "SHOWN"]
@@ -181,6 +183,8 @@ keeps when the child is the parent's own architecture (1.0: all of it; see :mod:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "ParentChoice":
+        from keeper.choice.preservation import Assessment
+
         d = json.loads(text)
         d["candidates"] = tuple(Candidate(**{**c, "assessment": None if c.get("assessment") is None
                                               else Assessment.from_plain(c["assessment"])}) for c in d["candidates"])

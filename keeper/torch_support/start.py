@@ -45,7 +45,6 @@ from keeper.torch_support.templates import architecture_template, find_template
 from keeper.torch_support.trial import TrialCheckpoint
 from keeper.warm import LoadReport, ParentSource, WarmResult, cold_result, warm
 from keeper.weights import weights_bytes
-from keeper.zoo import Zoo
 
 __all__ = ["warm_start", "register", "parent_source"]
 
@@ -66,6 +65,15 @@ def _service(what: str) -> Any:
     return ray.actor.ActorHandle, client.ServiceClient, launcher.connect, remote
 
 
+def _is_zoo(zoo: Any) -> bool:
+    """Whether ``zoo`` is an embedded :class:`keeper.Zoo`: one exists only where its module was imported, so a trial
+    warmed through the service never imports the embedded zoo's modules to ask."""
+    import sys
+
+    module = sys.modules.get("keeper.zoo")
+    return module is not None and isinstance(zoo, module.Zoo)
+
+
 def parent_source(zoo: Any, config: Any = None) -> ParentSource:
     """The parent source ``zoo`` names: a :class:`keeper.Zoo` or a :class:`~keeper.actors.ServiceClient` as they
     are, a front door handle wrapped in a client (bounded by ``timeouts.choice_s`` of ``config``), None for the
@@ -75,7 +83,7 @@ def parent_source(zoo: Any, config: Any = None) -> ParentSource:
         KeeperError: ``zoo`` is none of these, or names the service where Ray cannot be imported.
         ServiceError: ``zoo`` is None and no service is running.
     """
-    if isinstance(zoo, Zoo):
+    if _is_zoo(zoo):
         return zoo
     ActorHandle, ServiceClient, connect, _ = _service("warm_start")  # noqa: N806 - classes, imported with Ray
     if isinstance(zoo, ServiceClient):
@@ -382,7 +390,7 @@ def register(module: Any, example_input: Any, zoo: Any, accuracy: float, name: s
     cfg = load_config(config)
     exported = export_graph(module, example_for(module, example_input), dynamo=cfg.dynamo)
     weights = module_weights(module, exported)
-    if isinstance(zoo, Zoo):
+    if _is_zoo(zoo):
         return zoo.register(exported.onnx, accuracy, name, weights=weights, lineage=lineage)
     ActorHandle, ServiceClient, _, remote = _service("register")  # noqa: N806 - classes, imported with Ray
     handle = zoo.handle if isinstance(zoo, ServiceClient) else zoo
