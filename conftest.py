@@ -21,8 +21,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # /tmp/ray last recorded, and every Ray Train run ended some 15 s after its workers did. A loopback port that
 # refuses at once makes each query fail fast (the cleaner then keeps monitoring, as it does when the API is down).
 os.environ.setdefault("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:1")
-# Ray Train's controller polls its workers every 2 s by default: a run notices its workers' end sooner
+# Ray Train's controller polls its workers every 2 s by default: a run notices its workers' end sooner. Its
+# preemption watcher, an actor process of its own per run, watches for spot-instance notices no test machine gets.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 REAL_HOME = os.path.expanduser("~")
 for _var, _sub in (("HF_HOME", ".cache/huggingface"), ("TORCH_HOME", ".cache/torch")):

@@ -307,7 +307,8 @@ class FrontDoor:
                    "search_p99": float(np.percentile(slat, 99)) if slat.size else None,
                    "matchers_pending": len(pending), "matchers_pending_why": why,
                    "matcher_deaths": self.pool.deaths, "batches_redone": self.pool.redone,
-                   "local_batches": self.pool.local_batches, "view": view.key, "uri": view.uri,
+                   "local_batches": self.pool.local_batches, "view": view.key,
+                   "uri": view.uri or self.config.zoo_uri,  # before the first view arrives: the zoo served
                    "manager": manager}
         return out
 
