@@ -183,12 +183,17 @@ keeps when the child is the parent's own architecture (1.0: all of it; see :mod:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "ParentChoice":
-        from keeper.choice.preservation import Assessment
-
         d = json.loads(text)
         d["candidates"] = tuple(Candidate(**{**c, "assessment": None if c.get("assessment") is None
-                                              else Assessment.from_plain(c["assessment"])}) for c in d["candidates"])
+                                              else _assessment(c["assessment"])}) for c in d["candidates"])
         return cls(**d)
+
+
+def _assessment(plain: dict) -> "Assessment":
+    """An assessment read back; its module (which loads the aligner) is imported only when a choice carries one."""
+    from keeper.choice.preservation import Assessment
+
+    return Assessment.from_plain(plain)
 
 
 def _plain(c: Candidate) -> dict[str, Any]:
