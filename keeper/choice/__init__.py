@@ -35,4 +35,3 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value
-
