@@ -20,11 +20,8 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import Any
-
 from keeper.errors import InvalidModelError, KeeperError
+from keeper.lazy import exports
 
 __all__ = ["warm_start", "register", "KeeperCallback", "Zoo", "ZooConfig", "WarmResult", "load_graph",
            "LayerGraph", "similarity", "align", "Alignment", "KeeperError", "InvalidModelError"]
@@ -37,18 +34,5 @@ _LAZY = {"warm_start": "keeper.torch_support.start", "register": "keeper.torch_s
          "KeeperCallback": "keeper.tune_integration.callback", "Zoo": "keeper.zoo", "ZooConfig": "keeper.zoo",
          "WarmResult": "keeper.warm", "load_graph": "keeper.graph", "LayerGraph": "keeper.graph",
          "similarity": "keeper.matching", "align": "keeper.matching", "Alignment": "keeper.matching"}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        # a subpackage named as an attribute (``keeper.store.ModelStore`` after ``import keeper``)
-        if not name.startswith("_") and importlib.util.find_spec(f"keeper.{name}") is not None:
-            return importlib.import_module(f"keeper.{name}")
-        raise AttributeError(f"module 'keeper' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# a subpackage named as an attribute (``keeper.store.ModelStore`` after ``import keeper``) is imported too
+__getattr__, __dir__ = exports(__name__, _LAZY, subpackages=True)

@@ -23,8 +23,7 @@ wait), :mod:`metrics` (and QueryClock), :mod:`cli` (``keeper serve | scale | sta
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from keeper.lazy import exports
 
 __all__ = ["start", "connect", "shutdown", "FrontDoor", "ServiceClient", "ServiceConfig", "load_config"]
 
@@ -33,15 +32,5 @@ __all__ = ["start", "connect", "shutdown", "FrontDoor", "ServiceClient", "Servic
 # work where Ray is not installed.
 _HOME = {"start": "launcher", "connect": "launcher", "shutdown": "launcher", "FrontDoor": "front",
          "ServiceClient": "client", "ServiceConfig": "config", "load_config": "config"}
+__getattr__, __dir__ = exports(__name__, {name: f"{__name__}.{module}" for name, module in _HOME.items()})
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'keeper.actors' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"keeper.actors.{_HOME[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))

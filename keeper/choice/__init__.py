@@ -10,8 +10,7 @@ Invariant: a choice depends only on the zoo's models and the child's graph (and 
 process made it: the embedded zoo and the service's front door assemble, assess and rank alike.
 """
 
-import importlib
-from typing import Any
+from keeper.lazy import exports
 
 __all__ = ["Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "rank_parents", "make_choice", "coverage",
            "reason_of", "SHOWN", "Assessment", "Roles", "assess", "assess_candidate", "layer_roles", "ParentFacts",
@@ -26,12 +25,6 @@ _WHERE = {"candidates": ("AssessedPairs", "Assessable", "ParentFacts", "architec
           "probe": ("ProbeReport", "ResultScore", "probe_choice"),
           "selection": ("SHOWN", "Candidate", "ParentChoice", "SelectionPolicy", "choose_parent", "coverage",
                         "make_choice", "rank_parents", "reason_of")}
-_LAZY = {name: f"keeper.choice.{module}" for module, names in _WHERE.items() for name in names}
+__getattr__, __dir__ = exports(__name__, {name: f"{__name__}.{module}" for module, names in _WHERE.items()
+                                          for name in names})
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value

@@ -16,9 +16,7 @@ folders, Lightning's) are listed in :mod:`keeper.torch_support.layouts`.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from keeper.lazy import exports
 from keeper.torch_support import warm_lr, warm_start
 from keeper.torch_support.trial import ARCHITECTURE_FILE
 
@@ -28,9 +26,5 @@ __all__ = ["KeeperCallback", "KeeperPBT", "warm_start", "warm_lr", "CHECKPOINT_F
 # for the service's modules (the launcher, the front door, the manager) or the checkpoint readers.
 _LAZY = {"KeeperCallback": "keeper.tune_integration.callback", "KeeperPBT": "keeper.tune_integration.pbt",
          "CHECKPOINT_FILES": "keeper.tune_integration.checkpoint"}
+__getattr__, __dir__ = exports(__name__, _LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
