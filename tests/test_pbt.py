@@ -160,16 +160,16 @@ def test_keeper_pbt_resumes_after_tuner_restore(service, tmp_path):
     space = {"width": tune.grid_search([8, 16]), "depth": 1, "lr": 0.05, "rounds": 1000}
     cb = KeeperCallback(metric="neg_loss", mode="max", config=service)
     grid = tune.Tuner(trainable, param_space=space,
-                      tune_config=tune.TuneConfig(scheduler=pbt, metric="neg_loss", mode="max"),
+                      tune_config=tune.TuneConfig(scheduler=pbt, metric="neg_loss", mode="max", reuse_actors=True),
                       run_config=tune.RunConfig(name="pbt-restore", storage_path=str(tmp_path / "results"),
-                                                stop={"training_iteration": 3}, callbacks=[cb], verbose=0)).fit()
+                                                stop={"training_iteration": 2}, callbacks=[cb], verbose=0)).fit()
     assert len(grid.errors) == 1, grid.errors
     open(marker, "w").close()
     grid = tune.Tuner.restore(str(tmp_path / "results" / "pbt-restore"), trainable, resume_errored=True).fit()
     assert not grid.errors
     resumed = 0
     for result in grid:
-        assert result.metrics["training_iteration"] == 3, result.metrics
+        assert result.metrics["training_iteration"] == 2, result.metrics
         history = result.metrics_dataframe
         after = history[history["restored"]]
         if not len(after):
@@ -185,13 +185,11 @@ def test_keeper_pbt_resumes_after_tuner_restore(service, tmp_path):
     assert resumed == 1, "the errored member, and only it, trained again after the restore"
 
 
-def _train_member(config: dict) -> None:
-    """A population member's Ray Train worker: the one warm_start line, given the checkpoint Tune started the trial
-    from (Ray Train hands its workers only their own run's checkpoints), one round of training, and a checkpoint
-    that records the loss it was saved at."""
+def _member_round(config: dict, report) -> tune.Checkpoint:
+    """One round of a population member, in a Ray Train worker or in the trial itself: the one warm_start line given
+    the checkpoint the round starts from (``config["checkpoint"]``), ten steps, and a checkpoint (in the fresh
+    directory ``config["out"]``) recording the loss it was saved at and the trial that saved it."""
     import json
-
-    import ray.train
 
     x, y, model = _mlp_task(config)
     given = config["checkpoint"]
@@ -210,19 +208,32 @@ def _train_member(config: dict) -> None:
     with torch.no_grad():
         now = float(torch.nn.functional.cross_entropy(model(x), y))
     metrics = {"neg_loss": -now, "parent": warm.parent or "", "preserved": bool(warm.preserved), "start_loss": start,
-               "source": source}
-    with tempfile.TemporaryDirectory() as d:
-        torch.save(model.state_dict(), os.path.join(d, "model.pt"))
-        with open(os.path.join(d, "meta.json"), "w") as f:
-            json.dump({"loss": now, "width": config["width"], "depth": config["depth"]}, f)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+               "source": source, "in_workers": config["in_workers"]}
+    os.makedirs(config["out"])
+    torch.save(model.state_dict(), os.path.join(config["out"], "model.pt"))
+    with open(os.path.join(config["out"], "meta.json"), "w") as f:
+        json.dump({"loss": now, "width": config["width"], "depth": config["depth"], "trial": config["trial"]}, f)
+    checkpoint = tune.Checkpoint.from_directory(config["out"])
+    report(metrics, checkpoint=checkpoint)
+    return checkpoint
+
+
+def _train_member(config: dict) -> None:
+    """A population member's Ray Train worker: one round, given the checkpoint Tune started the trial from (Ray Train
+    hands its workers only their own run's checkpoints)."""
+    import ray.train
+
+    _member_round(config, ray.train.report)
 
 
 @pytest.mark.slow  # > 20 s on two idle cores
 def test_keeper_pbt_with_ray_train_trials(service, tmp_path):
-    """Members that train in Ray Train workers (a TorchTrainer run per round inside each Tune trial, as Ray Train
-    V2 runs under Tune): the trial hands Tune's checkpoint to its workers, whose warm_start carries an exploited
-    checkpoint of another architecture onto their own; no trial errs."""
+    """Members that train in Ray Train workers (a TorchTrainer run inside the Tune trial, as Ray Train V2 runs under
+    Tune): the trial hands Tune's checkpoint to its workers, whose warm_start carries an exploited checkpoint of
+    another architecture onto their own; no trial errs. Only a round handed another member's checkpoint trains in
+    workers (each Train run starts processes: a Train run per round would cost this suite a minute); the others
+    train in the trial."""
+    import json
 
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -235,36 +246,44 @@ def test_keeper_pbt_with_ray_train_trials(service, tmp_path):
         checkpoint, from_tune = tune.get_checkpoint(), True
         trial_id = tune.get_context().get_trial_id()
         while True:
-            # one worker of 0.5 CPU per trial: two trials at once, with keeper beside them, on a 2-CPU Ray; a run
-            # name of its own per round (a Train run that finds its name's directory resumes from its checkpoint)
-            trainer = TorchTrainer(_train_member,
-                                   train_loop_config={**config, "service": service, "checkpoint": checkpoint,
-                                                      "from_tune": from_tune},
-                                   scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
-                                   run_config=RunConfig(name=f"{trial_id}-{uuid.uuid4().hex[:8]}",
-                                                        storage_path=storage))
-            result = trainer.fit()
-            checkpoint, from_tune = result.checkpoint, False
-            tune.report(dict(result.metrics), checkpoint=checkpoint)
+            handed = None
+            if checkpoint is not None and from_tune:
+                with checkpoint.as_directory() as cd, open(os.path.join(cd, "meta.json")) as f:
+                    handed = json.load(f)["trial"] != trial_id
+            run = {**config, "service": service, "checkpoint": checkpoint, "from_tune": from_tune,
+                   "trial": trial_id, "out": str(tmp_path / "rounds" / uuid.uuid4().hex), "in_workers": bool(handed)}
+            if handed:
+                # one worker of 0.5 CPU: two trials at once, with keeper beside them, on a 2-CPU Ray; a run name of
+                # its own (a Train run that finds its name's directory resumes from its checkpoint)
+                trainer = TorchTrainer(_train_member, train_loop_config=run,
+                                       scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+                                       run_config=RunConfig(name=f"{trial_id}-{uuid.uuid4().hex[:8]}",
+                                                            storage_path=storage))
+                result = trainer.fit()
+                checkpoint = result.checkpoint
+                tune.report(dict(result.metrics), checkpoint=checkpoint)
+            else:
+                checkpoint = _member_round(run, tune.report)
+            from_tune = False
 
     # grows= says every architecture grows from every other, so the narrower member keeps its own architecture
     # too and its workers carry the clone across (KeeperPBT's default would give it the clone's architecture)
     pbt = KeeperPBT(time_attr="training_iteration", perturbation_interval=1, quantile_fraction=0.5, synch=True,
                     hyperparam_mutations={"lr": [0.01, 0.05, 0.2]}, architecture_keys=("width", "depth"),
                     grows=lambda theirs, mine: True)
-    # two members of two architectures: the weaker clones the stronger, across architectures (each Train run
-    # starts processes: a larger population would cost this suite minutes)
+    # two members of two architectures: the weaker clones the stronger, across architectures
     space = {"width": tune.grid_search([8, 16]), "depth": 1, "lr": 0.05}
     cb = KeeperCallback(metric="neg_loss", mode="max", config=service)
     grid = tune.Tuner(tune.with_resources(member, {"CPU": 0.01}), param_space=space,
                       tune_config=tune.TuneConfig(scheduler=pbt, metric="neg_loss", mode="max",
-                                                  max_concurrent_trials=2),
+                                                  max_concurrent_trials=2, reuse_actors=True),
                       run_config=tune.RunConfig(name="pbt-train", storage_path=str(tmp_path / "results"),
                                                 stop={"training_iteration": 2}, callbacks=[cb], verbose=0)).fit()
     assert not grid.errors
     crossing = _crossing(_restores(grid))
     assert crossing, "no exploit crossed architectures"
     for source, row in crossing:
+        assert row["in_workers"], "the exploited round trained in Ray Train workers"
         assert row["parent"].startswith("checkpoint"), row["parent"]
         assert row["preserved"] == (source["width"] < row["config/width"]), "a wider member keeps the function"
         if row["preserved"]:

@@ -50,7 +50,8 @@ class KeeperPBT(PopulationBasedTraining):
         >>> pbt = KeeperPBT(metric="accuracy", mode="max", perturbation_interval=2,          # doctest: +SKIP
         ...                 hyperparam_mutations={"lr": tune.loguniform(1e-4, 1e-1), "width": [16, 32, 64]},
         ...                 architecture_keys=("width", "depth"))
-        >>> tune.Tuner(trainable, tune_config=tune.TuneConfig(scheduler=pbt, num_samples=4))  # doctest: +SKIP
+        >>> tune.Tuner(trainable, tune_config=tune.TuneConfig(scheduler=pbt, num_samples=4,  # doctest: +SKIP
+        ...                                                   reuse_actors=True))
     """
 
     #: explored configs tried before an exploiting trial keeps its own architecture
