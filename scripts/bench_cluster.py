@@ -27,10 +27,15 @@ Parts (``--parts``, all by default):
 Usage:
     python scripts/bench_cluster.py                      # quick look: 16 jobs and the small parts (~10-15 min)
     python scripts/bench_cluster.py --parts trace --jobs 8   # the trace alone, 8 jobs (~3-5 min)
-    python scripts/bench_cluster.py --jobs 300           # the report's run (about 1.5-2 h per arm pair of the
-                                                         # trace on 2 idle cores, the other parts ~1 h more)
+    python scripts/bench_cluster.py --jobs 300           # the report's run: hours (see below)
     python scripts/bench_cluster.py --jobs 300 --resume  # go on from where a stopped run ended
     python scripts/bench_cluster.py --jobs 300 --report  # the report again from reports/bench_cluster.json
+
+Capacity: jobs that arrive faster than the cluster finishes them wait for a driver slot, and a wait that grows over
+the trace swamps the TC speed-up from arrival (both arms wait alike, so it tends to 1x); the report gives the TC from
+each job's first trial start beside it. On 2 cores both arms of the quick size finish about 2.7 jobs a minute
+together (48 jobs in 18 min), so a 300-job trace there needs ``--gap`` of 25 s or more (some 2 h of arrivals); at the
+quick size's 6-s gap the wait had grown past 25 min by the 50th job. The report size's trials are about 3x longer.
 
 Writes reports/bench_cluster.md and .json (bench_cluster_quick.* for the quick budgets; ``--name``), rewritten as
 each job ends (marked incomplete until the end); the jobs' results, logs and zoos stay in ``--workdir``. A job a

@@ -69,7 +69,7 @@ class Sizes:
 
 #: A few minutes' look (the default of scripts/bench_cluster.py).
 QUICK = Sizes()
-#: The report's run: 300 jobs of both arms in about 1.5-2 hours on 2 idle cores.
+#: The report's run's budgets (its arrival gap must match the cluster's capacity: scripts/bench_cluster.py).
 REPORT = Sizes(steps=160, round_steps=40, nas_archs=3, hpo_draws=5, gap_s=8.0)
 
 
