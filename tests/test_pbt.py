@@ -246,12 +246,12 @@ def test_keeper_pbt_with_ray_train_trials(service, tmp_path):
         checkpoint, from_tune = tune.get_checkpoint(), True
         trial_id = tune.get_context().get_trial_id()
         while True:
-            handed = None
+            handed = False
             if checkpoint is not None and from_tune:
                 with checkpoint.as_directory() as cd, open(os.path.join(cd, "meta.json")) as f:
                     handed = json.load(f)["trial"] != trial_id
             run = {**config, "service": service, "checkpoint": checkpoint, "from_tune": from_tune,
-                   "trial": trial_id, "out": str(tmp_path / "rounds" / uuid.uuid4().hex), "in_workers": bool(handed)}
+                   "trial": trial_id, "out": str(tmp_path / "rounds" / uuid.uuid4().hex), "in_workers": handed}
             if handed:
                 # one worker of 0.5 CPU: two trials at once, with keeper beside them, on a 2-CPU Ray; a run name of
                 # its own (a Train run that finds its name's directory resumes from its checkpoint)

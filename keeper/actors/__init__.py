@@ -33,4 +33,3 @@ __all__ = ["start", "connect", "shutdown", "FrontDoor", "ServiceClient", "Servic
 _HOME = {"start": "launcher", "connect": "launcher", "shutdown": "launcher", "FrontDoor": "front",
          "ServiceClient": "client", "ServiceConfig": "config", "load_config": "config"}
 __getattr__, __dir__ = exports(__name__, {name: f"{__name__}.{module}" for name, module in _HOME.items()})
-

@@ -27,4 +27,3 @@ _WHERE = {"candidates": ("AssessedPairs", "Assessable", "ParentFacts", "architec
                         "make_choice", "rank_parents", "reason_of")}
 __getattr__, __dir__ = exports(__name__, {name: f"{__name__}.{module}" for module, names in _WHERE.items()
                                           for name in names})
-

@@ -27,4 +27,3 @@ __all__ = ["KeeperCallback", "KeeperPBT", "warm_start", "warm_lr", "CHECKPOINT_F
 _LAZY = {"KeeperCallback": "keeper.tune_integration.callback", "KeeperPBT": "keeper.tune_integration.pbt",
          "CHECKPOINT_FILES": "keeper.tune_integration.checkpoint"}
 __getattr__, __dir__ = exports(__name__, _LAZY)
-
