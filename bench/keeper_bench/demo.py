@@ -5,6 +5,11 @@ and are trained through Ray Tune two at a time. The keeper run adds ``KeeperCall
 line (see :mod:`keeper_bench.nas`), with a fresh zoo on local disk. Prints a table and the speedup, writes
 ``demo.png`` (accuracy against training steps, cold vs warm) and ``demo.json`` into the output directory.
 
+Each trial trains until it stops improving, as a search that does not waste its budget runs it: early stopping
+(:func:`keeper_bench.workload.train`'s ``patience``) after ``--patience`` evaluations without a gain of 0.2 points,
+ending with its best evaluation's weights, in both runs alike. A warm start then ends its trial sooner, and the
+whole search's wall time shows what it saved. ``--patience 0`` trains every trial its whole budget.
+
 The command reaches ``keeper`` as a plugin (entry point group ``keeper.commands`` in bench/pyproject.toml): keeper's
 CLI never imports keeper_bench; :func:`add_command` adds ``demo`` to its subcommands, and the workload and its
 dependencies (keeper-bench's: mnist1d, matplotlib) are imported only when the command runs.
@@ -40,12 +45,16 @@ def add_command(sub: Any) -> None:
     d.add_argument("--steps", type=int, default=300,
                    help=f"training steps per trial (at least {_MIN_STEPS}: one evaluation every {_MIN_STEPS} steps)")
     d.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray (also the trials run at once)")
+    d.add_argument("--patience", type=int, default=5,
+                   help="early stopping: end a trial after this many evaluations without a gain of 0.2 points "
+                        "(both runs alike; 0: every trial trains its whole budget)")
     d.set_defaults(fn=_cmd_demo)
 
 
 def _check_args(args: argparse.Namespace) -> None:
     """Every argument checked before Ray starts or anything trains."""
-    for flag, value, low in (("--archs", args.archs, 2), ("--steps", args.steps, _MIN_STEPS), ("--cpus", args.cpus, 1)):
+    for flag, value, low in (("--archs", args.archs, 2), ("--steps", args.steps, _MIN_STEPS), ("--cpus", args.cpus, 1),
+                             ("--patience", args.patience, 0)):
         if value < low:
             raise KeeperError(f"demo: {flag} {value} is too small; give at least {low}")
     out = os.path.abspath(args.out)
@@ -59,12 +68,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if missing:
         raise KeeperError(f"demo: the benchmark workload's dependencies are not installed (missing: "
                           f"{', '.join(missing)}); install keeper-bench with its dependencies: pip install -e ./bench")
-    run_demo(args.out, archs=args.archs, steps=args.steps, cpus=args.cpus)
+    run_demo(args.out, archs=args.archs, steps=args.steps, cpus=args.cpus, patience=args.patience)
     return 0
 
 
-def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpus: int = 2) -> dict:
-    """Run the demo; returns the summary (speedup, saved share, accuracy delta) it prints."""
+def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpus: int = 2,
+             patience: int = 5) -> dict:
+    """Run the demo; returns the summary (speedup, saved share, accuracy delta) it prints. ``patience``: early
+    stopping's evaluations without a gain (0: every trial trains ``steps``)."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # keep Tune's own tables out of the demo's output
@@ -78,9 +89,12 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
         import shutil
 
         shutil.rmtree(os.path.join(out, "zoo-keeper-probe-s0"))  # every demo starts from an empty zoo
-    run = NasRun(steps=steps, concurrency=cpus, eval_at_start=True)
+    run = NasRun(steps=steps, concurrency=cpus, eval_at_start=True, patience=patience or None)
     specs = arrivals(archs, seed=0, families=("resnet", "vgg"))
-    print(f"keeper demo: {len(specs)} architectures, {steps} steps each, {cpus} at a time; output in {out}", flush=True)
+    stopping = (f"until {patience} evaluations ({patience * run.eval_every} steps) bring no gain of "
+                f"{100 * run.min_delta:.1f} points" if patience else "its whole budget")
+    print(f"keeper demo: {len(specs)} architectures, each trained {stopping}, at most {steps} steps; {cpus} at a time; "
+          f"output in {out}", flush=True)
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
@@ -107,23 +121,27 @@ def run_demo(out: str = "keeper-demo", *, archs: int = 12, steps: int = 300, cpu
     cold, warm = records["cold"], records["keeper"]
     s = summarize(cold, warm, run)
     print(f"\n{'trial':>5s}  {'architecture':36s} {'parent':44s} {'sim':>5s} {'steps to target':>17s} "
-          f"{'final accuracy':>15s}")
-    print(f"{'':5s}  {'':36s} {'':44s} {'':5s} {'cold / warm':>17s} {'cold / warm':>15s}")
+          f"{'steps trained':>15s} {'final accuracy':>15s}")
+    print(f"{'':5s}  {'':36s} {'':44s} {'':5s} {'cold / warm':>17s} {'cold / warm':>15s} {'cold / warm':>15s}")
     for i, (c, w) in enumerate(zip(cold, warm)):
         target = c.final_accuracy - run.margin
         cs, _ = steps_to_target(c, target, run.budget(c.family))
         ws, ok = steps_to_target(w, target, run.budget(c.family))
         flag = ("" if ok else " *") + (" SLOWER" if w.parent and ws > cs else "")
         print(f"{i + 1:5d}  {arch_label(specs[i]):36s} {parent_label(w.parent, specs):44s} {w.score:5.2f} "
-              f"{f'{cs} / {ws}':>17s} {f'{c.final_accuracy:.3f} / {w.final_accuracy:.3f}':>15s}{flag}")
+              f"{f'{cs} / {ws}':>17s} {f'{c.trained_steps} / {w.trained_steps}':>15s} "
+              f"{f'{c.final_accuracy:.3f} / {w.final_accuracy:.3f}':>15s}{flag}")
     print(f"\ntarget = the cold trial's final accuracy - {run.margin:.2f}; * = not reached (counts the full budget); "
           "SLOWER = a warmed trial that needed more steps than its cold twin\nsim = share of the child's weights "
           "inherited: 1.00 also when a parent of another architecture has a weight for every layer (it may still "
-          "train slower: see the steps)")
+          "train slower: see the steps)" + ("\nsteps trained: until early stopping ended the trial (its final "
+                                           "accuracy is its best evaluation's)" if patience else ""))
     print(f"steps to target, all trials: cold {sum(s['cold_steps'])}, keeper {sum(s['arm_steps'])}: "
           f"{s['speedup']:.2f}x faster, {100 * s['saved']:.0f}% of training saved; "
           f"{s['warmed']} of {s['trials']} trials warmed; mean final accuracy {100 * s['accuracy_delta']:+.2f} "
           "points vs cold")
+    print(f"steps trained, all trials: cold {sum(c.trained_steps for c in cold)}, keeper "
+          f"{sum(w.trained_steps for w in warm)}")
     search = whole_search(timelines, walls, cold, warm, run.margin)
     print(f"the whole search: cold {search['cold_wall_s']:.0f} s, keeper {search['keeper_wall_s']:.0f} s "
           f"({search['wall_ratio']:.2f}x); the cold search's best ({search['cold_best']:.3f}, within "
@@ -178,15 +196,22 @@ def _plot(path: str, cold, warm, margin: float) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    def held(r, grid):
+        """The accuracy ``r`` holds at each step of ``grid``: its evaluations, then after an early stop the best
+        evaluation's, whose weights it ended with."""
+        return [r.accuracies[r.steps.index(s)] if s in r.steps else r.final_accuracy for s in grid]
+
     fig, ax = plt.subplots(figsize=(6.4, 4))
     warmed = [i for i, w in enumerate(warm) if w.parent]
     for i in warmed:
         ax.plot(cold[i].steps, cold[i].accuracies, color="tab:gray", alpha=0.25, linewidth=0.8)
         ax.plot(warm[i].steps, warm[i].accuracies, color="tab:blue", alpha=0.25, linewidth=0.8)
     if warmed:
-        ax.plot(cold[warmed[0]].steps, np.mean([cold[i].accuracies for i in warmed], axis=0), color="tab:gray",
+        # trials stopped early end at different steps: the mean is over what each holds at every step
+        grid = sorted({s for i in warmed for r in (cold[i], warm[i]) for s in r.steps})
+        ax.plot(grid, np.mean([held(cold[i], grid) for i in warmed], axis=0), color="tab:gray",
                 linewidth=2.2, label=f"cold (mean of {len(warmed)} archs)")
-        ax.plot(warm[warmed[0]].steps, np.mean([warm[i].accuracies for i in warmed], axis=0), color="tab:blue",
+        ax.plot(grid, np.mean([held(warm[i], grid) for i in warmed], axis=0), color="tab:blue",
                 linewidth=2.2, label="keeper warm start (mean)")
         target = float(np.mean([cold[i].final_accuracy for i in warmed])) - margin
         ax.axhline(target, color="tab:red", linestyle="--", linewidth=1, label="target (cold final - margin, mean)")

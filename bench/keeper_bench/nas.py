@@ -74,6 +74,8 @@ class NasRun:
     dynamo: bool = False         # exporter for warm starts (TorchScript is the faster of the two)
     budgets: tuple[tuple[str, int], ...] = ()  # (family, steps): per-family budgets
     eval_at_start: bool = False  # also evaluate at step 0, where a warm start begins (the demo's plot shows it)
+    patience: int | None = None  # early stopping (workload.train): evaluations without a gain of min_delta
+    min_delta: float = 0.002
 
     def budget(self, family: str) -> int:
         """Training steps of a trial of ``family``."""
@@ -99,12 +101,15 @@ class TrialRecord:
     warm_seconds: float = 0.0    # the warm start, wall time (asking the service, loading the parent, transforming)
     warm_cpu_seconds: float = 0.0  # the warm start, CPU time of the trial's thread (the service's share not counted)
     trial_seconds: float = 0.0   # the trial function from its start to its report, wall time
+    trained_steps: int = 0       # steps trained: the budget, or fewer where early stopping (NasRun.patience) ended it
+    kept_step: int = -1          # the evaluated step whose weights the trial ended with (-1: its last evaluation)
 
     def read_with_running_statistics(self) -> "TrialRecord":
         """This trial as the model's running BatchNorm statistics read it (itself when nothing else was read)."""
         if not self.running_accuracies:
             return self
-        return replace(self, accuracies=list(self.running_accuracies), final_accuracy=self.running_accuracies[-1],
+        kept = self.steps.index(self.kept_step) if self.kept_step in self.steps else -1
+        return replace(self, accuracies=list(self.running_accuracies), final_accuracy=self.running_accuracies[kept],
                        running_accuracies=[])
 
 
@@ -250,15 +255,16 @@ def _trainable(arm: str, specs: list[dict], run: NasRun, service: dict, states: 
         recipe = info.pop("recipe", None)
 
         def report(r: dict) -> None:  # each evaluation but the last, which the final report below carries
-            if r["step"] < budget:
+            if not r["last"]:
                 tune.report({"accuracy": r["accuracy"], "index": i, "step": r["step"]})
 
         h = train(model, data, steps=budget, eval_every=run.eval_every, batch_size=run.batch_size, lr=run.lr,
                   seed=seed * 7_919 + i, precise_bn=run.precise_bn, eval_at_start=run.eval_at_start,
-                  lr_factor=Recipe(**recipe).factor if recipe else None, report=report)
+                  lr_factor=Recipe(**recipe).factor if recipe else None, report=report, patience=run.patience,
+                  min_delta=run.min_delta)
         history = json.dumps([h.steps, h.accuracies, h.running_accuracies])
         metrics = {"accuracy": h.final_accuracy, "index": i, "history": history, "seconds": h.seconds,
-                   "cpu_seconds": h.cpu_seconds, **info}
+                   "cpu_seconds": h.cpu_seconds, "trained_steps": h.steps[-1], "kept_step": h.kept_step, **info}
         if arm in ("cold",) + BOUNDS:  # nothing registers these models: no checkpoint to write and copy
             if arm == "cold":  # the copy bound's start
                 torch.save(model.state_dict(), os.path.join(states, f"{i}.pt"))
@@ -360,7 +366,8 @@ def _record(specs: list[dict], m: dict, num_params: Callable[[dict], int]) -> Tr
     return TrialRecord(i, specs[i]["family"], arch_label(specs[i]), num_params(specs[i]), m["parent"],
                        float(m["score"]), steps, accs, float(m["accuracy"]), float(m["seconds"]), running,
                        float(m.get("cpu_seconds", 0.0)), float(m.get("warm_seconds", 0.0)),
-                       float(m.get("warm_cpu_seconds", 0.0)), float(m.get("trial_seconds", 0.0)))
+                       float(m.get("warm_cpu_seconds", 0.0)), float(m.get("trial_seconds", 0.0)),
+                       int(m.get("trained_steps", steps[-1] if steps else 0)), int(m.get("kept_step", -1)))
 
 
 def _progress_class():

@@ -57,7 +57,12 @@ class TrainHistory:
         running_accuracies: with ``precise_bn``, the same evaluations read with the model's running BatchNorm
             statistics (empty otherwise).
         losses: mean training loss over the steps since the previous evaluation.
-        final_accuracy: test accuracy after the last step run.
+        final_accuracy: test accuracy of the weights the model holds at the end: after the last step run, or with
+            ``patience`` those of its best evaluation.
+        stopped_at: with ``patience``, the step after which training stopped early (None: it ran its budget or
+            stopped at its target).
+        kept_step: the evaluated step whose weights the model ends with (the last one, or with ``patience`` the
+            best one).
         steps_to_target: the first evaluated step whose accuracy reached ``target``; None if none did.
         seconds: wall time of the whole run, evaluations included.
         cpu_seconds: CPU time of the calling thread over the run (what the run costs on an idle core when torch
@@ -70,6 +75,8 @@ class TrainHistory:
     losses: list[float] = field(default_factory=list)
     final_accuracy: float = 0.0
     steps_to_target: int | None = None
+    stopped_at: int | None = None
+    kept_step: int | None = None
     seconds: float = 0.0
     cpu_seconds: float = 0.0
 
@@ -158,7 +165,8 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
           eval_every: int = 50, target: float | None = None, stop_at_target: bool = False, seed: int = 0,
           device: torch.device | str | None = None, precise_bn: bool = False,
           report: Callable[[dict], None] | None = None,
-          lr_factor: Callable[[int], float] | None = None, eval_at_start: bool = False) -> TrainHistory:
+          lr_factor: Callable[[int], float] | None = None, eval_at_start: bool = False,
+          patience: int | None = None, min_delta: float = 0.002) -> TrainHistory:
     """Train ``model`` in place with Adam (cosine decay to zero over ``steps``) and cross-entropy.
 
     Batches are drawn without replacement, epoch by epoch, from a generator seeded by ``seed`` (the global
@@ -172,12 +180,16 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
         device: where to train; None keeps the model where it is. The model is moved there.
         precise_bn: evaluate with BatchNorm statistics re-estimated for the current weights
             (:func:`with_precise_bn`); training and the model's own running statistics are unaffected.
-        report: called after each evaluation with ``{"step", "accuracy", "loss", "seconds"}`` (a Tune
-            ``report`` fits).
+        report: called after each evaluation with ``{"step", "accuracy", "loss", "seconds", "last"}`` (a Tune
+            ``report`` fits; ``last``: no evaluation follows).
         lr_factor: step (0-based) -> factor multiplied into the schedule (a warm start's recipe,
             ``WarmResult.recipe(steps).factor``); None keeps the schedule.
         eval_at_start: also evaluate before the first step (recorded as step 0, loss NaN): where a warm start
             begins.
+        patience: early stopping, as a search that trains each trial until it stops improving runs it: stop after
+            ``patience`` evaluations in a row that do not beat the best one by more than ``min_delta``, and end
+            holding the best evaluation's weights (the schedule stays the one over ``steps``, so the run up to
+            the stop is the same run as without it). None trains the whole budget.
 
     Example:
         >>> history = train(model, mnist1d_dataset(), steps=1500, target=0.8)  # doctest: +SKIP
@@ -190,6 +202,8 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
         raise ValueError(f"train: eval_every and batch_size must be >= 1, got {eval_every!r} and {batch_size!r}")
     if stop_at_target and target is None:
         raise ValueError("train: stop_at_target=True needs a target accuracy; pass target=0.8 for instance")
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
+        raise ValueError(f"train: patience must be a positive number of evaluations or None, got {patience!r}")
     device = torch.device(device) if device is not None else _device_of(model)
     model.to(device)
     x_train, y_train = data.x_train.to(device), data.y_train.to(device)
@@ -206,8 +220,10 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     start, cpu_start = time.perf_counter(), time.thread_time()
     order, cursor, running, count = torch.randperm(n, generator=gen), 0, 0.0, 0
+    best = {"accuracy": -math.inf, "state": None, "stale": 0}  # early stopping's best evaluation so far
 
-    def record(step: int, loss: float) -> None:
+    def record(step: int, loss: float) -> bool:
+        """Evaluate after ``step``; whether training ends here."""
         if precise_bn:
             history.running_accuracies.append(evaluate(model, data, device))
             # without BatchNorm both readings are the same model: read it once
@@ -219,13 +235,24 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
         history.losses.append(loss)
         if target is not None and history.steps_to_target is None and acc >= target:
             history.steps_to_target = step
+        stop = bool(stop_at_target and history.steps_to_target is not None)
+        if patience is not None:
+            if best["state"] is None or acc > best["accuracy"] + min_delta:
+                best.update(accuracy=acc, step=step, stale=0,
+                            state={k: v.detach().clone() for k, v in model.state_dict().items()})
+            else:
+                best["stale"] += 1
+            if best["stale"] >= patience and step < steps:
+                history.stopped_at = step
+                stop = True
         if report is not None:
-            report({"step": step, "accuracy": acc, "loss": loss, "seconds": time.perf_counter() - start})
+            report({"step": step, "accuracy": acc, "loss": loss, "seconds": time.perf_counter() - start,
+                    "last": stop or step == steps})
+        return stop
 
-    if eval_at_start:
-        record(0, float("nan"))
+    done = record(0, float("nan")) if eval_at_start else False
     model.train()
-    for step in range(1, steps + 1):
+    for step in range(1, 0 if done else steps + 1):
         if cursor + batch_size > n:
             order, cursor = torch.randperm(n, generator=gen), 0
         idx = order[cursor:cursor + batch_size].to(device)
@@ -238,11 +265,14 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
         running, count = running + loss.item(), count + 1
         if step % eval_every and step != steps:
             continue
-        record(step, running / count)
+        stop = record(step, running / count)
         running, count = 0.0, 0
-        if stop_at_target and history.steps_to_target is not None:
+        if stop:
             break
-    history.final_accuracy = history.accuracies[-1]
+    history.final_accuracy, history.kept_step = history.accuracies[-1], history.steps[-1]
+    if patience is not None and best["state"] is not None:
+        model.load_state_dict(best["state"])  # the best evaluation's weights, which final_accuracy then reads
+        history.final_accuracy, history.kept_step = best["accuracy"], best["step"]
     history.seconds = time.perf_counter() - start
     history.cpu_seconds = time.thread_time() - cpu_start
     return history

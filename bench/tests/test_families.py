@@ -211,7 +211,36 @@ def test_tiny_mlp_trains_above_chance():
     assert history.final_accuracy > 0.3  # chance is 0.1
     assert history.steps_to_target is not None and history.steps_to_target in history.steps
     assert history.final_accuracy == evaluate(model, data)
-    assert set(reports[0]) == {"step", "accuracy", "loss", "seconds"}
+    assert set(reports[0]) == {"step", "accuracy", "loss", "seconds", "last"}
+    assert [r["last"] for r in reports] == [False, False, False, True]
+    assert history.stopped_at is None and history.kept_step == 100
+
+
+def test_early_stopping_ends_with_the_best_evaluations_weights():
+    """With ``patience``, training stops after that many evaluations without a gain of ``min_delta`` and ends
+    holding the weights of its best evaluation, which ``final_accuracy`` reads; the run up to the stop is the run
+    without it."""
+    data = mnist1d_dataset(seed=0, num_samples=2000)
+    torch.manual_seed(0)
+    model = build(default_spec("mlp"))
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    full = train(model, data, steps=100, eval_every=10, seed=3)
+    model.load_state_dict(start)
+    reports = []
+    # no gain can beat min_delta 1.0: the first evaluation stays the best, and two more end the run
+    h = train(model, data, steps=100, eval_every=10, seed=3, patience=2, min_delta=1.0, report=reports.append)
+    assert h.steps == [10, 20, 30] and h.stopped_at == 30 and h.kept_step == 10
+    assert h.accuracies == full.accuracies[:3]
+    assert h.final_accuracy == h.accuracies[0] == evaluate(model, data)
+    assert [r["last"] for r in reports] == [False, False, True]
+    model.load_state_dict(start)
+    h = train(model, data, steps=100, eval_every=10, seed=3, patience=20)  # never stale long enough: the budget
+    assert h.steps == full.steps and h.accuracies == full.accuracies and h.stopped_at is None
+    assert h.final_accuracy == h.accuracies[h.steps.index(h.kept_step)] == evaluate(model, data)
+    assert h.final_accuracy >= max(h.accuracies) - 0.002  # the best, up to gains under min_delta
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="patience"):
+            train(model, data, steps=10, patience=bad)
 
 
 def test_train_stops_at_target_and_checks_arguments():
