@@ -254,7 +254,7 @@ class _Bench:
         node_env = drive._node_env(os.path.join(self.workdir, "caches"), 0)
         try:
             seg = drive.drive(jobs, arms=arms, address=address, workdir=self.workdir,
-                              max_drivers=self.settings["max_drivers"] * len(arms), node_env=node_env, on_done=done)
+                              max_drivers=self.settings["max_drivers"], node_env=node_env, on_done=done)
         finally:
             if services:
                 cpu1 = keeper_actor_cpu()

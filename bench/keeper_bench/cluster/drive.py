@@ -9,8 +9,10 @@
 * :func:`serve`: the keeper service started as an operator starts it, ``keeper serve --config C --address A``
   (it returns once the service answers; the actors are detached and outlive the command).
 * :func:`drive`: each job launched at its arrival as its own process (``python -m keeper_bench.cluster.job``), at
-  most ``max_drivers`` at once; a job that arrives while every driver slot is taken waits, and its time counts
-  from its arrival. Several arms of one trace may run at once, each job's twins arriving together. While the trace runs, a sampler records the zoo's size (models and bytes in its catalog), the
+  most ``max_drivers`` at once per arm; a job that arrives while every driver slot of its arm is taken waits, and
+  its time counts from its arrival. Each arm has its slots of its own: in one pool the twin listed first would take
+  the first slot freed and its twin wait for the next, and what one arm's slower jobs hold would make the other
+  wait. Several arms of one trace may run at once, each job's twins arriving together. While the trace runs, a sampler records the zoo's size (models and bytes in its catalog), the
   drivers running and the machine's load.
 
 Invariants: a job whose result file exists is not run again (``drive`` resumes a trace; the remaining jobs keep
@@ -175,7 +177,7 @@ def drive(jobs: list[Job], *, arms: list[tuple[str, dict | None]], address: str,
           node_env: dict[str, str], on_done: Callable[[str, Job, dict], None], sampler_every: float = 5.0) -> dict:
     """Run ``jobs`` once per arm of ``arms`` (name, service config or None), the arms' twins arriving together
     (see the module docstring); returns ``{"samples", "wall_s", "started"}``, the samples of the first arm with a
-    service. ``on_done(arm, job, result)`` runs in this thread as each job ends (the script writes its report
+    service. ``max_drivers``: job processes at once per arm. ``on_done(arm, job, result)`` runs in this thread as each job ends (the script writes its report
     there). ``node_env``: the head node's cache settings, which the drivers take. Run together, the arms share the
     machine's load whatever it is, so a load that changes over the run moves both alike."""
     data_root = os.path.join(workdir, "data")
@@ -225,7 +227,7 @@ def drive(jobs: list[Job], *, arms: list[tuple[str, dict | None]], address: str,
                 on_done(r.arm, r.job, result)
             for arm, j in list(waiting):
                 at = arrival(arm, j)
-                if at is None or at > now or len(running) >= max_drivers:
+                if at is None or at > now or sum(r.arm == arm for r in running) >= max_drivers:
                     continue
                 waiting.remove((arm, j))
                 root = roots[arm]
