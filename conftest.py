@@ -63,17 +63,13 @@ def service(request, tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The modules that start Ray (marked ``ray``: Tune, PBT, the service, the examples) run first, those with the
-    most tests marked ``slow`` first among them, in collection order otherwise: under ``-n 2 --dist loadfile`` a module is one unit of work, handed to the next free worker
-    in this order, so the long ones start at once and the short ones fill in after them instead of one long
-    module starting last. Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device (torch is
-    imported only when some collected test is marked so)."""
-    with_ray = {item.path for item in items if item.get_closest_marker("ray") is not None}
-    slow: dict = {}
-    for item in items:
-        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
-    # the longest first (most tests marked slow), so that the two workers end together; stable otherwise
-    items.sort(key=lambda item: (item.path not in with_ray, -slow[item.path]))
+    """Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device (torch is imported only when some
+    collected test is marked so).
+
+    The order of the modules is xdist's: under ``--dist loadfile`` it hands out the modules with the most tests
+    first (its default ``--loadscope-reorder``), whatever order they are collected in. On two cores the suite is
+    CPU-bound, Ray's own processes included, so a third worker does not shorten it (reports/NOTES.md, "What a Ray
+    Train run costs keeper's tests")."""
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not marked:
         return
