@@ -93,3 +93,13 @@ def test_a_keeper_job_that_never_gets_there_saves_nothing_however_early_it_ends(
     g = reading.group([t])
     assert g["saving"] == pytest.approx(0.0) and g["reached"] == 0 and g["worse"] == 1
     assert g["worst_diff"] == pytest.approx(-0.2)
+
+
+def test_twins_run_under_experiment_names_of_their_own():
+    """Twins launched in the same second on one node would share Tune's local staging directory under one name; the
+    keeper arm keeps the job's name, which the zoo names its models after."""
+    from keeper_bench.cluster.job import experiment_name
+
+    job = make_trace(1, seed=0)[0]
+    assert experiment_name(job, keeper=True) == job.name
+    assert experiment_name(job, keeper=False) != job.name

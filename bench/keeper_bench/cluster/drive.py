@@ -12,8 +12,8 @@
   most ``max_drivers`` at once per arm; a job that arrives while every driver slot of its arm is taken waits, and
   its time counts from its arrival. Each arm has its slots of its own: in one pool the twin listed first would take
   the first slot freed and its twin wait for the next, and what one arm's slower jobs hold would make the other
-  wait. Several arms of one trace may run at once, each job's twins arriving together. While the trace runs, a sampler records the zoo's size (models and bytes in its catalog), the
-  drivers running and the machine's load.
+  wait. Several arms of one trace may run at once, each job's twins arriving together. While the trace runs, a
+  sampler records the zoo's size (models and bytes in its catalog), the drivers running and the machine's load.
 
 Invariants: a job whose result file exists is not run again (``drive`` resumes a trace; the remaining jobs keep
 their gaps, the first of them arriving at once); every result is written whole by its job's process; a job whose
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from keeper_bench.cluster.job import dataset_file
+from keeper_bench.cluster.job import dataset_file, experiment_name
 from keeper_bench.cluster.trace import Job
 
 __all__ = ["start_cluster", "serve", "service_stats", "stop_service", "drive", "ZooSampler", "service_config",
@@ -222,7 +222,8 @@ def drive(jobs: list[Job], *, arms: list[tuple[str, dict | None]], address: str,
                 result = _result(r)
                 # the job's Tune directory (its checkpoints) served its run and its registrations: the result holds
                 # what the reading needs, and 300 jobs' checkpoints would take gigabytes
-                shutil.rmtree(os.path.join(roots[r.arm], "tune", r.job.name), ignore_errors=True)
+                shutil.rmtree(os.path.join(roots[r.arm], "tune", experiment_name(r.job, services[r.arm] is not None)),
+                              ignore_errors=True)
                 done[(r.arm, r.job.index)] = float(result.get("ended", time.time()))
                 on_done(r.arm, r.job, result)
             for arm, j in list(waiting):

@@ -36,6 +36,14 @@ REPORTED = ("val_accuracy", "test_accuracy", "member_steps", "round_steps", "wor
             "numba", "entered", "ready", "round_cpu_s")
 
 
+def experiment_name(job: Job, keeper: bool) -> str:
+    """The Tune experiment of ``job`` in its arm: the job's name with keeper (the zoo names its models after it),
+    and that name with ``-cold`` without. Twins launched in the same second on one node under one name would share
+    Tune's local staging directory (``artifacts/<timestamp to the second>/<experiment name>``) and mix their
+    experiment state."""
+    return job.name if keeper else f"{job.name}-cold"
+
+
 def dataset_file(root: str, job: Job) -> str:
     """The job's workload data as a torch file under ``root``, written once (atomically) by the first job that needs
     it: a driver then loads a few megabytes instead of importing scikit-learn or reading the corpus again."""
@@ -173,8 +181,8 @@ def run_job(job: Job, address: str, storage: str, data_path: str, service: dict 
         tune_config=tune.TuneConfig(scheduler=scheduler, metric="val_accuracy" if scheduler else None,
                                     mode="max" if scheduler else None, max_concurrent_trials=job.concurrency),
         # the best checkpoint of each trial is the one the callback registers: the others need no disk
-        run_config=tune.RunConfig(name=job.name, storage_path=storage, callbacks=callbacks, verbose=0,
-                                  checkpoint_config=tune.CheckpointConfig(
+        run_config=tune.RunConfig(name=experiment_name(job, service is not None), storage_path=storage,
+                                  callbacks=callbacks, verbose=0, checkpoint_config=tune.CheckpointConfig(
                                       num_to_keep=1, checkpoint_score_attribute="val_accuracy",
                                       checkpoint_score_order="max")))
     fit_start = time.time()
