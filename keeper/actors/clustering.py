@@ -302,9 +302,9 @@ def two_stage_search(index: ClusterIndex, score: Callable[[Sequence[str]], np.nd
     clusters with the best medoid scores; all the probed clusters' other members go to ``score`` in one call
     (``score`` is expected to fan out in parallel, so one large batch beats several small ones). With
     ``bounds``, a last call scores every member not scored yet whose bound exceeds the best score found so far:
-    no member scores above its bound, so the best member is always found (the search is exact; on keeper's
-    scale benchmark that costs 2-7 more alignments per query on average). :func:`search_positions` is the same
-    plan over member positions (what the service runs).
+    no member scores above its bound, so the best member is always found (the search is exact; the alignments it
+    adds per query: reports/bench_scale.md). :func:`search_positions` is the same plan over member positions (what
+    the service runs).
 
     Args:
         index: the zoo's clusters.
