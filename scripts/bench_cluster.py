@@ -380,10 +380,11 @@ def _markdown(state: dict) -> str:
     if not state.get("complete"):
         out += ["**Incomplete**: the run is still going or was stopped; the tables hold the jobs that finished.", ""]
     loads = [x["load"] for arm in state["arms"].values() for seg in arm.get("segments", []) for x in seg["samples"]]
+    # the load's samples and the wall time are kept when a part ends: a run still going has neither yet
+    measured = (f"1-minute load average over the runs {np.mean(loads):.1f} (max {max(loads):.1f}). Wall "
+                f"{state.get('wall_min', 0):.0f} min." if loads else "load and wall time: when the run ends.")
     out += [f"Commands: {'; '.join(f'`{c}`' for c in state['commands'])}. Machine: {platform.machine()}, "
-            f"{os.cpu_count()} cores; {state.get('versions', '')}; 1-minute load average over the runs "
-            f"{np.mean(loads) if loads else 0:.1f} (max {max(loads) if loads else 0:.1f}). Wall "
-            f"{state.get('wall_min', 0):.0f} min.", "",
+            f"{os.cpu_count()} cores; {state.get('versions', '')}; {measured}", "",
             f"- **Cluster**: `ray.cluster_utils.Cluster` of {s['nodes']} nodes on 127.0.0.1 (the head and "
             f"{s['nodes'] - 1} workers), {s['node_cpus']:g} logical CPU each: the nodes' "
             f"{s['nodes'] * s['node_cpus']:g} CPUs share this machine's {os.cpu_count()} real cores, so the figures "
