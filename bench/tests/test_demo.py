@@ -19,7 +19,9 @@ def test_demo_checks_its_arguments_at_once(tmp_path, capsys, argv, message):
     code = main(["demo", *argv, "--out", str(tmp_path / "demo")])
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert code == 1 and message in err and time.monotonic() - t0 < 1.0
+    # before Ray starts (seconds) or anything trains: the first case also imports the command's plugin, which on a
+    # loaded machine has passed 1 s
+    assert code == 1 and message in err and time.monotonic() - t0 < 3.0
     assert not (tmp_path / "demo").exists()
 
 
