@@ -220,7 +220,7 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     start, cpu_start = time.perf_counter(), time.thread_time()
     order, cursor, running, count = torch.randperm(n, generator=gen), 0, 0.0, 0
-    best = {"accuracy": -math.inf, "state": None, "stale": 0}  # early stopping's best evaluation so far
+    best = {"accuracy": -math.inf, "step": None, "state": None, "stale": 0}  # early stopping's best evaluation
 
     def record(step: int, loss: float) -> bool:
         """Evaluate after ``step``; whether training ends here."""
@@ -237,7 +237,7 @@ def train(model: nn.Module, data: Dataset, *, steps: int, batch_size: int = 128,
             history.steps_to_target = step
         stop = bool(stop_at_target and history.steps_to_target is not None)
         if patience is not None:
-            if best["state"] is None or acc > best["accuracy"] + min_delta:
+            if acc > best["accuracy"] + min_delta:  # the first evaluation always: from -inf
                 best.update(accuracy=acc, step=step, stale=0,
                             state={k: v.detach().clone() for k, v in model.state_dict().items()})
             else:

@@ -177,8 +177,8 @@ def drive(jobs: list[Job], *, arms: list[tuple[str, dict | None]], address: str,
           node_env: dict[str, str], on_done: Callable[[str, Job, dict], None], sampler_every: float = 5.0) -> dict:
     """Run ``jobs`` once per arm of ``arms`` (name, service config or None), the arms' twins arriving together
     (see the module docstring); returns ``{"samples", "wall_s", "started"}``, the samples of the first arm with a
-    service. ``max_drivers``: job processes at once per arm. ``on_done(arm, job, result)`` runs in this thread as each job ends (the script writes its report
-    there). ``node_env``: the head node's cache settings, which the drivers take. Run together, the arms share the
+    service. ``max_drivers``: job processes at once per arm. ``on_done(arm, job, result)`` runs in this thread as
+    each job ends (the script writes its report there). ``node_env``: the head node's cache settings, which the drivers take. Run together, the arms share the
     machine's load whatever it is, so a load that changes over the run moves both alike."""
     data_root = os.path.join(workdir, "data")
     roots = {arm: os.path.join(workdir, arm) for arm, _ in arms}
