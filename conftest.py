@@ -62,14 +62,30 @@ def service(request, tmp_path):
     ka.shutdown(settings)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device (torch is imported only when some
-    collected test is marked so).
+def pytest_configure(config):
+    """Under ``--dist loadfile``, xdist hands the modules out in the order :func:`pytest_collection_modifyitems`
+    leaves them, not sorted by their number of tests (its default ``--loadscope-reorder``, which starts the many
+    quick parametrized modules first and leaves a worker alone with a long Ray module at the end)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
-    The order of the modules is xdist's: under ``--dist loadfile`` it hands out the modules with the most tests
-    first (its default ``--loadscope-reorder``), whatever order they are collected in. On two cores the suite is
-    CPU-bound, Ray's own processes included, so a third worker does not shorten it (reports/NOTES.md, "What a Ray
-    Train run costs keeper's tests")."""
+
+def pytest_collection_modifyitems(config, items):
+    """The modules run longest first, so that under ``-n 2 --dist loadfile`` (a module is one unit of work, handed
+    to the next free worker in this order) the two workers end together: those that start Ray (marked ``ray``:
+    Tune, PBT, the service, the examples) first, those with the most tests marked ``slow`` first among them, then
+    the others with the most tests first. On two cores the suite is CPU-bound, Ray's own processes included, so a
+    third worker does not shorten it (reports/NOTES.md, "What a Ray Train run costs keeper's tests").
+
+    Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device (torch is imported only when some
+    collected test is marked so)."""
+    ray, slow, count = set(), {}, {}
+    for item in items:
+        if item.get_closest_marker("ray") is not None:
+            ray.add(item.path)
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+        count[item.path] = count.get(item.path, 0) + 1
+    items.sort(key=lambda item: (item.path not in ray, -slow[item.path], -count[item.path]))  # stable within one
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not marked:
         return

@@ -109,9 +109,10 @@ class WarmResult:
         shrink: the share of the parent's weights a restart kept (shrink and perturb: ``restart_shrink`` of
             :func:`inherit`); 1.0 when the whole of them was kept, and for every warm that is not a restart.
         load: what loading the result into a torch module found (:class:`LoadReport`), None until it is loaded.
-        seconds: where ``warm_start``'s time went, by phase (``trace``, ``choose``: the parent choice, its wait for
-            registrations in flight included, ``inherit``: restoring a checkpoint or the transfer and any probe,
-            ``load``, ``save``: the files a trial leaves); empty for a result not made by ``warm_start``.
+        seconds: where ``warm_start``'s time went, by phase (``connect``: the config, the example input and finding
+            the zoo or service, ``trace``, ``choose``: the parent choice, its wait for registrations in flight
+            included, ``inherit``: restoring a checkpoint or the transfer and any probe, ``load``, ``save``: the
+            files a trial leaves); they sum to the call's time; empty for a result not made by ``warm_start``.
     """
 
     parent: str | None

@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="training steps per trial (default: the size's)")
     p.add_argument("--round-steps", type=int, help="steps between reports (default: the size's)")
     p.add_argument("--nodes", type=int, default=3, help="nodes of the loopback cluster, the head included (2-4)")
-    p.add_argument("--node-cpus", type=float, default=1.0, help="logical CPUs per node (they share the real cores)")
+    p.add_argument("--node-cpus", type=float, help="logical CPUs per node (they share the real cores; default: enough "
+                   "that no trial of a running job waits for one, see needed_node_cpus)")
     p.add_argument("--max-drivers", type=int, default=6, help="job processes at once per arm; later arrivals wait")
     p.add_argument("--together", action="store_true", help="run the cold and the keeper arm of the trace (and the "
                    "bounded zoos) at once, each job's twins arriving together: on a machine whose load changes, "
@@ -121,6 +122,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="the report's name (default: bench_cluster for the report's budgets, "
                    "bench_cluster_quick for the quick ones)")
     return p
+
+
+def needed_node_cpus(nodes: int, max_drivers: int, concurrency: int, arms: int) -> float:
+    """Logical CPUs per node for every running job's trials at once (each trial asks for one): fewer, and Ray's
+    queue of placement groups decides the TC from arrival, since it does not place waiting groups in the order they
+    were asked for (a job could wait half an hour for its one trial while later arrivals ran)."""
+    return float(-(-arms * max_drivers * concurrency // nodes))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         sizes = Sizes(**{**sizes.as_dict(), **{k: v for k, v in given.items() if v is not None}})
         if sizes.steps % sizes.round_steps:
             raise SystemExit(f"--steps {sizes.steps} is not a whole number of rounds of {sizes.round_steps} steps")
+        node_cpus = args.node_cpus or needed_node_cpus(args.nodes, args.max_drivers, sizes.concurrency,
+                                                       2 if args.together else 1)
         settings = {"jobs": args.jobs, "seed": args.seed, "sizes": sizes.as_dict(), "size": "report" if report
-                    else "quick", "nodes": args.nodes, "node_cpus": args.node_cpus, "max_drivers": args.max_drivers,
+                    else "quick", "nodes": args.nodes, "node_cpus": node_cpus, "max_drivers": args.max_drivers,
                     "together": args.together,
                     "margin": args.margin,
                     "zoo_workloads": [w for w in (args.zoo_workloads or ("digits,lm" if report else "digits"))

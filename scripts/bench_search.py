@@ -56,7 +56,7 @@ SCHEDULERS = ("fifo", "asha", "pbt")
 PAIRS = (("fifo", "fifo+keeper"), ("fifo", "fifo+keeper-shrink"), ("asha", "asha+keeper"), ("asha", "keeperasha"),
          ("pbt", "pbt+keeper"), ("pbt", "keeperpbt"))
 #: warm_start's phases (WarmResult.seconds)
-PHASES = ("trace", "choose", "inherit", "load", "save")
+PHASES = ("connect", "trace", "choose", "inherit", "load", "save")
 
 
 def settings(workload: str, args: argparse.Namespace) -> PbtRun:
@@ -281,25 +281,29 @@ def _parts(table: dict, state: dict, concurrency: int = 2) -> list[str]:
     out = ["## Where keeper's time goes", "",
            (f"Wall-equivalent seconds per search: the driver's time in KeeperCallback's hooks (Tune's loop waits for "
             f"them), and, divided by the {concurrency} slots the trials share, the trials' time in warm_start (by "
-            "phase: trace, parent choice with its wait for registrations in flight, inherit, load, the files a "
-            "trial leaves), the driver's registration thread's CPU (reading checkpoints, filling templates) and "
-            "the CPU of keeper's actors (by class, boot and imports included). keeper boots no process for a "
-            "search on an empty zoo until its first trial ends, and its trials import no service code."), "",
-           "| workload | arm | seeds | hooks | warm_start (trace / choose / inherit / load / save) | registration "
+            "phase: the config and finding the service, trace, parent choice with its wait for registrations in "
+            "flight, inherit, load, the files a trial leaves), the driver's registration thread's CPU (reading "
+            "checkpoints, filling templates) and the CPU of keeper's actors (by class, boot and imports included). "
+            "keeper boots no process for a search on an empty zoo until its first trial ends; a trial that finds "
+            "the service running loads the front door's module, which Ray needs to make the actor's handle, within "
+            "its connect phase."), "",
+           "| workload | arm | seeds | hooks | warm_start (connect / trace / choose / inherit / load / save) | registration "
            "thread | actors' CPU | total | share of the wall time |", "|---|---|---|---|---|---|---|---|---|"]
     for workload in state["settings"]:
         for arm in ARMS:
             rs = [r for (w, a, _), r in table.items() if w == workload and a == arm]
             if not rs or not uses_keeper(arm):
                 continue
-            ph = {k: np.mean([r["warm_phases"].get(k, 0.0) for r in rs]) for k in PHASES}
+            # a phase the runs did not record (``connect``, before warm_start timed it) reads "-", not 0
+            ph = {k: (f"{np.mean([r['warm_phases'].get(k, 0.0) for r in rs]):.2f}"
+                      if any(k in r["warm_phases"] for r in rs) else "-") for k in PHASES}
             actors: dict[str, list[float]] = {}
             for r in rs:
                 for k, v in r["actor_cpu"].items():
                     actors.setdefault(k, []).append(v)
             shown = ", ".join(f"{k} {np.sum(v) / len(rs):.1f}" for k, v in sorted(actors.items())) or "0"
             out.append(f"| {workload} | {arm} | {len(rs)} | {np.mean([r['hook_s'] for r in rs]):.2f} | "
-                       f"{np.mean([r['warm_s'] for r in rs]):.2f} ({' / '.join(f'{ph[k]:.2f}' for k in PHASES)}) | "
+                       f"{np.mean([r['warm_s'] for r in rs]):.2f} ({' / '.join(ph[k] for k in PHASES)}) | "
                        f"{np.mean([r['register_cpu_s'] for r in rs]):.2f} | {shown} | "
                        f"{np.mean([r['overhead_s'] for r in rs]):.1f} | "
                        f"{100 * np.mean([r['overhead_share'] for r in rs]):.1f}% |")

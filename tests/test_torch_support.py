@@ -4,6 +4,7 @@ architecture template round trip with its errors."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -121,8 +122,13 @@ def test_warm_start_cold_then_from_a_parent(tmp_path):
     zoo.register(export(parent, x).onnx, 0.9, name="parent")
     assert rel_dev(outputs(parent, x), outputs(child, x)) > 0.1  # the child starts as another function
     child.train()
+    t0 = time.perf_counter()
     result = warm_start(child, x, zoo, noise=0.0)
+    took = time.perf_counter() - t0
     assert result.parent == "parent" and 0.0 < result.score < 1.0
+    # the phases account for the whole call: what they leave out is the clock's own bookkeeping
+    assert set(result.seconds) == {"connect", "trace", "choose", "save", "inherit", "load"}
+    assert 0.0 <= took - sum(result.seconds.values()) < 0.05 * took + 0.01
     assert result.load.missing == [] and result.load.unexpected == []
     assert child.training, "warm_start keeps the module's mode"
     assert rel_dev(outputs(parent, x), outputs(child, x)) <= 1e-4

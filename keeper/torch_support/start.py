@@ -152,18 +152,18 @@ def warm_start(module: Any, example_input: Any = None, zoo: Any = None, *, confi
     if isinstance(shrink, bool) or not (isinstance(shrink, (int, float)) and 0.0 <= shrink <= 1.0):
         raise KeeperError(f"warm_start: shrink={shrink!r} is not a share in [0, 1] of the parent's weights; pass "
                           "e.g. 0.5, or 1.0 (the default) for the parent's whole function")
-    cfg = load_config(config)
-    example_input = example_for(module, example_input)
-    rank, size = distributed.rank_and_size()
-    if zoo is None and trainer_building() and not trial.in_trial():
-        zoo = _running_service(cfg)
-        if zoo is None:
-            return WarmResult(None, 0.0, {}, {}, reason="built by the Hugging Face Trainer outside a search "
-                              "(model_init(None)) with no keeper service running: it keeps its own init; the "
-                              "search's trials are warmed", load=LoadReport(reason="nothing loaded"))
     clock = _Clock()
-    source = _empty_zoo(cfg) if zoo is None and trial.in_trial() else None
-    source = source or parent_source(zoo, cfg)
+    with clock("connect"):
+        cfg = load_config(config)
+        example_input = example_for(module, example_input)
+        rank, size = distributed.rank_and_size()
+        if zoo is None and trainer_building() and not trial.in_trial():
+            zoo = _running_service(cfg)
+            if zoo is None:
+                return WarmResult(None, 0.0, {}, {}, reason="built by the Hugging Face Trainer outside a search "
+                                  "(model_init(None)) with no keeper service running: it keeps its own init; the "
+                                  "search's trials are warmed", load=LoadReport(reason="nothing loaded"))
+        source = _trial_source(cfg) if zoo is None and trial.in_trial() else parent_source(zoo, cfg)
     exported, choice = _choose_once(module, example_input, source, cfg, rank, size, clock)
     choice = dataclasses.replace(choice, restart_shrink=float(shrink))
     with clock("inherit"):
@@ -217,15 +217,21 @@ class _EmptyZoo:
         pass
 
 
-def _empty_zoo(cfg: ServiceConfig) -> _EmptyZoo | None:
-    """In a trial: an :class:`_EmptyZoo` when no service runs yet and its zoo holds no model; else None (the
-    service is asked). Costs one Ray name lookup and one listing of the zoo's catalog."""
+def _trial_source(cfg: ServiceConfig) -> ParentSource:
+    """The parent source of a trial that names no zoo: the running service's client, else an :class:`_EmptyZoo`
+    when its zoo holds no model (the first trials of a search, while the service waits to start). One Ray name
+    lookup, and one listing of the zoo's catalog when no service runs.
+
+    Raises:
+        ServiceError: no service runs and the zoo holds models (see :func:`parent_source`).
+    """
     from keeper.actors.launcher import find
     from keeper.store import zoo_is_empty
 
-    if find(cfg) is not None or not zoo_is_empty(cfg.zoo_uri):
-        return None
-    return _EmptyZoo(cfg)
+    handle = find(cfg)
+    if handle is None and zoo_is_empty(cfg.zoo_uri):
+        return _EmptyZoo(cfg)
+    return parent_source(handle, cfg)
 
 
 def _running_service(cfg: ServiceConfig) -> ParentSource | None:
