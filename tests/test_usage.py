@@ -35,9 +35,11 @@ def test_hf_trainer_search_registers_every_trial_and_warms_the_deeper_ones_from_
     parents = {(c["hidden"], c["layers"]): (None if r.group(4) == "None" else names[r.group(4)])
                for r, c in zip(rows, configs)}
     assert len(names) == 4 and all(0.0 <= float(r.group(3)) <= 1.0 for r in rows), out[-5:]
-    # the two 1-layer trials start together (2 CPUs), so both cold; on a loaded machine the second may start only
-    # after the first was registered, and then it grows from it
-    assert parents[(32, 1)] is None and parents[(64, 1)] in (None, {"hidden": 32, "layers": 1}), parents
+    # the two 1-layer trials start together (2 CPUs), so both cold; on a loaded machine one of them may start only
+    # after the other was registered, and then it inherits from it (either may be first: seen both ways)
+    assert parents[(32, 1)] is None or parents[(64, 1)] is None, parents
+    assert parents[(32, 1)] in (None, {"hidden": 64, "layers": 1}), parents
+    assert parents[(64, 1)] in (None, {"hidden": 32, "layers": 1}), parents
     accuracy = {(c["hidden"], c["layers"]): float(r.group(3)) for r, c in zip(rows, configs)}
     assert parents[(64, 2)] == {"hidden": 64, "layers": 1}, parents
     # The 32-wide 2-layer trial's best parent is a 1-layer trial; it is withheld (the child starts cold) only where
