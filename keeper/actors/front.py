@@ -218,7 +218,7 @@ class FrontDoor:
         was obtained (``WarmResult.lineage()``); ``team``, ``private``: as for :meth:`keeper.zoo.Zoo.register`;
         ``client``: who registers (:meth:`keeper.teams.Client.to_wire`), checked by the manager. A registration
         announced under ``name`` (:mod:`keeper.actors.notices`) settles here, registered or refused, once the view holds the
-        outcome: a choice waiting for it goes on without the registrar's own ``settled`` round trip.
+        outcome: a choice waiting for it goes on without the driver's own ``settled`` round trip.
         """
         try:
             rec = self._manager_call("register", self.config.timeouts.register_s,

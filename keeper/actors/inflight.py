@@ -1,13 +1,13 @@
 """Registrations in flight: models announced to the front door whose registration has not settled yet.
 
-A Tune trial that ends is announced the moment the driver hands its checkpoint to the registrar
-(:mod:`keeper.actors.notices`: the driver never waits for the service); a trial that starts after that asks for
-its parent, the front door admits the announcements it reads then, and the choice may wait for them to settle, so
-the trial can inherit from the trial that just ended while Tune's driver goes on scheduling. The wait for a
-registration is the trial's, never the driver's, and it is bounded.
+A Tune trial that ends is announced the moment the driver hands its checkpoint to its registration thread
+(:mod:`keeper.actors.notices`: the driver never waits for the service); a trial that starts after that asks for its
+parent, the front door admits the announcements it reads then, and the choice may wait for them to settle, so the
+trial can inherit from the trial that just ended while Tune's driver goes on scheduling. The wait for a registration
+is the trial's, never the driver's, and it is bounded.
 
 Invariants: a choice waits only for registrations announced before it arrived; every wait ends by its deadline
-and names what was still in flight; an announcement that never settles (its registrar died) is forgotten after
+and names what was still in flight; an announcement that never settles (its driver died) is forgotten after
 ``ttl_s``; an announcement read after its registration settled is not admitted again.
 """
 
@@ -36,7 +36,7 @@ class InFlight:
     def announce(self, name: str, at: float | None = None) -> None:
         """``name``'s registration was announced at wall time ``at`` (default now; the driver's notice, read by the
         front door): pending from now on, unless it is pending already or its registration settled after the
-        announcement (the notice was read before the registrar withdrew it)."""
+        announcement (the notice was read before the driver withdrew it)."""
         at = time.time() if at is None else at
         with self._cond:
             if name in self._pending or self._settled.get(name, -float("inf")) >= at:

@@ -49,8 +49,8 @@ def withdraw(key: bytes, namespace: str) -> None:
 
 
 def arriving(service: str, namespace: str, ttl_s: float) -> list[Arriving]:
-    """The registrations announced to ``service`` and not withdrawn; those older than ``ttl_s`` (their registrar
-    died) are removed, not returned."""
+    """The registrations announced to ``service`` and not withdrawn; those older than ``ttl_s`` (the driver that
+    announced them died) are removed, not returned."""
     prefix = _prefix(service, "arriving")
     now, out = time.time(), []
     for key in _kv._internal_kv_list(prefix, namespace=namespace):
