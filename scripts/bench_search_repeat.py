@@ -6,7 +6,7 @@ first run's target and the ratio "sooner" as the benchmark computes it for keepe
 second's), the whole searches' ratio and both final models. A ratio away from 1 here is the machine's and the
 scheduler's, not keeper's: read keeper's rows against it.
 
-Run: ``python scripts/bench_search_repeat.py reports/search_kv/bench_search.json reports/search_kv/asha_again/bench_search.json --arm digits/asha``
+Run: ``python scripts/bench_search_repeat.py reports/bench_search.json reports/search_kv/asha_again/bench_search.json --arm digits/asha``
 """
 
 from __future__ import annotations
