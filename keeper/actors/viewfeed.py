@@ -1,8 +1,8 @@
 """The front door's feed of zoo views: the :class:`~keeper.actors.viewsearch.SearchState` every query reads, kept
 up with the ZooManager's newest View by a daemon thread that long-polls it: the manager answers when the zoo
 changes (or after ``LONG_POLL_S``), so a change reaches queries one publish and one state build after it happens,
-and a quiet zoo costs no calls (a poll every 0.2 s cost the front door and the manager about 1% of a core each,
-beside Tune trials that want every core).
+and a quiet zoo costs no calls (a short poll took a steady share of a core in both actors, beside Tune trials that
+want every core).
 
 Invariants:
     * no query waits for a view: :meth:`ViewFeed.current` returns the last state built unless the caller forces a

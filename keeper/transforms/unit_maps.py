@@ -145,8 +145,8 @@ class GroupMaps:
         return np.concatenate([m + o for m, o in zip(maps, offs[:-1])])
 
     def _ranking(self, pg: int, cs: int, ps: int) -> np.ndarray | None:
-        # only shrinking ranks units; importance reads every weight producing the group in float64, which was
-        # 40-55% of the transfer time of a grown 100M-parameter child (profiled on scripts/bench_warm.py's models)
+        # only shrinking ranks units: importance reads every weight producing the group in float64, a large part of
+        # a grown child's transfer time that growth does not need
         return self.importance(pg) if cs < ps else None
 
     def importance(self, pg: int) -> np.ndarray | None:
