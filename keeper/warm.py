@@ -184,7 +184,9 @@ class ParentSource(Protocol):
     """Where parents come from: it chooses, makes the child inherit from a named parent, and counts hits.
 
     Implemented by :class:`keeper.Zoo` (all in this process), :class:`keeper.actors.ServiceClient` (the service
-    chooses, the child inherits in this process from the store) and the front door itself (its transfer task).
+    chooses, the child inherits in this process from the store), the front door itself (its transfer task), and a
+    trial's stand-in for an empty zoo before the service has started (``torch_support.start._EmptyZoo``: nothing to
+    choose from).
     """
 
     def choose(self, graph: LayerGraph, fresh: bool = False, search: str = "") -> ParentChoice:
