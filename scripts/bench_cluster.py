@@ -62,6 +62,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import numpy as np
 
 from keeper_bench.cluster import reading
+from keeper_bench.cluster.drive import needed_node_cpus
 from keeper_bench.cluster.trace import KINDS, QUICK, REPORT, WORKLOADS, Job, Sizes, make_trace, zoo_start_searches
 
 PARTS = ("trace", "zoo-start", "capacity")
@@ -103,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--round-steps", type=int, help="steps between reports (default: the size's)")
     p.add_argument("--nodes", type=int, default=3, help="nodes of the loopback cluster, the head included (2-4)")
     p.add_argument("--node-cpus", type=float, help="logical CPUs per node (they share the real cores; default: enough "
-                   "that no trial of a running job waits for one, see needed_node_cpus)")
+                   "that no trial of a running job waits for one: keeper_bench.cluster.drive.needed_node_cpus)")
     p.add_argument("--max-drivers", type=int, default=6, help="job processes at once per arm; later arrivals wait")
     p.add_argument("--together", action="store_true", help="run the cold and the keeper arm of the trace (and the "
                    "bounded zoos) at once, each job's twins arriving together: on a machine whose load changes, "
@@ -122,13 +123,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="the report's name (default: bench_cluster for the report's budgets, "
                    "bench_cluster_quick for the quick ones)")
     return p
-
-
-def needed_node_cpus(nodes: int, max_drivers: int, concurrency: int, arms: int) -> float:
-    """Logical CPUs per node for every running job's trials at once (each trial asks for one): fewer, and Ray's
-    queue of placement groups decides the TC from arrival, since it does not place waiting groups in the order they
-    were asked for (a job could wait half an hour for its one trial while later arrivals ran)."""
-    return float(-(-arms * max_drivers * concurrency // nodes))
 
 
 def main(argv: list[str] | None = None) -> int:

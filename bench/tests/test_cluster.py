@@ -103,3 +103,12 @@ def test_twins_run_under_experiment_names_of_their_own():
     job = make_trace(1, seed=0)[0]
     assert experiment_name(job, keeper=True) == job.name
     assert experiment_name(job, keeper=False) != job.name
+
+
+def test_the_nodes_hold_every_running_jobs_trials_at_once():
+    from keeper_bench.cluster.drive import needed_node_cpus
+
+    # the defaults with both arms: 2 arms x 6 drivers x 2 trials = 24 over 3 nodes
+    assert needed_node_cpus(3, 6, 2, 2) == 8.0
+    # rounded up, so that a share left over still has a CPU: 1 x 5 x 2 = 10 over 3 nodes
+    assert needed_node_cpus(3, 5, 2, 1) == 4.0 and 3 * needed_node_cpus(3, 5, 2, 1) >= 10

@@ -36,13 +36,20 @@ from typing import Any, Callable
 from keeper_bench.cluster.job import dataset_file, experiment_name
 from keeper_bench.cluster.trace import Job
 
-__all__ = ["start_cluster", "serve", "service_stats", "stop_service", "drive", "ZooSampler", "service_config",
+__all__ = ["start_cluster", "needed_node_cpus", "serve", "service_stats", "stop_service", "drive", "ZooSampler", "service_config",
            "keeper_command"]
 
 
 def _node_env(root: str, i: int) -> dict[str, str]:
     return {"KEEPER_ARCH_CACHE": os.path.join(root, f"node{i}", "architectures"),
             "KEEPER_KERNEL_CACHE": os.path.join(root, f"node{i}", "kernels")}
+
+
+def needed_node_cpus(nodes: int, max_drivers: int, concurrency: int, arms: int) -> float:
+    """Logical CPUs per node for every running job's trials at once (each trial asks for one): fewer, and Ray's
+    queue of placement groups decides the TC from arrival, since it does not place waiting groups in the order they
+    were asked for (a job could wait half an hour for its one trial while later arrivals ran)."""
+    return float(-(-arms * max_drivers * concurrency // nodes))
 
 
 def start_cluster(nodes: int, node_cpus: float, caches: str, store_mb: int = 150) -> tuple[Any, dict[str, int]]:
