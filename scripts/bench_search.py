@@ -287,8 +287,8 @@ def _parts(table: dict, state: dict, concurrency: int = 2) -> list[str]:
             "keeper boots no process for a search on an empty zoo until its first trial ends; a trial that finds "
             "the service running loads the front door's module, which Ray needs to make the actor's handle, within "
             "its connect phase."), "",
-           "| workload | arm | seeds | hooks | warm_start (connect / trace / choose / inherit / load / save) | registration "
-           "thread | actors' CPU | total | share of the wall time |", "|---|---|---|---|---|---|---|---|---|"]
+           "| workload | arm | seeds | hooks | warm_start (connect / trace / choose / inherit / load / save) | "
+           "registration thread | actors' CPU | total | share of the wall time |", "|---|---|---|---|---|---|---|---|---|"]
     for workload in state["settings"]:
         for arm in ARMS:
             rs = [r for (w, a, _), r in table.items() if w == workload and a == arm]

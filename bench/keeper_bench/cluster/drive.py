@@ -36,8 +36,8 @@ from typing import Any, Callable
 from keeper_bench.cluster.job import dataset_file, experiment_name
 from keeper_bench.cluster.trace import Job
 
-__all__ = ["start_cluster", "needed_node_cpus", "serve", "service_stats", "stop_service", "drive", "ZooSampler", "service_config",
-           "keeper_command"]
+__all__ = ["start_cluster", "needed_node_cpus", "serve", "service_stats", "stop_service", "drive", "ZooSampler",
+           "service_config", "keeper_command"]
 
 
 def _node_env(root: str, i: int) -> dict[str, str]:
@@ -185,8 +185,9 @@ def drive(jobs: list[Job], *, arms: list[tuple[str, dict | None]], address: str,
     """Run ``jobs`` once per arm of ``arms`` (name, service config or None), the arms' twins arriving together
     (see the module docstring); returns ``{"samples", "wall_s", "started"}``, the samples of the first arm with a
     service. ``max_drivers``: job processes at once per arm. ``on_done(arm, job, result)`` runs in this thread as
-    each job ends (the script writes its report there). ``node_env``: the head node's cache settings, which the drivers take. Run together, the arms share the
-    machine's load whatever it is, so a load that changes over the run moves both alike."""
+    each job ends (the script writes its report there). ``node_env``: the head node's cache settings, which the
+    drivers take. Run together, the arms share the machine's load whatever it is, so a load that changes over the
+    run moves both alike."""
     data_root = os.path.join(workdir, "data")
     roots = {arm: os.path.join(workdir, arm) for arm, _ in arms}
     services = dict(arms)
